@@ -1,0 +1,1 @@
+"""QuietFleet backend: coordinator cores, simulator, Spark job and CLI."""

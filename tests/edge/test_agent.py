@@ -1,0 +1,140 @@
+"""Agent state machine through the codec: reports, shrink timer, controls, epochs, probes, bad input."""
+from edge.agent import Agent, newer, NO_VALUE
+from edge.core import codec
+from edge.core.interval import IntervalFilter, INF
+from portable import Rng
+
+
+def _kinds(out):
+    return [codec.decode(p)[0] for _, p in out]
+
+
+def _ctl(kind, **fields):
+    return codec.encode(kind, fields)
+
+
+def test_first_sample_reported_then_only_exits():
+    a = Agent("d1", ["t"], width=2.0)
+    out = a.handle_sample(0.0, "t", 10.0)
+    assert _kinds(out) == ["report"]
+    assert a.handle_sample(1.0, "t", 10.9) == []
+    out = a.handle_sample(2.0, 0, 11.5)
+    k, m = codec.decode(out[0][1])
+    assert (k, m["v"], m["t"], m["why"], m["seq"]) == ("report", 11.5, 2.0, codec.WHY_EXIT, 2)
+
+
+def test_bad_samples_and_messages_are_counted_not_raised():
+    a = Agent("d1", ["t"])
+    for bad in (float("nan"), INF, "x", None, True):
+        assert a.handle_sample(0.0, "t", bad) == []
+    assert a.handle_sample(0.0, "nope", 1.0) == [] and a.handle_sample(0.0, 5, 1.0) == []
+    for payload in (b"", b"\x01", b"garbage", _ctl("beat", seq=1, t=0.0), _ctl("probe", src=9, seq=2, probe=1)):
+        assert a.handle_message(0.0, payload) == []
+    assert a.stats["bad_samples"] == 7 and a.stats["bad_messages"] == 5
+
+
+def test_shrink_timer_rechecks_and_stamps_the_shrink_instant():
+    a = Agent("d1", ["t"], width=10.0)
+    a.handle_message(0.0, _ctl("config", seq=1, period=10.0, shrink=0.5, beat=0.0, t0=0.0))
+    a.handle_sample(0.5, "t", 0.0)
+    a.handle_sample(1.0, "t", 3.0)          # inside [-5, 5]
+    assert a.next_deadline() == 10.0
+    out = a.handle_timer(10.2)               # width 5: [-2.5, 2.5] excludes 3
+    k, m = codec.decode(out[0][1])
+    assert (k, m["why"], m["t"], m["v"]) == ("report", codec.WHY_SHRINK, 10.0, 3.0)
+    assert a.next_deadline() == 20.0 and a.filters[0].width == 5.0
+
+
+def test_width_control_catches_up_on_missed_shrinks_and_ignores_stale_epochs():
+    a = Agent("d1", ["t"], width=1.0)
+    a.handle_message(0.0, _ctl("config", seq=1, period=10.0, shrink=0.5, beat=0.0, t0=0.0))
+    a.handle_sample(0.0, "t", 0.0)
+    a.handle_timer(30.0)                     # three shrinks
+    assert a.period == 3
+    a.handle_message(31.0, _ctl("width", src=0, epoch=1, seq=2, period=1, width=8.0, ack=0))
+    assert a.filters[0].width == 2.0         # 8 * 0.5 * 0.5, as the backend mirror has it now
+    a.handle_message(31.0, _ctl("width", src=0, epoch=1, seq=3, period=3, width=100.0, ack=0))
+    assert a.filters[0].width == 2.0         # same epoch again: ignored
+    a.handle_message(31.0, _ctl("width", src=0, epoch=2, seq=2, period=3, width=100.0, ack=0))
+    assert a.filters[0].width == 2.0         # duplicate downlink sequence number: ignored
+    assert newer(1, 65535) and not newer(65535, 1) and not newer(5, 5)
+
+
+def test_assignments_recheck_and_ack():
+    a = Agent("d1", ["t"], width=INF)
+    a.handle_sample(0.0, "t", 500.0)
+    assert a.handle_sample(0.5, "t", 50.0) == []          # width inf: silent
+    out = a.handle_message(1.0, _ctl("filter", src=0, epoch=1, seq=1, width=INF, ack=0, cons=[{"l": 0.0, "u": 100.0}]))
+    assert _kinds(out) == ["report"]          # 50 is inside [0,100], the last reported 500 was not
+    out = a.handle_message(2.0, _ctl("bound", src=0, epoch=2, seq=2, lo=400.0, hi=600.0, ack=1))
+    k, m = codec.decode(out[0][1])
+    assert (k, m["why"], m["epoch"]) == ("report", codec.WHY_ASSIGN, 2)
+    out = a.handle_message(3.0, _ctl("filter", src=0, epoch=3, seq=3, width=INF, ack=0, cons=[{"l": INF, "u": INF}]))
+    assert out == [] and a.handle_sample(4.0, "t", -1e9) == []   # shut down
+
+
+def test_probe_reply_and_birth_and_heartbeat():
+    a = Agent("d1", ["a", "b"], boot=42)
+    a.handle_message(0.0, _ctl("config", seq=1, period=0.0, shrink=0.0, beat=30.0, t0=0.0))
+    out = a.handle_message(0.0, _ctl("probe", src=1, seq=2, probe=7))
+    k, m = codec.decode(out[0][1])
+    assert (k, m["v"], m["probe"]) == ("reply", NO_VALUE, 7)
+    a.handle_sample(1.0, "b", 2.5)
+    birth = a.start(5.0)
+    k, m = codec.decode(birth[0][1])
+    assert birth[0][0] == "state" and k == "birth" and m["boot"] == 42
+    assert [s["name"] for s in m["sources"]] == ["a", "b"] and m["sources"][1]["v"] == 2.5
+    assert a.next_deadline() == 35.0
+    assert _kinds(a.handle_timer(35.0)) == ["beat"]
+    assert codec.decode(a.will()) == ("gone", {"boot": 42})
+
+
+def _mirror_run(seed):
+    """Random samples, shrinks and delayed width controls; a mirror fed the decoded uplink holds the truth."""
+    r = Rng(seed)
+    n = 3
+    a = Agent("d", ["s%d" % i for i in range(n)], width=r.uniform(0, 4))
+    mirrors = [IntervalFilter(a.filters[i].width) for i in range(n)]
+    S = r.choice([0.0, 0.05, 0.2])
+    a.handle_message(0.0, _ctl("config", seq=1, period=5.0, shrink=S, beat=0.0, t0=0.0))
+    vals = [r.uniform(-10, 10) for _ in range(n)]
+    pending = []   # (deliver_at, payload)
+    epoch = [0] * n
+    seq = 1
+    period = 0
+    t = 0.0
+    for step in range(300):
+        t += r.uniform(0.1, 1.5)
+        out = []
+        due = a.next_deadline()
+        if due is not None and due <= t:
+            while (period + 1) * 5.0 <= t:       # backend mirrors shrink at the same instants
+                period += 1
+                for m in mirrors:
+                    m.shrink(S)
+            out += a.handle_timer(t)
+        for d in [p for p in pending if p[0] <= t]:
+            pending.remove(d)
+            out += a.handle_message(t, d[1])
+        i = r.below(n)
+        vals[i] += r.uniform(-2, 2)
+        out += a.handle_sample(t, i, vals[i])
+        for ch, p in out:
+            k, m = codec.decode(p)
+            mirrors[m["src"]].recenter(m["v"])
+        if r.below(10) == 0:                     # backend grows a width now, device gets it later
+            j = r.below(n)
+            epoch[j] += 1
+            seq += 1
+            w = mirrors[j].width + r.uniform(0, 3)
+            mirrors[j].set_width(w, epoch[j])
+            pending.append((t + r.uniform(0, 4), _ctl("width", src=j, epoch=epoch[j], seq=seq, period=period, width=w, ack=0)))
+        for j in range(n):
+            if a.values[j] is not None:
+                lo, hi = mirrors[j].known()
+                assert lo <= a.values[j] <= hi, (seed, step, j)
+
+
+def test_mirror_of_decoded_uplink_contains_truth():
+    for seed in range(25):
+        _mirror_run(seed)

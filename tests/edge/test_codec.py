@@ -1,0 +1,108 @@
+"""Codec: every kind round-trips; every malformed input raises CodecError and nothing else."""
+from edge.core import codec
+from edge.core.codec import CodecError, encode, decode
+from portable import Rng, raises, MICROPYTHON
+
+INF = float("inf")
+
+SAMPLES = {
+    "report": {"src": 3, "epoch": 65535, "seq": 4294967295, "t": 12.5, "v": -1.25, "why": codec.WHY_EXIT},
+    "reply": {"src": 0, "epoch": 1, "seq": 7, "t": 0.0, "v": 1e300, "probe": 9},
+    "beat": {"seq": 1, "t": 99.0},
+    "birth": {"seq": 2, "t": 1.0, "boot": 77, "fw": "qf-0.1", "caps": 1,
+              "sources": [{"name": "temp", "epoch": 4, "width": INF, "v": 21.5},
+                          {"name": "hum\u00e9", "epoch": 0, "width": 0.5, "v": INF}]},
+    "gone": {"boot": 5},
+    "blob": {"src": 1, "seq": 3, "t": 2.0, "tag": 7, "data": b"\x00\x01\xff"},
+    "width": {"src": 2, "epoch": 9, "seq": 10, "period": 123, "width": 3.5, "ack": 0},
+    "bound": {"src": 2, "epoch": 10, "seq": 11, "lo": -INF, "hi": 4.0, "ack": 1},
+    "filter": {"src": 1, "epoch": 2, "seq": 12, "width": INF, "ack": 1,
+               "cons": [{"l": 400.0, "u": 600.0}, {"l": INF, "u": INF}]},
+    "probe": {"src": 0, "seq": 13, "probe": 65535},
+    "config": {"seq": 14, "period": 10.0, "shrink": 0.05, "beat": 60.0, "t0": 0.0},
+}
+
+
+def test_every_kind_round_trips():
+    assert sorted(SAMPLES) == sorted(codec.SCHEMAS)
+    for kind in SAMPLES:
+        data = encode(kind, SAMPLES[kind])
+        k, fields = decode(data)
+        assert k == kind and fields == SAMPLES[kind], kind
+    assert len(encode("report", SAMPLES["report"])) == 26
+
+
+def test_every_truncation_and_extension_is_rejected():
+    for kind in SAMPLES:
+        data = encode(kind, SAMPLES[kind])
+        for n in range(len(data)):
+            raises(CodecError, decode, data[:n])
+        raises(CodecError, decode, data + b"\x00")
+
+
+def test_bad_headers_and_sizes():
+    data = encode("beat", SAMPLES["beat"])
+    raises(CodecError, decode, b"\x02" + data[1:])
+    raises(CodecError, decode, data[:1] + b"\xee" + data[2:])
+    raises(CodecError, decode, b"\x01" * (codec.MAX_PAYLOAD + 1))
+    raises(CodecError, decode, "not bytes")
+    raises(CodecError, decode, None)
+    nan = encode("beat", {"seq": 1, "t": 0.0})[:-8] + b"\x00\x00\x00\x00\x00\x00\xf8\x7f"
+    raises(CodecError, decode, nan)
+
+
+def test_encoder_rejects_bad_fields():
+    raises(CodecError, encode, "nope", {})
+    raises(CodecError, encode, "beat", {"seq": 1})
+    raises(CodecError, encode, "beat", {"seq": -1, "t": 0.0})
+    raises(CodecError, encode, "beat", {"seq": 2 ** 32, "t": 0.0})
+    raises(CodecError, encode, "beat", {"seq": 1, "t": float("nan")})
+    raises(CodecError, encode, "beat", {"seq": True, "t": 0.0})
+    raises(CodecError, encode, "gone", {"boot": "x"})
+    b = dict(SAMPLES["birth"])
+    b["fw"] = "x" * 65
+    raises(CodecError, encode, "birth", b)
+    b["fw"] = "ok"
+    b["sources"] = [{"name": "a"}]
+    raises(CodecError, encode, "birth", b)
+    blob = dict(SAMPLES["blob"])
+    blob["data"] = b"x" * (codec.MAX_BLOB + 1)
+    raises(CodecError, encode, "blob", blob)
+
+
+def _fuzz(count, seed):
+    r = Rng(seed)
+    seeds = [encode(k, SAMPLES[k]) for k in sorted(SAMPLES)]
+    ok = bad = 0
+    for i in range(count):
+        if i % 2:
+            data = bytearray(r.choice(seeds))
+            for _ in range(1 + r.below(4)):
+                op = r.below(4)
+                pos = r.below(len(data) + 1)
+                if op == 0 and len(data):
+                    data[pos % len(data)] = r.below(256)
+                elif op == 1:
+                    data = data[:pos]
+                elif op == 2:
+                    data = data[:pos] + bytes([r.below(256)]) + data[pos:]
+                else:
+                    data = data[:pos] + data[pos + 1:]
+            if r.below(8) == 0 and len(data) > 1:
+                data[0] = 1
+        else:
+            n = r.below(80)
+            data = bytes([1, r.choice((1, 2, 3, 4, 5, 6, 16, 17, 18, 19, 20))]) + bytes([r.below(256) for _ in range(n)])
+        try:
+            kind, fields = decode(bytes(data))
+            assert decode(encode(kind, fields)) == (kind, fields)
+            ok += 1
+        except CodecError:
+            bad += 1
+    return ok, bad
+
+
+def test_fuzz_random_and_mutated_payloads():
+    count = 20000 if MICROPYTHON else 100000
+    ok, bad = _fuzz(count, 1)
+    assert ok + bad == count and ok > count // 100 and bad > count // 2
