@@ -114,6 +114,8 @@ class Agent:
         if kind == "config":
             self._configure(now, m)
             return []
+        if kind == "rebirth":
+            return self.start(now)
         i = m["src"]
         if i >= len(self.filters):
             raise ValueError("unknown source index")

@@ -46,11 +46,12 @@ SCHEMAS = {
                             ("cons", (("l", "d"), ("u", "d"))))),
     "probe": (19, "down", (("src", "B"), ("seq", "I"), ("probe", "H"))),
     "config": (20, "down", (("seq", "I"), ("period", "d"), ("shrink", "d"), ("beat", "d"), ("t0", "d"))),
+    "rebirth": (21, "down", (("seq", "I"),)),
 }
 
-_BY_CODE = {}
+NAMES = {}
 for _name in SCHEMAS:
-    _BY_CODE[SCHEMAS[_name][0]] = _name
+    NAMES[SCHEMAS[_name][0]] = _name
 
 _LIMITS = {"B": 0xFF, "H": 0xFFFF, "I": 0xFFFFFFFF}
 
@@ -146,7 +147,7 @@ def decode(payload):
         raise CodecError("payload too short")
     if payload[0] != VERSION:
         raise CodecError("unknown version %d" % payload[0])
-    kind = _BY_CODE.get(payload[1])
+    kind = NAMES.get(payload[1])
     if kind is None:
         raise CodecError("unknown message kind code %d" % payload[1])
     fields = {}

@@ -87,6 +87,8 @@ def test_probe_reply_and_birth_and_heartbeat():
     assert a.next_deadline() == 35.0
     assert _kinds(a.handle_timer(35.0)) == ["beat"]
     assert codec.decode(a.will()) == ("gone", {"boot": 42})
+    again = a.handle_message(40.0, _ctl("rebirth", seq=3))
+    assert again[0][0] == "state" and codec.decode(again[0][1])[0] == "birth"
 
 
 def _mirror_run(seed):

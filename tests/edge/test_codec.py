@@ -20,6 +20,7 @@ SAMPLES = {
                "cons": [{"l": 400.0, "u": 600.0}, {"l": INF, "u": INF}]},
     "probe": {"src": 0, "seq": 13, "probe": 65535},
     "config": {"seq": 14, "period": 10.0, "shrink": 0.05, "beat": 60.0, "t0": 0.0},
+    "rebirth": {"seq": 15},
 }
 
 
@@ -92,7 +93,7 @@ def _fuzz(count, seed):
                 data[0] = 1
         else:
             n = r.below(80)
-            data = bytes([1, r.choice((1, 2, 3, 4, 5, 6, 16, 17, 18, 19, 20))]) + bytes([r.below(256) for _ in range(n)])
+            data = bytes([1, r.choice((1, 2, 3, 4, 5, 6, 16, 17, 18, 19, 20, 21))]) + bytes([r.below(256) for _ in range(n)])
         try:
             kind, fields = decode(bytes(data))
             assert decode(encode(kind, fields)) == (kind, fields)

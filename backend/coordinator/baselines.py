@@ -1,0 +1,91 @@
+"""Protocol interface and the static baselines: send-everything and uniform deadband (Olston et al. 2003 §1.2).
+
+A protocol is the policy half of the coordinator: it decides filters and answers, the coordinator
+does messaging, ordering and caching. Hooks get the coordinator and act through
+``coord.assign_width``, ``coord.assign_filter`` and ``coord.probe``.
+"""
+import math
+
+from backend.coordinator import aggregate
+from backend.coordinator.queries import AGGREGATES
+
+
+class Protocol:
+    name = "protocol"
+    kinds = AGGREGATES
+    shrinks = False                    # whether the coordinator runs periodic shrinking
+
+    def source_added(self, coord, key):
+        self.apply(coord, key)
+
+    def queries_changed(self, coord, now):
+        for key in coord.cache.sources:
+            self.apply(coord, key)
+
+    def resync(self, coord, key, want):
+        self.apply(coord, key, force=True)
+
+    def reported(self, coord, key, m):
+        pass
+
+    def blob(self, coord, device, m):
+        pass
+
+    def period(self, coord, t):
+        pass
+
+    def answer(self, coord, q):
+        return coord.interval(q)
+
+    # -- the static filter a source should carry ---------------------------------------
+    def target(self, coord, key):
+        """(width, constraints) this protocol wants on ``key``."""
+        raise NotImplementedError
+
+    def apply(self, coord, key, force=False):
+        width, cons = self.target(coord, key)
+        f = coord.cache.sources[key].filt
+        if cons != f.cons or (force and cons):
+            coord.assign_filter(key, width, cons)
+        elif width != f.width or force:
+            coord.assign_width(key, width)
+
+
+def range_constraints(coord, key):
+    """Count-in-range queries over ``key`` need its membership of each range exactly."""
+    cons = []
+    for qid in sorted(coord.by_source.get(key, ())):
+        q = coord.queries[qid]
+        if q.kind == "count" and q.range is not None and q.range not in cons:
+            cons.append(q.range)
+    return cons
+
+
+class Naive(Protocol):
+    """Send every reading: width 0 everywhere, so every change is reported."""
+    name = "naive"
+
+    def target(self, coord, key):
+        return 0.0, []
+
+
+class Deadband(Protocol):
+    """Static uniform allocation: each source gets the narrowest uniform share of its queries."""
+    name = "deadband"
+
+    def target(self, coord, key):
+        width = math.inf
+        for qid in coord.by_source.get(key, ()):
+            width = min(width, aggregate.uniform_width(coord.queries[qid]))
+        return width, range_constraints(coord, key)
+
+
+PROTOCOLS = {"naive": Naive, "deadband": Deadband}
+
+
+def make(name, **params):
+    """Instantiate the protocol registered under ``name``."""
+    cls = PROTOCOLS.get(name)
+    if cls is None:
+        raise ValueError("unknown protocol %r; choose one of %s" % (name, ", ".join(sorted(PROTOCOLS))))
+    return cls(**params)

@@ -1,0 +1,101 @@
+"""Bound cache (Olston et al. 2003 §1.2.3, §4): the backend's mirror of every source filter, by epoch.
+
+Each source is mirrored by the same ``IntervalFilter`` the device runs. A change that widens the
+device's filter is applied at once (the device stays narrower until it hears of it, which is safe).
+A change that may narrow it keeps the previous mirror alive as well until an uplink carrying the new
+epoch confirms that the device applied it; meanwhile ``known`` is the hull of both.
+"""
+import math
+
+from edge.agent import newer
+from edge.core.interval import IntervalFilter
+
+
+class Source:
+    __slots__ = ("key", "device", "index", "filt", "old", "online", "reports", "last_t", "value")
+
+    def __init__(self, key, device, index, width, epoch):
+        self.key = key
+        self.device = device
+        self.index = index
+        self.filt = IntervalFilter(width, (), epoch)
+        self.old = []          # mirrors of states the device may still be in
+        self.online = True
+        self.reports = 0       # reports received in the current adjustment period
+        self.last_t = None     # event time of the last report
+        self.value = None      # last reported value
+
+
+class BoundCache:
+    def __init__(self):
+        self.sources = {}
+
+    def add(self, key, device, index, width, epoch, value=None):
+        s = Source(key, device, index, width, epoch)
+        if value is not None:
+            s.filt.recenter(value)
+            s.value = value
+        self.sources[key] = s
+        return s
+
+    def known(self, key):
+        s = self.sources.get(key)
+        if s is None:
+            return -math.inf, math.inf
+        lo, hi = s.filt.known()
+        for f in s.old:
+            a, b = f.known()
+            if a < lo:
+                lo = a
+            if b > hi:
+                hi = b
+        return lo, hi
+
+    def report(self, key, epoch, t, v):
+        """Apply a report (or probe reply) of value ``v`` stamped ``t`` under ``epoch``."""
+        s = self.sources[key]
+        if s.old and not newer(s.filt.epoch, epoch):
+            s.old = []                      # the device has confirmed the newest assignment
+        s.filt.recenter(v)
+        for f in s.old:
+            f.recenter(v)
+        s.reports += 1
+        s.last_t = t
+        s.value = v
+
+    def shrink(self, s_frac):
+        for s in self.sources.values():
+            s.filt.shrink(s_frac)
+            for f in s.old:
+                f.shrink(s_frac)
+
+    def _keep_old(self, s):
+        f = s.filt
+        copy = IntervalFilter(f.width, f.cons, f.epoch)
+        copy.center, copy.mask, copy.lo, copy.hi = f.center, f.mask, f.lo, f.hi
+        s.old.append(copy)
+
+    def set_width(self, key, width):
+        """Assign a width under a new epoch; returns (epoch, narrowing)."""
+        s = self.sources[key]
+        narrowing = width < s.filt.width
+        if narrowing:
+            self._keep_old(s)
+        epoch = (s.filt.epoch + 1) & 0xFFFF
+        s.filt.set_width(width, epoch)
+        return epoch, narrowing
+
+    def set_filter(self, key, width, cons):
+        """Install constraints and a width under a new epoch (always confirmed by the device)."""
+        s = self.sources[key]
+        self._keep_old(s)
+        epoch = (s.filt.epoch + 1) & 0xFFFF
+        s.filt.set_filter(width, cons, epoch)
+        return epoch
+
+    def set_bound(self, key, lo, hi):
+        s = self.sources[key]
+        self._keep_old(s)
+        epoch = (s.filt.epoch + 1) & 0xFFFF
+        s.filt.set_bound(lo, hi, epoch)
+        return epoch

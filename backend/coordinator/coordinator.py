@@ -1,0 +1,267 @@
+"""Sans-IO stream coordinator (Olston et al. 2003 §1.2.3, §4): uplink in, control and answers out.
+
+Uplink messages enter a serialising queue ordered by their device timestamp and are released once
+``now >= t + λ`` (the latency tolerance), so the bound cache and the answers advance in event time.
+Each release of one timestamp is atomic; the answers it changes are returned with that logical time.
+Every call returns a list of actions: ``("down", device, payload)`` or ``("answer", change)``.
+"""
+import heapq
+import math
+
+from edge.agent import NO_VALUE
+from edge.core import codec
+from backend.coordinator import aggregate
+from backend.coordinator.boundcache import BoundCache
+from backend.coordinator.queries import parse_query
+
+_TICK = 0      # event order within one timestamp: uplinks, then the adjustment tick
+_UP = -1
+
+
+class Coordinator:
+    def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0):
+        if period <= 0 or not (0 <= shrink < 1) or latency < 0 or beat < 0:
+            raise ValueError("need period > 0, 0 <= shrink < 1, latency >= 0, beat >= 0")
+        self.protocol = protocol
+        self.period = period            # T, the adjustment period
+        self.shrink = shrink            # S, the shrink fraction (0 for static protocols)
+        self.latency = latency          # λ
+        self.beat = beat
+        self.t0 = t0
+        self.cache = BoundCache()
+        self.queries = {}
+        self.by_source = {}             # key -> set of query ids
+        self.devices = {}               # device -> {"boot", "seq", "down", "keys", "online"}
+        self.queue = []                 # (t, order, n, device, kind, fields)
+        self.n = 0
+        self.tick = 1                   # index of the next adjustment tick t0 + tick·T
+        self.clock = -math.inf          # logical (event) time reached
+        self.dirty = set()
+        self.last = {}                  # query id -> last emitted (lo, hi, degraded)
+        self.out = []
+        self.rx = {}                    # device -> (boot, last uplink seq) for duplicate suppression
+        self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
+
+    # -- queries ----------------------------------------------------------------
+    def add_query(self, spec, now=None):
+        q = parse_query(spec, self.cache.sources.keys() | self._declared, self.protocol.kinds)
+        self.queries[q.id] = q
+        for s in q.sources:
+            self.by_source.setdefault(s, set()).add(q.id)
+        self.dirty.add(q.id)
+        self.protocol.queries_changed(self, self._now(now))
+        return self._flush(now)
+
+    def remove_query(self, qid, now=None):
+        q = self.queries.pop(qid)
+        for s in q.sources:
+            self.by_source[s].discard(qid)
+        self.last.pop(qid, None)
+        self.protocol.queries_changed(self, self._now(now))
+        return self._flush(now)
+
+    def set_precision(self, qid, precision, now=None):
+        spec = self.queries[qid].spec()
+        spec["precision"] = precision
+        self.queries[qid] = parse_query(spec, self.cache.sources.keys() | self._declared, self.protocol.kinds)
+        self.dirty.add(qid)
+        self.protocol.queries_changed(self, self._now(now))
+        return self._flush(now)
+
+    _declared = frozenset()
+
+    def declare_sources(self, keys):
+        """Sources that queries may name before their devices have been born."""
+        self._declared = frozenset(keys)
+
+    def _now(self, now):
+        return self.clock if now is None else now
+
+    # -- downlink -----------------------------------------------------------------
+    def send(self, device, kind, fields):
+        d = self.devices[device]
+        d["down"] = (d["down"] + 1) & 0xFFFFFFFF
+        fields["seq"] = d["down"]
+        self.out.append(("down", device, codec.encode(kind, fields)))
+
+    def assign_width(self, key, width):
+        s = self.cache.sources[key]
+        epoch, narrowing = self.cache.set_width(key, width)
+        self.send(s.device, "width", {"src": s.index, "epoch": epoch, "period": self.tick - 1,
+                                      "width": width, "ack": 1 if narrowing else 0})
+        self._touch(key)
+
+    def assign_filter(self, key, width, cons):
+        s = self.cache.sources[key]
+        epoch = self.cache.set_filter(key, width, cons)
+        self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": 1,
+                                       "cons": [{"l": l, "u": u} for l, u in cons]})
+        self._touch(key)
+
+    def probe(self, key, probe_id=0):
+        s = self.cache.sources[key]
+        self.send(s.device, "probe", {"src": s.index, "probe": probe_id & 0xFFFF})
+
+    def _touch(self, key):
+        self.dirty.update(self.by_source.get(key, ()))
+
+    # -- uplink -------------------------------------------------------------------
+    def handle_uplink(self, now, device, payload, retained=False):
+        """Take one uplink payload from ``device``; ``retained`` marks a broker-retained birth."""
+        try:
+            kind, m = codec.decode(payload)
+            if codec.SCHEMAS[kind][1] != "up":
+                raise codec.CodecError("downlink kind on an uplink topic")
+        except codec.CodecError:
+            self.stats["bad_messages"] += 1
+            return self._advance(now)
+        rx = self.rx.get(device)
+        if kind == "gone":
+            if rx is not None and rx[0] == m["boot"]:
+                self.n += 1
+                heapq.heappush(self.queue, (max(self.clock, now - self.latency), _UP, self.n, device, kind, m))
+            return self._advance(now)
+        if kind == "birth":
+            if retained:
+                # A retained birth may be stale (we restarted): ask the device for a fresh one.
+                if device not in self.devices:
+                    self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False}
+                self.send(device, "rebirth", {})
+                return self._advance(now)
+            if rx is not None and rx[0] == m["boot"] and m["seq"] <= rx[1]:
+                self.stats["duplicates"] += 1
+                return self._advance(now)
+        elif rx is None:
+            self.stats["unknown_device"] += 1
+            if device not in self.devices:
+                self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False}
+            self.send(device, "rebirth", {})
+            return self._advance(now)
+        elif m["seq"] <= rx[1] and (rx[1] - m["seq"]) < 0x80000000:
+            self.stats["duplicates"] += 1
+            return self._advance(now)
+        self.rx[device] = (m["boot"] if kind == "birth" else rx[0], m["seq"])
+        t = m["t"]
+        if t < self.clock:
+            self.stats["late"] += 1     # later than λ: applied now, the answer was wrong meanwhile
+            t = self.clock
+        self.n += 1
+        heapq.heappush(self.queue, (t, _UP, self.n, device, kind, m))
+        return self._advance(now)
+
+    def _set_online(self, device, online):
+        d = self.devices[device]
+        if d["online"] != online:
+            d["online"] = online
+            for key in d["keys"]:
+                self.cache.sources[key].online = online
+                self._touch(key)
+
+    def _birth(self, device, m):
+        """Register or resynchronise a device from its birth (DESIGN.md §3 reconnect)."""
+        d = self.devices.get(device)
+        if d is None:
+            d = self.devices[device] = {"boot": m["boot"], "seq": m["seq"], "down": 0, "keys": [], "online": True}
+        d["boot"], d["seq"] = m["boot"], m["seq"]
+        d["online"] = False
+        self._set_online(device, True)
+        self.send(device, "config", {"period": self.period, "shrink": self.shrink, "beat": self.beat, "t0": self.t0})
+        for i, rec in enumerate(m["sources"]):
+            key = rec["name"]
+            s = self.cache.sources.get(key)
+            if s is not None and s.device != device:
+                self.stats["conflicts"] += 1
+                continue
+            v = None if rec["v"] == NO_VALUE else rec["v"]
+            if s is None:
+                s = self.cache.add(key, device, i, rec["width"], rec["epoch"], v)
+                d["keys"].append(key)
+                self.protocol.source_added(self, key)
+            else:
+                # Trust the device's own state, then re-send what we want under a newer epoch.
+                want = (s.filt.width, list(s.filt.cons))
+                s.old = []
+                s.filt.set_filter(rec["width"], [], rec["epoch"])
+                s.filt.center = None
+                if v is not None:
+                    self.cache.report(key, rec["epoch"], m["t"], v)
+                self.protocol.resync(self, key, want)
+            self._touch(key)
+
+    def _apply(self, device, kind, m):
+        if kind == "birth":
+            self._birth(device, m)
+            return
+        if kind == "gone":
+            self._set_online(device, False)
+            return
+        self._set_online(device, True)
+        if kind in ("report", "reply"):
+            d = self.devices[device]
+            if m["src"] >= len(d["keys"]):
+                self.stats["bad_messages"] += 1
+                return
+            key = d["keys"][m["src"]]
+            if m["v"] != NO_VALUE:
+                self.cache.report(key, m["epoch"], m["t"], m["v"])
+                self._touch(key)
+            self.protocol.reported(self, key, m)
+        elif kind == "blob":
+            self.protocol.blob(self, device, m)
+
+    # -- time -------------------------------------------------------------------------
+    def next_deadline(self):
+        t = self.t0 + self.tick * self.period
+        if self.queue and self.queue[0][0] < t:
+            t = self.queue[0][0]
+        return t + self.latency
+
+    def handle_timer(self, now):
+        return self._advance(now)
+
+    def _advance(self, now):
+        while True:
+            tick_t = self.t0 + self.tick * self.period
+            head = self.queue[0][0] if self.queue else math.inf
+            t = min(head, tick_t)
+            if t + self.latency > now:      # the same expression as next_deadline, so timers land
+                break
+            self.clock = t
+            while self.queue and self.queue[0][0] == t:
+                _, _, _, device, kind, m = heapq.heappop(self.queue)
+                self._apply(device, kind, m)
+            if tick_t == t:
+                self.tick += 1
+                if self.shrink:
+                    self.cache.shrink(self.shrink)
+                    self.dirty.update(self.queries)
+                self.protocol.period(self, t)
+                for s in self.cache.sources.values():
+                    s.reports = 0
+            self._answers(t)
+        return self._flush(None)
+
+    def _flush(self, now):
+        if now is not None:
+            self._answers(self._now(now))
+        out, self.out = self.out, []
+        return out
+
+    # -- answers ----------------------------------------------------------------------
+    def degraded(self, q):
+        return any(not self.cache.sources[s].online for s in q.sources if s in self.cache.sources)
+
+    def _answers(self, t):
+        for qid in sorted(self.dirty):
+            q = self.queries.get(qid)
+            if q is None:
+                continue
+            lo, hi = self.protocol.answer(self, q)
+            deg = self.degraded(q)
+            if self.last.get(qid) != (lo, hi, deg):
+                self.last[qid] = (lo, hi, deg)
+                self.out.append(("answer", {"time": t, "query": qid, "lo": lo, "hi": hi, "degraded": deg}))
+        self.dirty.clear()
+
+    def interval(self, q):
+        return aggregate.answer(q, self.cache.known)

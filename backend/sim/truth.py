@@ -1,0 +1,151 @@
+"""Ground truth for the simulator (DESIGN.md §4): exact answers over time, and the violation checker.
+
+``Truth`` keeps every query's exact answer as a step function of time, updated incrementally per
+reading and re-summed exactly every |S| updates so floating drift stays far below the tolerance.
+``check`` merges that step function with the answers' and counts every instant at which a
+non-degraded answer does not contain the exact value.
+"""
+import math
+
+from backend.coordinator import aggregate
+
+TOL = 1e-9   # relative tolerance for float summation in the checker
+
+
+class _Track:
+    __slots__ = ("q", "idx", "w", "sum", "scale", "known", "n", "since", "timeline")
+
+    def __init__(self, q, index):
+        self.q = q
+        self.idx = [index[s] for s in q.sources]
+        self.w = [q.weights[s] for s in q.sources]
+        self.sum = 0.0
+        self.scale = 0.0
+        self.known = 0
+        self.n = len(self.idx)
+        self.since = 0
+        self.timeline = []      # [(t, exact, scale)]
+
+
+class Truth:
+    def __init__(self, source_ids):
+        self.index = {s: i for i, s in enumerate(source_ids)}
+        self.values = [None] * len(source_ids)
+        self.tracks = {}
+        self.by_src = [[] for _ in source_ids]
+        self.dirty = set()
+
+    def add_query(self, q, t):
+        tr = _Track(q, self.index)
+        self.tracks[q.id] = tr
+        for pos, i in enumerate(tr.idx):
+            self.by_src[i].append((tr, pos))
+        self._resum(tr)
+        self.dirty.add(q.id)
+        self.flush(t)
+
+    def remove_query(self, qid):
+        tr = self.tracks.pop(qid)
+        for i in tr.idx:
+            self.by_src[i] = [p for p in self.by_src[i] if p[0] is not tr]
+
+    def _resum(self, tr):
+        vals = [self.values[i] for i in tr.idx]
+        tr.known = sum(1 for v in vals if v is not None)
+        terms = [w * v for w, v in zip(tr.w, vals) if v is not None]
+        tr.sum = math.fsum(terms)
+        tr.scale = math.fsum(abs(x) for x in terms)
+        tr.since = 0
+
+    def update(self, i, v):
+        old = self.values[i]
+        self.values[i] = v
+        for tr, pos in self.by_src[i]:
+            if tr.q.kind in ("sum", "avg"):
+                w = tr.w[pos]
+                if old is None:
+                    tr.known += 1
+                    tr.sum += w * v
+                    tr.scale += abs(w * v)
+                else:
+                    tr.sum += w * (v - old)
+                    tr.scale += abs(w * v) - abs(w * old)
+                tr.since += 1
+                if tr.since >= tr.n:
+                    self._resum(tr)
+            elif old is None:
+                tr.known += 1
+            self.dirty.add(tr.q.id)
+
+    def exact(self, tr):
+        if tr.known < tr.n:
+            return None
+        k = tr.q.kind
+        if k == "sum":
+            return tr.sum
+        if k == "avg":
+            return tr.sum / tr.n
+        return aggregate.exact(tr.q, lambda s: self.values[self.index[s]])
+
+    def flush(self, t):
+        for qid in self.dirty:
+            tr = self.tracks.get(qid)
+            if tr is None:
+                continue
+            x = self.exact(tr)
+            if x is None:
+                continue
+            scale = tr.scale / tr.n if tr.q.kind == "avg" else tr.scale
+            if not tr.timeline or tr.timeline[-1][1] != x:
+                tr.timeline.append((t, x, scale))
+        self.dirty.clear()
+
+
+def check(truth, answers, precision, end):
+    """Merge the truth and answer step functions of one query.
+
+    ``truth``: [(t, exact, scale)], ``answers``: [(t, lo, hi, degraded)], both in time order.
+    Returns (violations, violation_time, precision_misses, degraded_time).
+    """
+    events = sorted([(t, 0, k) for k, (t, _, _) in enumerate(truth)] + [(t, 1, k) for k, (t, _, _, _) in enumerate(answers)])
+    cur_truth = cur_ans = None
+    violations = misses = 0
+    vtime = dtime = 0.0
+    bad_since = deg_since = None
+    i = 0
+    while i < len(events):
+        t = events[i][0]
+        while i < len(events) and events[i][0] == t:
+            _, kind, k = events[i]
+            if kind == 0:
+                cur_truth = truth[k]
+            else:
+                cur_ans = answers[k]
+            i += 1
+        bad = deg = False
+        if cur_truth is not None and cur_ans is not None:
+            _, x, scale = cur_truth
+            _, lo, hi, degraded = cur_ans
+            tol = TOL * (1.0 + scale + abs(x))
+            if degraded:
+                deg = True
+            elif not (lo - tol <= x <= hi + tol):
+                bad = True
+                violations += 1
+            if not degraded and hi - lo > precision + tol and math.isfinite(hi - lo):
+                misses += 1
+        if bad and bad_since is None:
+            bad_since = t
+        elif not bad and bad_since is not None:
+            vtime += t - bad_since
+            bad_since = None
+        if deg and deg_since is None:
+            deg_since = t
+        elif not deg and deg_since is not None:
+            dtime += t - deg_since
+            deg_since = None
+    if bad_since is not None:
+        vtime += max(0.0, end - bad_since)
+    if deg_since is not None:
+        dtime += max(0.0, end - deg_since)
+    return violations, vtime, misses, dtime

@@ -1,0 +1,150 @@
+"""Simulator: zero violations for every protocol on unseen random walks; the checker catches liars."""
+import json
+import random
+
+import pytest
+
+from backend.coordinator import baselines
+from backend.sim import engine
+from backend.sim.workload import WorkloadError, load
+
+
+def random_workload(seed, protocol, count=12, duration=300, delay=0.0, jitter=0.0, per_device=None):
+    r = random.Random(seed)
+    ids = ["s%d" % i for i in range(count)]
+    queries = []
+    for j in range(r.randint(1, 5)):
+        kind = r.choice(["sum", "avg", "min", "max", "count"])
+        srcs = r.sample(ids, r.randint(1, count)) if r.random() < 0.8 else "all"
+        q = {"id": "q%d" % j, "kind": kind, "sources": srcs, "precision": round(r.uniform(0.0, 20.0), 3)}
+        n = count if srcs == "all" else len(srcs)
+        if kind in ("sum", "avg") and r.random() < 0.5:
+            q["weights"] = [r.choice([-2, -1, 0.5, 1, 2]) for _ in range(n)]
+        if kind == "count":
+            a = r.uniform(80, 110)
+            q["range"] = [a, a + r.uniform(0, 20)]
+        queries.append(q)
+    return {
+        "name": "random-%d" % seed, "seed": seed, "duration": duration, "protocol": protocol,
+        "sources": {"generator": "random_walk", "count": count, "per_device": per_device or r.randint(1, 3),
+                    "start": [90, 110], "step": [0.1, 3.0],
+                    "arrival": r.choice(["periodic", "exponential"]), "interval": r.choice([0.5, 1.0, 2.0])},
+        "queries": queries,
+        "network": {"delay": delay, "jitter": jitter},
+        "params": {"period": r.choice([5, 10]), "shrink": 0.05},
+    }
+
+
+@pytest.mark.parametrize("protocol", sorted(baselines.PROTOCOLS))
+def test_zero_violations_on_random_walks_and_queries(protocol):
+    for seed in range(12):
+        res = engine.run(random_workload(seed, protocol))
+        assert res["violations"] == 0, (seed, res["queries"])
+        assert res["samples"] > 0 and res["messages"]["up"] > 0
+
+
+@pytest.mark.parametrize("protocol", sorted(baselines.PROTOCOLS))
+def test_zero_violations_with_delay_within_latency_tolerance(protocol):
+    for seed in range(6):
+        res = engine.run(random_workload(100 + seed, protocol, delay=0.7, jitter=0.5))
+        assert res["violations"] == 0, (seed, res["queries"])
+        assert res["late"] == 0
+
+
+def test_deadband_sends_far_fewer_messages_than_naive():
+    spec = {"seed": 1, "duration": 2000,
+            "sources": {"generator": "random_walk", "count": 10, "step": 1.0},
+            "queries": [{"id": "avg", "kind": "avg", "sources": "all", "precision": 10.0}]}
+    naive = engine.run(dict(spec, protocol="naive"))
+    dead = engine.run(dict(spec, protocol="deadband"))
+    assert naive["messages"]["up"] >= naive["samples"] * 0.9
+    assert dead["messages"]["up"] < 0.1 * naive["messages"]["up"]
+    assert naive["violations"] == dead["violations"] == 0
+
+
+class _Liar(baselines.Deadband):
+    """Claims half the width it gives the devices: the checker must notice."""
+    name = "liar"
+
+    def answer(self, coord, q):
+        lo, hi = coord.interval(q)
+        mid, half = (lo + hi) / 2, (hi - lo) / 4
+        return mid - half, mid + half
+
+
+class _Stale(baselines.Deadband):
+    """Forgets every report after the first: answers drift away from the truth."""
+    name = "stale"
+
+    def reported(self, coord, key, m):
+        s = coord.cache.sources[key]
+        if s.reports > 1 or s.last_t > 5:
+            s.filt.recenter(-1000.0)
+
+
+@pytest.mark.parametrize("cls", [_Liar, _Stale])
+def test_checker_catches_broken_protocols(cls, monkeypatch):
+    monkeypatch.setitem(baselines.PROTOCOLS, cls.name, cls)
+    res = engine.run(random_workload(5, cls.name, count=6))
+    assert res["violations"] > 0
+
+
+def test_cli_sim_writes_result_and_answers(tmp_path):
+    from backend import cli
+    wl = tmp_path / "w.yaml"
+    wl.write_text("seed: 3\nduration: 100\nprotocol: deadband\n"
+                  "sources: {generator: random_walk, count: 4}\n"
+                  "queries:\n  - {id: s, kind: sum, sources: all, precision: 4}\n")
+    out, ans = tmp_path / "r.json", tmp_path / "a.jsonl"
+    assert cli.main(["sim", str(wl), "--out", str(out), "--answers", str(ans), "--quiet"]) == 0
+    res = json.loads(out.read_text())
+    for key in ("messages", "bytes", "violations", "samples"):
+        assert key in res
+    assert set(res["messages"]) == {"up", "down"} and set(res["bytes"]) == {"up", "down"}
+    lines = [json.loads(x) for x in ans.read_text().splitlines()]
+    assert lines and all({"time", "query", "lo", "hi"} <= set(x) for x in lines)
+    assert all(x["hi"] - x["lo"] <= 4 + 1e-6 for x in lines if x["time"] > 0)
+
+
+def test_trace_workload(tmp_path):
+    r = random.Random(0)
+    rows = ["time,source,value"]
+    vals = {"a": 0.0, "b": 5.0}
+    for k in range(400):
+        for s in vals:
+            vals[s] += r.uniform(-1, 1)
+            rows.append("%g,%s,%r" % (k * 0.5, s, vals[s]))
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    spec = {"seed": 0, "duration": 199, "protocol": "deadband", "sources": {"trace": str(tmp_path / "t.csv")},
+            "queries": [{"id": "d", "kind": "sum", "sources": ["a", "b"], "weights": [1, -1], "precision": 2}]}
+    res = engine.run(spec)
+    assert res["violations"] == 0 and res["sources"] == 2 and 0 < res["messages"]["up"] < res["samples"]
+
+
+@pytest.mark.parametrize("patch,msg", [
+    ({"duration": None}, "duration"),
+    ({"sources": {"generator": "sine", "count": 3}}, "generator must be one of"),
+    ({"sources": {"generator": "random_walk", "count": 0}}, "count must be a positive integer"),
+    ({"queries": [{"id": "x", "kind": "sum", "sources": ["nope"]}]}, "unknown sources"),
+    ({"protocol": "magic"}, "unknown protocol"),
+    ({"params": {"shrink": 1.5}}, "shrink"),
+    ({"network": {"delay": -1}}, "network.delay"),
+    ({"sources": {"trace": "/nonexistent.csv"}}, "does not exist"),
+])
+def test_bad_workloads_are_explained(patch, msg):
+    spec = {"seed": 0, "duration": 10, "sources": {"generator": "random_walk", "count": 3}, "queries": []}
+    spec.update(patch)
+    if spec.get("duration") is None:
+        del spec["duration"]
+    with pytest.raises(WorkloadError, match=msg):
+        load(spec)
+
+
+def test_bad_trace_rows_are_explained(tmp_path):
+    p = tmp_path / "bad.csv"
+    p.write_text("time,source,value\n0,a,1\n1,a,notanumber\n")
+    with pytest.raises(WorkloadError, match="line 3"):
+        load({"duration": 5, "sources": {"trace": str(p)}})
+    p.write_text("t,s,v\n")
+    with pytest.raises(WorkloadError, match="header"):
+        load({"duration": 5, "sources": {"trace": str(p)}})
