@@ -3,22 +3,70 @@
 umqtt.simple has no reconnect and delivers messages by callback, even from inside ``publish``
 while it waits for a PUBACK; umqtt.robust retries forever with sleeps. This layer instead never
 blocks the agent for long: failures mark the link down, ``up()`` reconnects with doubling backoff,
-re-subscribes and reports the new session; inbound payloads wait in a small bounded inbox.
+re-subscribes and reports the new session; inbound payloads wait in a small bounded inbox, and a
+payload too large for the codec is drained in small reads instead of allocated whole.
 """
 import select
+import struct
 import time
 
+from edge.core.codec import MAX_PAYLOAD
 from umqtt.simple import MQTTClient
 
 INBOX = 8               # control messages held between two loop passes; more are dropped (counted)
 BACKOFF_MS = (200, 30000)
 
 
+class Client(MQTTClient):
+    """umqtt.simple whose receive never allocates more than MAX_PAYLOAD: a larger PUBLISH payload
+    is skipped and delivered as None, which the agent counts as a bad message."""
+
+    def wait_msg(self):
+        sock = self.sock
+        res = sock.read(1)
+        sock.setblocking(True)
+        if res is None:
+            return None
+        if res == b"":
+            raise OSError(-1)
+        if res == b"\xd0":              # PINGRESP
+            sock.read(1)
+            return None
+        op = res[0]
+        if op & 0xF0 != 0x30:
+            return op
+        sz = self._recv_len()
+        n = sock.read(2)
+        topic = sock.read(n[0] << 8 | n[1])
+        sz -= len(topic) + 2
+        pid = 0
+        if op & 6:
+            pid = sock.read(2)
+            pid = pid[0] << 8 | pid[1]
+            sz -= 2
+        if sz > MAX_PAYLOAD:
+            msg = None
+            while sz > 0:
+                chunk = sock.read(min(sz, 256))
+                if not chunk:
+                    raise OSError(-1)
+                sz -= len(chunk)
+        else:
+            msg = sock.read(sz)
+        self.cb(topic, msg)
+        if op & 6 == 2:
+            pkt = bytearray(b"\x40\x02\0\0")
+            struct.pack_into("!H", pkt, 2, pid)
+            sock.write(pkt)
+        elif op & 6 == 4:
+            raise OSError(-2)           # QoS 2 is never subscribed to
+
+
 class Link:
     def __init__(self, cfg, will):
         self.prefix = "qf/%s/d/%s/" % (cfg["fleet"], cfg["device"])
         self.keepalive = cfg.get("keepalive", 30)
-        c = MQTTClient("qf-%s-%s" % (cfg["fleet"], cfg["device"]), cfg.get("host", "127.0.0.1"),
+        c = Client("qf-%s-%s" % (cfg["fleet"], cfg["device"]), cfg.get("host", "127.0.0.1"),
                        cfg.get("port", 1883), cfg["device"], cfg["password"], self.keepalive)
         c.set_last_will(self.prefix + "state", will, True, 1)
         c.set_callback(self._inbound)
