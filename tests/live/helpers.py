@@ -21,13 +21,15 @@ MP_MODULES = ["edge/__init__.py", "edge/agent.py", "edge/core/__init__.py", "edg
 MP_LOCAL = ["link.py", "qfagent.py", "umqtt/simple.py"]
 
 
-def client(broker, user, password=None, client_id=None):
-    """A connected paho client (MQTT 3.1.1) whose messages land in ``c.inbox`` as (topic, payload, retain)."""
+def client(broker, user, password=None, client_id=None, clean_session=True):
+    """A connected paho client (MQTT 3.1.1) whose messages land in ``c.inbox`` as (topic, payload, retain);
+    it reconnects by itself within half a second."""
     if password is None:
         user, password = broker.credentials(user)
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or "test-%s-%d" % (user, time.monotonic_ns()),
-                    protocol=mqtt.MQTTv311)
+                    protocol=mqtt.MQTTv311, clean_session=clean_session)
     c.username_pw_set(user, password)
+    c.reconnect_delay_set(0.1, 0.5)
     c.inbox = queue.Queue()
     c.connack = queue.Queue()
     c.on_message = lambda cl, u, m: c.inbox.put((m.topic, m.payload, m.retain))
@@ -52,8 +54,8 @@ def subscribe(c, topic, timeout=3.0):
 
 
 def close(c):
-    c.loop_stop()
     c.disconnect()
+    c.loop_stop()
 
 
 def expect(c, pred, timeout=5.0):

@@ -46,11 +46,12 @@ class Client(MQTTClient):
             sz -= 2
         if sz > MAX_PAYLOAD:
             msg = None
+            skip = bytearray(64)
             while sz > 0:
-                chunk = sock.read(min(sz, 256))
-                if not chunk:
+                n = sock.readinto(skip, min(sz, 64))
+                if not n:
                     raise OSError(-1)
-                sz -= len(chunk)
+                sz -= n
         else:
             msg = sock.read(sz)
         self.cb(topic, msg)
