@@ -4,6 +4,7 @@ The product ships Mosquitto, not an embedded fallback: amqtt leaked retained mes
 ACL (§9). ``Broker`` generates config, password file, ACL and (optionally) a TLS CA and server
 certificate into one directory, runs ``mosquitto -c`` on a loopback port and stops it again.
 """
+import atexit
 import json
 import os
 import secrets
@@ -175,6 +176,7 @@ class Broker:
         self.proc = subprocess.Popen([mosquitto, "-c", self.conf], stdout=logf, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         logf.close()
+        atexit.register(self.stop)      # never leave a broker behind when the caller crashes
         deadline = time.monotonic() + timeout
         ports = [p for p in (self.port, self.tls_port) if p]
         while ports:
@@ -204,6 +206,7 @@ class Broker:
         """SIGTERM (mosquitto saves its persistence file), then SIGKILL if it lingers."""
         if self.proc is None:
             return
+        atexit.unregister(self.stop)
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

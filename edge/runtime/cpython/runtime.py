@@ -10,6 +10,7 @@ import json
 import logging
 import random
 import signal
+import socket
 import sys
 import time
 
@@ -71,6 +72,7 @@ class Runtime:
         log.info("connected to %s:%s", self.cfg["broker"]["host"], self.cfg["broker"]["port"])
         self.connected = True
         self.backoff = BACKOFF[0]
+        client.socket().setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # no Nagle stalls
         client.subscribe(self.prefix + "ctl", qos=1)
         self.pump.online(self.clock())
 
