@@ -1,0 +1,1 @@
+"""CPython runtime (Raspberry Pi class): paho-mqtt shell around edge.agent.Agent (DESIGN.md §7)."""

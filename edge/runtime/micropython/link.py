@@ -1,0 +1,167 @@
+"""Reconnecting MQTT link on umqtt.simple for the MicroPython agent (DESIGN.md §3, §7).
+
+umqtt.simple has no reconnect and delivers messages by callback, even from inside ``publish``
+while it waits for a PUBACK; umqtt.robust retries forever with sleeps. This layer instead never
+blocks the agent for long: failures mark the link down, ``up()`` reconnects with doubling backoff,
+re-subscribes and reports the new session; inbound payloads wait in a small bounded inbox, and a
+payload too large for the codec is drained in small reads instead of allocated whole.
+"""
+import select
+import struct
+import time
+
+from edge.core.codec import MAX_PAYLOAD
+from umqtt.simple import MQTTClient
+
+INBOX = 8               # control messages held between two loop passes; more are dropped (counted)
+BACKOFF_MS = (200, 30000)
+
+
+class Client(MQTTClient):
+    """umqtt.simple whose receive never allocates more than MAX_PAYLOAD: a larger PUBLISH payload
+    is skipped and delivered as None, which the agent counts as a bad message."""
+
+    def wait_msg(self):
+        sock = self.sock
+        res = sock.read(1)
+        sock.setblocking(True)
+        if res is None:
+            return None
+        if res == b"":
+            raise OSError(-1)
+        if res == b"\xd0":              # PINGRESP
+            sock.read(1)
+            return None
+        op = res[0]
+        if op & 0xF0 != 0x30:
+            return op
+        sz = self._recv_len()
+        n = sock.read(2)
+        topic = sock.read(n[0] << 8 | n[1])
+        sz -= len(topic) + 2
+        pid = 0
+        if op & 6:
+            pid = sock.read(2)
+            pid = pid[0] << 8 | pid[1]
+            sz -= 2
+        if sz > MAX_PAYLOAD:
+            msg = None
+            skip = bytearray(64)
+            while sz > 0:
+                n = sock.readinto(skip, min(sz, 64))
+                if not n:
+                    raise OSError(-1)
+                sz -= n
+        else:
+            msg = sock.read(sz)
+        self.cb(topic, msg)
+        if op & 6 == 2:
+            pkt = bytearray(b"\x40\x02\0\0")
+            struct.pack_into("!H", pkt, 2, pid)
+            sock.write(pkt)
+        elif op & 6 == 4:
+            raise OSError(-2)           # QoS 2 is never subscribed to
+
+
+class Link:
+    def __init__(self, cfg, will):
+        self.prefix = "qf/%s/d/%s/" % (cfg["fleet"], cfg["device"])
+        self.keepalive = cfg.get("keepalive", 30)
+        c = Client("qf-%s-%s" % (cfg["fleet"], cfg["device"]), cfg.get("host", "127.0.0.1"),
+                       cfg.get("port", 1883), cfg["device"], cfg["password"], self.keepalive)
+        c.set_last_will(self.prefix + "state", will, True, 1)
+        c.set_callback(self._inbound)
+        self.client = c
+        self.inbox = []
+        self.dropped = 0
+        self.connected = False
+        self.poller = None
+        self.backoff = BACKOFF_MS[0]
+        self.retry_at = time.ticks_ms()
+        self.last_tx = self.last_rx = self.retry_at
+        self.failures = 0      # lost links and failed connects
+
+    def _inbound(self, topic, msg):
+        if len(self.inbox) < INBOX:
+            self.inbox.append(msg)
+        else:
+            self.dropped += 1
+
+    def down(self):
+        self.failures += 1
+        self.connected = False
+        try:
+            self.client.sock.close()
+        except Exception:
+            pass
+        self.retry_at = time.ticks_add(time.ticks_ms(), self.backoff)
+        self.backoff = min(self.backoff * 2, BACKOFF_MS[1])
+
+    def up(self):
+        """Try to (re)connect when the backoff allows; True on a new session."""
+        if self.connected or time.ticks_diff(self.retry_at, time.ticks_ms()) > 0:
+            return False
+        try:
+            self.client.connect()
+            try:
+                # umqtt writes each packet in several pieces; with Nagle on, the broker's delayed
+                # ACK stalls every QoS 1 publish by ~40 ms. (IPPROTO_TCP, TCP_NODELAY)
+                self.client.sock.setsockopt(6, 1, 1)
+            except OSError:
+                pass                    # a board's stack without the option
+            self.client.subscribe(self.prefix + "ctl", 1)
+        except Exception as e:   # OSError, or MQTTException when the broker refuses us
+            print("qf: connect failed: %r" % (e,))
+            self.down()
+            return False
+        self.poller = select.poll()
+        self.poller.register(self.client.sock, select.POLLIN)
+        self.connected = True
+        self.backoff = BACKOFF_MS[0]
+        self.last_tx = self.last_rx = time.ticks_ms()
+        return True
+
+    def send(self, channel, payload):
+        """Publish QoS 1 (retained on ``state``) and wait for its PUBACK; False if the link failed."""
+        if not self.connected:
+            return False
+        try:
+            self.client.publish(self.prefix + channel, payload, channel == "state", 1)
+        except Exception as e:
+            print("qf: publish failed: %r" % (e,))
+            self.down()
+            return False
+        self.last_tx = time.ticks_ms()
+        return True
+
+    def wait(self, ms):
+        """Wait up to ``ms`` for traffic and process it; keep the session alive with pings."""
+        if not self.connected:
+            time.sleep_ms(ms)
+            return
+        now = time.ticks_ms()
+        try:
+            if time.ticks_diff(now, self.last_tx) >= self.keepalive * 500:
+                self.client.ping()
+                self.last_tx = now
+            if time.ticks_diff(now, self.last_rx) > self.keepalive * 1500:
+                raise OSError("no traffic from the broker for 1.5 keepalives")
+            ready = self.poller.poll(ms)
+            while ready:
+                if ready[0][1] & (select.POLLHUP | select.POLLERR):
+                    raise OSError("socket closed")
+                self.last_rx = time.ticks_ms()
+                self.client.check_msg()      # one packet: a PUBLISH goes to the inbox, PINGRESP is eaten
+                ready = self.poller.poll(0)
+        except Exception as e:
+            print("qf: link lost: %r" % (e,))
+            self.down()
+
+    def close(self, payload):
+        """Clean stop: publish the offline state ourselves (no Will on a clean disconnect)."""
+        if self.connected and self.send("state", payload):
+            try:
+                self.client.disconnect()
+            except Exception:
+                pass
+        self.connected = False

@@ -1,0 +1,81 @@
+"""MicroPython agent: edge.agent.Agent on a reconnecting umqtt.simple link (DESIGN.md §3, §7).
+
+Run on the unix port with ``MICROPYPATH=<repo>:<repo>/edge/runtime/micropython``:
+``micropython -X heapsize=32k -m qfagent device.json``; on a board, ``main.py`` calls ``main(path)``.
+The config is JSON: ``fleet``, ``device``, ``password``, ``host``, ``port``, ``keepalive``,
+``period``, ``width``, ``outbox``, ``ground_truth`` (optional path), ``boot`` (optional) and
+``sources``: a list of ``{"name": ..., "kind": "walk" | "csv", ...}`` in source-index order.
+Ctrl-C (SIGINT) stops cleanly and prints the agent's counters as one JSON line.
+"""
+import gc
+import json
+import sys
+import time
+
+from edge.agent import Agent
+from edge.runtime.outbox import Outbox
+from edge.runtime.pump import Pump
+from edge.runtime.sensors import make_inputs
+from link import Link
+
+MAX_WAIT_MS = 500
+
+
+class Clock:
+    """Device seconds: wall time at start plus accumulated ``ticks_ms`` (safe across tick wrap)."""
+
+    def __init__(self):
+        self.now = float(time.time())
+        self.last = time.ticks_ms()
+
+    def __call__(self):
+        t = time.ticks_ms()
+        self.now += time.ticks_diff(t, self.last) / 1000
+        self.last = t
+        return self.now
+
+
+def main(path):
+    with open(path) as f:
+        cfg = json.load(f)
+    clock = Clock()
+    now = clock()
+    specs = {}
+    names = []
+    for s in cfg["sources"]:
+        specs[s["name"]] = s
+        names.append(s["name"])
+    agent = Agent(cfg["device"], names, cfg.get("boot", int(now) & 0xFFFFFFFF), 0, cfg.get("width", 0.0))
+    inputs, rest = make_inputs(specs, names, now, cfg.get("period", 1.0))
+    if rest:
+        raise ValueError("unsupported source kind: %r" % (rest[0][1].get("kind"),))
+    truth = open(cfg["ground_truth"], "a") if cfg.get("ground_truth") else None
+    link = Link(cfg, agent.will())
+    pump = Pump(agent, inputs, Outbox(cfg.get("outbox", 32)), link.send, truth)
+    gc.collect()
+    try:
+        while True:
+            if link.up():
+                pump.online(clock())
+            while link.inbox:
+                pump.message(clock(), link.inbox.pop(0))
+            now = clock()
+            pump.poll(now)
+            wake = pump.wake()
+            ms = MAX_WAIT_MS if wake is None else int((wake - clock()) * 1000) + 1
+            link.wait(min(max(ms, 0), MAX_WAIT_MS))
+            if truth is not None:
+                truth.flush()
+    except KeyboardInterrupt:
+        link.close(agent.will())
+    if truth is not None:
+        truth.close()
+    gc.collect()
+    stats = {"outbox": len(pump.outbox), "outbox_dropped": pump.outbox.dropped, "inbox_dropped": link.dropped,
+             "link_failures": link.failures, "heap_free": gc.mem_free(), "heap_used": gc.mem_alloc()}
+    stats.update(agent.stats)
+    print(json.dumps({"stats": stats}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

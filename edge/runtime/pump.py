@@ -1,0 +1,54 @@
+"""Transport-independent loop body of the live agents (DESIGN.md §3 reconnect, §7 devices).
+
+Feeds sensor readings, timers and control messages into ``edge.agent.Agent`` and hands what it
+returns to ``send(channel, payload) -> bool`` (False: not delivered). Uplink messages that cannot be
+delivered wait in a bounded ``Outbox``; births are never queued, since ``online`` sends a fresh one
+after every (re)connect. Sans-IO and portable: both runtimes wrap this object.
+"""
+
+
+class Pump:
+    def __init__(self, agent, inputs, outbox, send, truth=None):
+        self.agent = agent
+        self.inputs = inputs
+        self.outbox = outbox
+        self.send = send
+        self.truth = truth       # optional writable file: every sample as "time,source,value"
+
+    def _emit(self, out):
+        for channel, payload in out:
+            if channel == "state":
+                self.send(channel, payload)
+            elif len(self.outbox) or not self.send(channel, payload):
+                self.outbox.push(payload)
+
+    def online(self, now):
+        """Just (re)connected: deliver what waited, then a birth that re-centres every source."""
+        while len(self.outbox):
+            if not self.send("up", self.outbox.peek()):
+                return
+            self.outbox.pop()
+        self._emit(self.agent.start(now))
+
+    def message(self, now, payload):
+        self._emit(self.agent.handle_message(now, payload))
+
+    def poll(self, now):
+        """Take every reading due by ``now`` and fire the agent's timer if it is due."""
+        for inp in self.inputs:
+            for source, value in inp.poll(now):
+                if self.truth is not None:
+                    self.truth.write("%r,%s,%r\n" % (now, source, value))
+                self._emit(self.agent.handle_sample(now, source, value))
+        deadline = self.agent.next_deadline()
+        if deadline is not None and deadline <= now:
+            self._emit(self.agent.handle_timer(now))
+
+    def wake(self):
+        """Device time of the next reading or timer; None when nothing is scheduled."""
+        t = self.agent.next_deadline()
+        for inp in self.inputs:
+            n = inp.next_time()
+            if n is not None and (t is None or n < t):
+                t = n
+        return t

@@ -1,0 +1,23 @@
+"""Fixtures for the live tests: a private Mosquitto per test, precompiled MicroPython agent per session."""
+import pytest
+
+from backend.broker import Broker, BrokerError, find_mosquitto
+from helpers import precompile
+
+FLEET = "t"
+DEVICES = ["A", "B", "C", "M"]
+
+
+@pytest.fixture
+def broker(tmp_path):
+    try:
+        find_mosquitto()
+    except BrokerError as e:
+        pytest.skip(str(e))
+    with Broker(tmp_path / "broker", FLEET, DEVICES) as b:
+        yield b
+
+
+@pytest.fixture(scope="session")
+def mpy(tmp_path_factory):
+    return precompile(str(tmp_path_factory.mktemp("mpy")))

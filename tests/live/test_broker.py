@@ -1,0 +1,62 @@
+"""backend/broker.py: generated ACL and config, persistence across restarts, TLS, missing Mosquitto."""
+import json
+import ssl
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from backend import broker as brokermod
+from backend.broker import Broker, BrokerError
+from helpers import client, close, connected, subscribe
+
+
+def test_acl_is_exactly_the_design():
+    lines = [l for l in brokermod.acl_text("f").splitlines() if l]
+    assert lines == ["user backend", "topic readwrite qf/f/#", "pattern write qf/f/d/%u/up",
+                     "pattern write qf/f/d/%u/state", "pattern read qf/f/d/%u/ctl"]
+
+
+def test_generated_files_and_credentials(broker):
+    conf = open(broker.conf).read()
+    for line in ("listener %d 127.0.0.1" % broker.port, "allow_anonymous false", "persistence true"):
+        assert line in conf
+    info = json.load(open(broker.credentials_file))
+    assert set(info["users"]) == {"backend", "A", "B", "C", "M"} and info["port"] == broker.port
+    assert "A:" + broker.credentials("A")[1] not in open(broker.directory + "/passwd").read()   # hashed
+
+
+def test_retained_messages_survive_a_restart_on_the_same_port(broker):
+    port = broker.port
+    a = client(broker, "A")
+    assert connected(a)[0]
+    a.publish("qf/t/d/A/state", b"birth", qos=1, retain=True).wait_for_publish(2)
+    close(a)
+    broker.restart()
+    assert broker.port == port and broker.running()
+    be = client(broker, "backend")
+    assert connected(be)[0]
+    subscribe(be, "qf/t/d/A/state")
+    assert be.inbox.get(timeout=2) == ("qf/t/d/A/state", b"birth", True)
+    close(be)
+
+
+def test_tls_listener_with_generated_ca(tmp_path):
+    with Broker(tmp_path, "t", ["A"], tls=True) as b:
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
+        c.username_pw_set(*b.credentials("A"))
+        c.tls_set(ca_certs=b.ca_file, tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        results = []
+        c.on_connect = lambda cl, u, f, rc, p: results.append(rc.is_failure)
+        c.connect("127.0.0.1", b.tls_port)
+        for _ in range(30):
+            c.loop(0.1)
+            if results:
+                break
+        assert results == [False]
+        c.disconnect()
+
+
+def test_missing_mosquitto_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(brokermod.shutil, "which", lambda name, path=None: None)
+    with pytest.raises(BrokerError, match="apt-get install mosquitto"):
+        Broker(tmp_path, "t", ["A"]).start()

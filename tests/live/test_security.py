@@ -1,0 +1,92 @@
+"""Broker security (DESIGN.md §3, §9): own topics only, no retained leaks, passwords enforced.
+
+MQTT 3.1.1 drops a denied publish silently (the publisher still gets its PUBACK), so each test
+sends a permitted marker after the forbidden message and shows only the marker arrives.
+"""
+import time
+
+import paho.mqtt.client as mqtt
+
+from helpers import client, close, connected, subscribe
+
+WAIT = 0.5
+
+
+def _topics(c, wait=WAIT):
+    deadline = time.monotonic() + wait
+    seen = []
+    while time.monotonic() < deadline:
+        try:
+            seen.append(c.inbox.get(timeout=max(deadline - time.monotonic(), 0.01))[:2])
+        except Exception:
+            pass
+    return seen
+
+
+def test_device_cannot_publish_on_another_devices_topics(broker):
+    be = client(broker, "backend")
+    a = client(broker, "A")
+    assert connected(be)[0] and connected(a)[0]
+    subscribe(be, "qf/t/#")
+    for topic in ("qf/t/d/B/up", "qf/t/d/B/state", "qf/t/d/A/ctl", "qf/t/q/x/spec", "qf/t/q/x/answer", "qf/other/d/A/up"):
+        info = a.publish(topic, b"spoof", qos=1)
+        info.wait_for_publish(2)
+        assert info.is_published()              # acknowledged, yet dropped by the broker
+    a.publish("qf/t/d/A/up", b"marker", qos=1).wait_for_publish(2)
+    a.publish("qf/t/d/A/state", b"alive", qos=1).wait_for_publish(2)
+    seen = _topics(be)
+    assert ("qf/t/d/A/up", b"marker") in seen and ("qf/t/d/A/state", b"alive") in seen
+    assert not [s for s in seen if s[1] == b"spoof"]
+    close(a)
+    close(be)
+
+
+def test_device_cannot_read_another_devices_control(broker):
+    be = client(broker, "backend")
+    a = client(broker, "A")
+    assert connected(be)[0] and connected(a)[0]
+    # Mosquitto 2.0 grants these subscriptions (SUBACK QoS 1) and filters at delivery time.
+    for topic in ("qf/t/d/B/ctl", "qf/t/#", "#", "qf/t/d/A/ctl"):
+        subscribe(a, topic)
+    be.publish("qf/t/d/B/ctl", b"for-B", qos=1).wait_for_publish(2)
+    be.publish("qf/t/d/B/up", b"B-report", qos=1).wait_for_publish(2)
+    be.publish("qf/t/d/A/ctl", b"for-A", qos=1).wait_for_publish(2)
+    seen = _topics(a)
+    assert seen and all(s == ("qf/t/d/A/ctl", b"for-A") for s in seen)
+    close(a)
+    close(be)
+
+
+def test_retained_state_of_another_device_is_not_leaked(broker):
+    b = client(broker, "B")
+    assert connected(b)[0]
+    b.publish("qf/t/d/B/state", b"B-birth", qos=1, retain=True).wait_for_publish(2)
+    close(b)
+    a = client(broker, "A")
+    assert connected(a)[0]
+    for topic in ("qf/t/d/B/state", "qf/t/d/+/state", "qf/t/#", "#"):
+        subscribe(a, topic)
+    assert _topics(a) == []
+    be = client(broker, "backend")               # the backend does see it, retained
+    assert connected(be)[0]
+    subscribe(be, "qf/t/d/+/state")
+    assert be.inbox.get(timeout=2) == ("qf/t/d/B/state", b"B-birth", True)
+    close(a)
+    close(be)
+
+
+def test_wrong_password_unknown_user_and_anonymous_are_refused(broker):
+    for user, password in (("A", "wrong"), ("A", broker.credentials("B")[1]), ("nobody", "x"), ("", "")):
+        c = client(broker, user, password)
+        ok, rc = connected(c)
+        assert not ok, (user, rc)
+        close(c)
+    anon = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
+    refused = []
+    anon.on_connect = lambda cl, u, f, rc, p: refused.append(rc.is_failure)
+    anon.connect(broker.host, broker.port)
+    deadline = time.monotonic() + 3
+    while not refused and time.monotonic() < deadline:
+        anon.loop(0.1)
+    assert refused == [True]
+    anon.disconnect()
