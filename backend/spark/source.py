@@ -9,7 +9,8 @@ Offsets are ``{"offset": N}`` (one past the last record of a batch), so a restar
 re-reads exactly the ranges Spark planned: nothing lost, nothing repeated. Options: ``path``
 (required), ``startingOffsets`` (``earliest`` | ``latest``, for a query without a checkpoint),
 ``maxPartitions`` (default 2) and ``minPartitionRecords`` (default 4096; smaller batches are not
-split). Payloads are passed on undecoded; a topic that is not one of ours yields null
+split). ``commit`` is the base class's no-op: Spark's checkpoint holds the progress and
+``Spool.trim`` (by the spool's writer) reclaims space. Payloads are passed on undecoded; a topic that is not one of ours yields null
 ``device``/``channel`` so the job can count it, never a failure.
 """
 import pyarrow as pa
@@ -102,9 +103,6 @@ class SpoolStreamReader(DataSourceStreamReader):
         if count != partition.end - partition.start:
             raise SpoolError("spool %s holds only %d of offsets [%d, %d): was it replaced or rolled back?"
                              % (self.path, count, partition.start, partition.end))
-
-    def commit(self, end):
-        """Nothing to do: Spark's checkpoint holds the progress; ``Spool.trim`` reclaims space."""
 
 
 class SpoolDataSource(DataSource):

@@ -144,20 +144,23 @@ class Spool:
         return cut
 
     def append(self, records):
-        """Append ``(arrival, topic, payload)`` records; return their offsets (a range)."""
+        """Append ``(arrival, topic, payload)`` records; return their offsets (a range).
+
+        All records are validated first (ValueError appends none). If a write fails (OSError),
+        the unfinished part is cut off again; records written before a segment roll stay.
+        """
         self._writable()
         first = self._next
-        chunk = []
-        for arrival, topic, payload in records:
-            data = _encode(self._next, arrival, topic, payload)
-            if self._size > 0 and self._size + len(data) > self.segment_bytes:
-                self._flush(chunk)
-                chunk = []
+        encoded = [_encode(first + i, a, t, p) for i, (a, t, p) in enumerate(records)]
+        chunk, size = [], 0
+        for data in encoded:
+            if self._size + size > 0 and self._size + size + len(data) > self.segment_bytes:
+                self._write(chunk)
+                chunk, size = [], 0
                 self._roll()
             chunk.append(data)
-            self._size += len(data)
-            self._next += 1
-        self._flush(chunk)
+            size += len(data)
+        self._write(chunk)
         if self._next == first:
             return range(first, first)
         due = self.fsync == "always" or (
@@ -210,9 +213,18 @@ class Spool:
         if self.readonly or self._file is None:
             raise SpoolError("spool %s is not open for writing" % self.path)
 
-    def _flush(self, chunk):
-        if chunk:
-            self._file.write(b"".join(chunk))
+    def _write(self, chunk):
+        blob = memoryview(b"".join(chunk))
+        done = 0
+        try:
+            while done < len(blob):
+                done += self._file.write(blob[done:])
+        except OSError:
+            self._file.truncate(self._size)
+            self._file.seek(self._size)
+            raise
+        self._size += done
+        self._next += len(chunk)
 
     def _roll(self):
         if self.fsync != "never":

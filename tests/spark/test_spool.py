@@ -151,6 +151,33 @@ def test_oversized_record_and_bad_policy_are_rejected(tmp_path):
         Spool(tmp_path / "x", fsync="sometimes")
 
 
+def test_a_bad_record_or_a_failed_write_appends_nothing_of_that_batch(tmp_path):
+    class DiskFullAfterHalf:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, blob):
+            self.f.write(blob[:len(blob) // 2])
+            raise OSError(28, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    with Spool(tmp_path) as s:
+        s.append(recs(2))
+        with pytest.raises(ValueError):
+            s.append(recs(3, 2) + [(0.0, TOPIC, b"x" * MAX_RECORD)])
+        real = s._file
+        s._file = DiskFullAfterHalf(real)
+        with pytest.raises(OSError):
+            s.append(recs(3, 2))
+        s._file = real
+        assert s.latest_offset() == 2
+        assert list(s.append(recs(1, 2))) == [2]
+    with Spool(tmp_path) as s:
+        assert s.recovered == 0 and [r.payload for r in s.read(0, 9)] == [b"p0", b"p1", b"p2"]
+
+
 @pytest.mark.parametrize("policy", ["always", "never", 0.05])
 def test_fsync_policies_store_the_same_records(tmp_path, policy):
     with Spool(tmp_path, fsync=policy) as s:
