@@ -1,0 +1,117 @@
+"""Spark streaming source ``qfspool``: the ingest spool read by deterministic offset ranges (DESIGN.md §6 Ingest).
+
+Usage::
+
+    spark.dataSource.register(SpoolDataSource)
+    df = spark.readStream.format("qfspool").option("path", SPOOL_DIR).load()
+
+Offsets are ``{"offset": N}`` (one past the last record of a batch), so a restart from a checkpoint
+re-reads exactly the ranges Spark planned: nothing lost, nothing repeated. Options: ``path``
+(required), ``startingOffsets`` (``earliest`` | ``latest``, for a query without a checkpoint),
+``maxPartitions`` (default 2) and ``minPartitionRecords`` (default 4096; smaller batches are not
+split). ``commit`` is the base class's no-op: Spark's checkpoint holds the progress and
+``Spool.trim`` (by the spool's writer) reclaims space. Payloads are passed on undecoded; a topic that is not one of ours yields null
+``device``/``channel`` so the job can count it, never a failure.
+"""
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+from backend.spark.spool import Spool, SpoolError
+
+SCHEMA = "offset long, arrival double, topic string, device string, channel string, payload binary"
+ARROW_SCHEMA = pa.schema([("offset", pa.int64()), ("arrival", pa.float64()), ("topic", pa.string()),
+                          ("device", pa.string()), ("channel", pa.string()), ("payload", pa.binary())])
+BATCH_ROWS = 8192
+_CHANNELS = {("d", "up"), ("d", "state"), ("q", "spec")}
+
+
+def parse_topic(topic):
+    """``qf/<fleet>/d/<device>/up|state`` or ``qf/<fleet>/q/<query>/spec`` -> ``(id, channel)``.
+
+    The id is the device for ``up``/``state`` and the query for ``spec``; anything else gives
+    ``(None, None)``.
+    """
+    parts = topic.split("/")
+    if len(parts) == 5 and parts[0] == "qf" and parts[3] and (parts[2], parts[4]) in _CHANNELS:
+        return parts[3], parts[4]
+    return None, None
+
+
+def _batch(cols):
+    return pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, ARROW_SCHEMA)],
+                                      schema=ARROW_SCHEMA)
+
+
+class SpoolRange(InputPartition):
+    """Offsets ``start <= offset < end`` of one Spark task."""
+
+    def __init__(self, start, end):
+        self.start = start
+        self.end = end
+
+
+def _int_option(options, name, default, least):
+    raw = options.get(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise ValueError("qfspool option %s must be an integer >= %d, got %r" % (name, least, raw))
+    return value
+
+
+class SpoolStreamReader(DataSourceStreamReader):
+    def __init__(self, options):
+        self.path = options.get("path")
+        if not self.path:
+            raise ValueError("qfspool needs .option('path', SPOOL_DIRECTORY)")
+        self.starting = options.get("startingOffsets", "earliest")
+        if self.starting not in ("earliest", "latest"):
+            raise ValueError("qfspool startingOffsets must be 'earliest' or 'latest', got %r" % self.starting)
+        self.max_partitions = _int_option(options, "maxPartitions", 2, 1)
+        self.min_records = _int_option(options, "minPartitionRecords", 4096, 1)
+
+    def initialOffset(self):
+        spool = Spool(self.path, readonly=True)
+        return {"offset": spool.earliest_offset() if self.starting == "earliest" else spool.latest_offset()}
+
+    def latestOffset(self):
+        return {"offset": Spool(self.path, readonly=True).latest_offset()}
+
+    def partitions(self, start, end):
+        lo, hi = start["offset"], end["offset"]
+        if hi <= lo:
+            return []
+        n = max(1, min(self.max_partitions, (hi - lo) // self.min_records))
+        cuts = [lo + (hi - lo) * i // n for i in range(n + 1)]
+        return [SpoolRange(a, b) for a, b in zip(cuts, cuts[1:])]
+
+    def read(self, partition):
+        cols, count = ([], [], [], [], [], []), 0
+        for rec in Spool(self.path, readonly=True).scan(partition.start, partition.end):
+            device, channel = parse_topic(rec.topic)
+            for col, value in zip(cols, (rec.offset, rec.arrival, rec.topic, device, channel, rec.payload)):
+                col.append(value)
+            if len(cols[0]) == BATCH_ROWS:
+                count += BATCH_ROWS
+                yield _batch(cols)
+                cols = ([], [], [], [], [], [])
+        count += len(cols[0])
+        if cols[0]:
+            yield _batch(cols)
+        if count != partition.end - partition.start:
+            raise SpoolError("spool %s holds only %d of offsets [%d, %d): was it replaced or rolled back?"
+                             % (self.path, count, partition.start, partition.end))
+
+
+class SpoolDataSource(DataSource):
+    @classmethod
+    def name(cls):
+        return "qfspool"
+
+    def schema(self):
+        return SCHEMA
+
+    def streamReader(self, schema):
+        return SpoolStreamReader(self.options)
