@@ -54,7 +54,7 @@ def _abs_trace(w):
 
 
 def cmd_demo(args):
-    from backend.coordinator.baselines import PROTOCOLS
+    from backend.coordinator.protocols import PROTOCOLS
     from backend.sim.engine import run
     rows = []
     print("QuietFleet demo: %d random-walk sources, %d continuous queries, simulated %d s" % (
@@ -82,6 +82,41 @@ def cmd_demo(args):
     return 0 if bad == 0 else 1
 
 
+def cmd_agent(args):
+    from edge.runtime.cpython.runtime import run_agent
+    return run_agent(args.config)
+
+
+def cmd_broker(args):
+    from backend.broker import broker_main
+    devices = args.devices
+    if devices.isdigit():
+        devices = int(devices)
+    else:
+        devices = [d for d in devices.split(",") if d]
+    args.devices = devices
+    return broker_main(args)
+
+
+def cmd_experiment(args):
+    import importlib
+    try:
+        mod = importlib.import_module("backend.experiments." + args.name)
+    except ModuleNotFoundError:
+        print("quietfleet experiment: no experiment %r (have: %s)" % (args.name, ", ".join(_experiments())),
+              file=sys.stderr)
+        return 2
+    out = args.out or os.path.join("results", args.name)
+    os.makedirs(out, exist_ok=True)
+    return mod.main(out, quick=args.quick)
+
+
+def _experiments():
+    import pkgutil
+    import backend.experiments as pkg
+    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="quietfleet", description="Quiet sensor fleets with guaranteed answers.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -95,6 +130,21 @@ def main(argv=None):
     s.set_defaults(fn=cmd_sim)
     d = sub.add_parser("demo", help="run the demo and print messages saved and guarantees held")
     d.set_defaults(fn=cmd_demo)
+    a = sub.add_parser("agent", help="run a CPython device agent (Raspberry Pi class) from device.toml")
+    a.add_argument("--config", required=True, help="device.toml")
+    a.set_defaults(fn=cmd_agent)
+    b = sub.add_parser("broker", help="run Mosquitto with generated per-device passwords and ACL")
+    b.add_argument("--dir", default="broker", help="directory for config, passwords, ACL, credentials.json")
+    b.add_argument("--fleet", default="demo")
+    b.add_argument("--devices", default="4", help="a count (dev1..devN) or a comma-separated list of device ids")
+    b.add_argument("--port", type=int, default=None)
+    b.add_argument("--tls", action="store_true", help="also listen with TLS (generated CA and server certificate)")
+    b.set_defaults(fn=cmd_broker)
+    e = sub.add_parser("experiment", help="reproduce a paper's experiments: tables and plots under results/")
+    e.add_argument("name", help="olston, cheng, relay, brownian, swat")
+    e.add_argument("--out", help="results folder (default results/NAME)")
+    e.add_argument("--quick", action="store_true", help="smaller runs for a fast look")
+    e.set_defaults(fn=cmd_experiment)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -35,7 +35,9 @@ class Protocol:
         pass
 
     def answer(self, coord, q):
-        return coord.interval(q)
+        """The answer fields for ``q``: an interval ``{"lo", "hi"}`` (entity protocols: ``members``)."""
+        lo, hi = coord.interval(q)
+        return {"lo": lo, "hi": hi}
 
     # -- the static filter a source should carry ---------------------------------------
     def target(self, coord, key):
@@ -81,11 +83,3 @@ class Deadband(Protocol):
 
 
 PROTOCOLS = {"naive": Naive, "deadband": Deadband}
-
-
-def make(name, **params):
-    """Instantiate the protocol registered under ``name``."""
-    cls = PROTOCOLS.get(name)
-    if cls is None:
-        raise ValueError("unknown protocol %r; choose one of %s" % (name, ", ".join(sorted(PROTOCOLS))))
-    return cls(**params)

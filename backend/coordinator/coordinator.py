@@ -37,7 +37,7 @@ class Coordinator:
         self.tick = 1                   # index of the next adjustment tick t0 + tick·T
         self.clock = -math.inf          # logical (event) time reached
         self.dirty = set()
-        self.last = {}                  # query id -> last emitted (lo, hi, degraded)
+        self.last = {}                  # query id -> last emitted answer fields
         self.out = []
         self.rx = {}                    # device -> (boot, last uplink seq) for duplicate suppression
         self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
@@ -256,11 +256,13 @@ class Coordinator:
             q = self.queries.get(qid)
             if q is None:
                 continue
-            lo, hi = self.protocol.answer(self, q)
-            deg = self.degraded(q)
-            if self.last.get(qid) != (lo, hi, deg):
-                self.last[qid] = (lo, hi, deg)
-                self.out.append(("answer", {"time": t, "query": qid, "lo": lo, "hi": hi, "degraded": deg}))
+            fields = self.protocol.answer(self, q)
+            fields["degraded"] = self.degraded(q)
+            if self.last.get(qid) != fields:
+                self.last[qid] = fields
+                change = {"time": t, "query": qid}
+                change.update(fields)
+                self.out.append(("answer", change))
         self.dirty.clear()
 
     def interval(self, q):

@@ -9,7 +9,7 @@ import math
 import json
 import time as _time
 
-from backend.coordinator.baselines import make
+from backend.coordinator.protocols import make
 from backend.coordinator.coordinator import Coordinator
 from backend.coordinator.queries import parse_query
 from backend.sim import truth as truth_mod

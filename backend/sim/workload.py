@@ -111,7 +111,7 @@ class Workload:
             ids.add(parsed.id)
 
     def query_kinds(self):
-        from backend.coordinator.baselines import PROTOCOLS
+        from backend.coordinator.protocols import PROTOCOLS
         cls = PROTOCOLS.get(self.protocol)
         if cls is None:
             raise WorkloadError("unknown protocol %r; choose one of %s" % (self.protocol, ", ".join(sorted(PROTOCOLS))))

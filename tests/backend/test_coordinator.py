@@ -1,7 +1,7 @@
 """Coordinator edge cases through real agents: duplicates, garbage, late reports, outages, resync."""
 import math
 
-from backend.coordinator.baselines import make
+from backend.coordinator.protocols import make
 from backend.coordinator.coordinator import Coordinator
 from edge.agent import Agent
 from edge.core import codec

@@ -1,0 +1,12 @@
+"""Every protocol the simulator, the live coordinator and the Spark job can run, by name."""
+from backend.coordinator import baselines
+
+PROTOCOLS = dict(baselines.PROTOCOLS)
+
+
+def make(name, **params):
+    """Instantiate the protocol registered under ``name`` with workload ``params``."""
+    cls = PROTOCOLS.get(name)
+    if cls is None:
+        raise ValueError("unknown protocol %r; choose one of %s" % (name, ", ".join(sorted(PROTOCOLS))))
+    return cls(**params)
