@@ -91,3 +91,114 @@ def uniform_width(q):
     if k == "sum":
         return q.precision / math.fsum(abs(w) for w in q.weights.values())
     return math.inf   # count: membership is tracked exactly by a range constraint instead
+
+
+class Running:
+    """Incremental form of ``answer`` for one query: O(1) (SUM/AVG/COUNT) or O(log n) (MIN/MAX)
+    per changed source bound, re-summed exactly every ``RESUM`` updates; ``answer`` is its oracle."""
+    RESUM = 512
+
+    def __init__(self, q, known):
+        self.q = q
+        self.bounds = {s: known(s) for s in q.sources}
+        self._rebuild()
+
+    def _rebuild(self):
+        q = self.q
+        self.since = 0
+        if q.kind in ("sum", "avg"):
+            los, his = [], []
+            self.inf = 0
+            for s in q.sources:
+                a, b = self._terms(s, self.bounds[s])
+                if math.isinf(a) or math.isinf(b):
+                    self.inf += 1
+                else:
+                    los.append(a)
+                    his.append(b)
+            self.lo, self.hi = math.fsum(los), math.fsum(his)
+            self.scale = math.fsum(abs(x) for x in los) + math.fsum(abs(x) for x in his)
+            self.peak = self.scale
+        elif q.kind in ("min", "max"):
+            import heapq
+            sign = 1.0 if q.kind == "min" else -1.0
+            self.version = {s: 0 for s in q.sources}
+            self.heaps = ([(sign * self.bounds[s][0], s, 0) for s in q.sources],
+                          [(sign * self.bounds[s][1], s, 0) for s in q.sources])
+            for h in self.heaps:
+                heapq.heapify(h)
+        elif q.kind == "count" and q.range is not None:
+            self.sure = self.maybe = 0
+            for s in q.sources:
+                a, b = self._member(self.bounds[s])
+                self.sure += a
+                self.maybe += b
+
+    def _terms(self, s, b):
+        w = self.q.weights[s]
+        return (w * b[0], w * b[1]) if w >= 0 else (w * b[1], w * b[0])
+
+    def _member(self, b):
+        a, c = self.q.range
+        return (1 if a <= b[0] and b[1] <= c else 0), (1 if b[1] >= a and b[0] <= c else 0)
+
+    def update(self, s, new):
+        """Source ``s`` now has bound ``new`` (a (lo, hi) pair)."""
+        old = self.bounds[s]
+        if old == new:
+            return
+        self.bounds[s] = new
+        k = self.q.kind
+        if k in ("sum", "avg"):
+            self.since += 1
+            if self.since >= self.RESUM:
+                self._rebuild()
+                return
+            for b, sign in ((old, -1.0), (new, 1.0)):
+                a, c = self._terms(s, b)
+                if math.isinf(a) or math.isinf(c):
+                    self.inf += int(sign)
+                else:
+                    self.lo += sign * a
+                    self.hi += sign * c
+                    self.scale += sign * (abs(a) + abs(c))
+            if self.scale > self.peak:
+                self.peak = self.scale
+        elif k in ("min", "max"):
+            import heapq
+            sign = 1.0 if k == "min" else -1.0
+            v = self.version[s] = self.version[s] + 1
+            heapq.heappush(self.heaps[0], (sign * new[0], s, v))
+            heapq.heappush(self.heaps[1], (sign * new[1], s, v))
+            if len(self.heaps[0]) > 4 * len(self.version) + 16:
+                self._rebuild()
+        elif k == "count" and self.q.range is not None:
+            a, b = self._member(old)
+            c, d = self._member(new)
+            self.sure += c - a
+            self.maybe += d - b
+
+    def _top(self, h):
+        import heapq
+        while h[0][2] != self.version[h[0][1]]:
+            heapq.heappop(h)
+        return h[0][0]
+
+    def interval(self):
+        q = self.q
+        k = q.kind
+        if k in ("sum", "avg"):
+            if self.inf:
+                return -math.inf, math.inf
+            lo, hi, scale = self.lo, self.hi, max(self.peak, self.scale)
+            if k == "avg":
+                n = len(q.sources)
+                lo, hi, scale = lo / n, hi / n, scale / n
+            return _pad(lo, hi, scale)
+        if k in ("min", "max"):
+            a, b = self._top(self.heaps[0]), self._top(self.heaps[1])
+            return (a, b) if k == "min" else (-a, -b)
+        if q.range is None:
+            n = float(len(q.sources))
+            return n, n
+        return float(self.sure), float(self.maybe)

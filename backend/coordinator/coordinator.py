@@ -36,7 +36,10 @@ class Coordinator:
         self.n = 0
         self.tick = 1                   # index of the next adjustment tick t0 + tick·T
         self.clock = -math.inf          # logical (event) time reached
-        self.dirty = set()
+        self.dirty = set()              # queries whose answer may have changed
+        self.dirty_src = set()          # sources whose known bound may have changed
+        self.running = {}               # query id -> aggregate.Running
+        self.offline = set()            # keys of sources whose device is gone
         self.last = {}                  # query id -> last emitted answer fields
         self.out = []
         self.rx = {}                    # device -> (boot, last uplink seq) for duplicate suppression
@@ -57,6 +60,7 @@ class Coordinator:
         for s in q.sources:
             self.by_source[s].discard(qid)
         self.last.pop(qid, None)
+        self.running.pop(qid, None)
         self.protocol.queries_changed(self, self._now(now))
         return self._flush(now)
 
@@ -103,7 +107,7 @@ class Coordinator:
         self.send(s.device, "probe", {"src": s.index, "probe": probe_id & 0xFFFF})
 
     def _touch(self, key):
-        self.dirty.update(self.by_source.get(key, ()))
+        self.dirty_src.add(key)
 
     # -- uplink -------------------------------------------------------------------
     def handle_uplink(self, now, device, payload, retained=False):
@@ -155,6 +159,7 @@ class Coordinator:
             d["online"] = online
             for key in d["keys"]:
                 self.cache.sources[key].online = online
+                (self.offline.discard if online else self.offline.add)(key)
                 self._touch(key)
 
     def _birth(self, device, m):
@@ -234,7 +239,7 @@ class Coordinator:
                 self.tick += 1
                 if self.shrink:
                     self.cache.shrink(self.shrink)
-                    self.dirty.update(self.queries)
+                    self.dirty_src.update(self.cache.sources)
                 self.protocol.period(self, t)
                 for s in self.cache.sources.values():
                     s.reports = 0
@@ -249,9 +254,19 @@ class Coordinator:
 
     # -- answers ----------------------------------------------------------------------
     def degraded(self, q):
-        return any(not self.cache.sources[s].online for s in q.sources if s in self.cache.sources)
+        return bool(self.offline) and any(s in self.offline for s in q.sources)
 
     def _answers(self, t):
+        for key in self.dirty_src:
+            qids = self.by_source.get(key)
+            if qids:
+                bound = self.cache.known(key)
+                for qid in qids:
+                    r = self.running.get(qid)
+                    if r is not None:
+                        r.update(key, bound)
+                self.dirty.update(qids)
+        self.dirty_src.clear()
         for qid in sorted(self.dirty):
             q = self.queries.get(qid)
             if q is None:
@@ -266,4 +281,8 @@ class Coordinator:
         self.dirty.clear()
 
     def interval(self, q):
-        return aggregate.answer(q, self.cache.known)
+        """Guaranteed interval for ``q`` from the bound cache, maintained incrementally."""
+        r = self.running.get(q.id)
+        if r is None or r.q is not q:
+            r = self.running[q.id] = aggregate.Running(q, self.cache.known)
+        return r.interval()

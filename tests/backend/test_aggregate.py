@@ -74,3 +74,23 @@ def test_unknown_bounds_give_unbounded_answers():
 def test_bad_query_specs_are_explained(spec, msg):
     with pytest.raises(QueryError, match=msg):
         parse_query(spec, {"a", "b"})
+
+
+@pytest.mark.parametrize("kind", ["sum", "avg", "min", "max", "count"])
+def test_running_aggregate_matches_the_batch_oracle_on_every_prefix(kind):
+    r = random.Random("running-" + kind)
+    for _ in range(20):
+        q, bounds = _rand_case(r, kind)
+        run = aggregate.Running(q, bounds.__getitem__)
+        for step in range(1500):
+            s = r.choice(q.sources)
+            lo = r.uniform(-1e3, 1e3) if r.random() < 0.5 else bounds[s][0] + r.uniform(-1, 1)
+            bounds[s] = r.choice([(lo, lo + r.uniform(0, 5)), (-math.inf, math.inf), (lo, lo)]) \
+                if r.random() < 0.05 else (lo, lo + r.uniform(0, 5))
+            run.update(s, bounds[s])
+            got, want = run.interval(), aggregate.answer(q, bounds.__getitem__)
+            if math.isinf(want[0]) or math.isinf(want[1]):
+                assert got == want or (got[0] <= want[0] and got[1] >= want[1])
+                continue
+            assert got[0] <= want[0] + 1e-9 * (1 + abs(want[0])) and got[1] >= want[1] - 1e-9 * (1 + abs(want[1]))
+            assert got[0] >= want[0] - 1e-9 * (1 + abs(want[0])) - 1e-6 and got[1] <= want[1] + 1e-6
