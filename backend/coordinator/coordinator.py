@@ -47,7 +47,7 @@ class Coordinator:
 
     # -- queries ----------------------------------------------------------------
     def add_query(self, spec, now=None):
-        q = parse_query(spec, self.cache.sources.keys() | self._declared, self.protocol.kinds)
+        q = parse_query(spec, self._all_sources(), self.protocol.kinds)
         self.queries[q.id] = q
         for s in q.sources:
             self.by_source.setdefault(s, set()).add(q.id)
@@ -67,16 +67,21 @@ class Coordinator:
     def set_precision(self, qid, precision, now=None):
         spec = self.queries[qid].spec()
         spec["precision"] = precision
-        self.queries[qid] = parse_query(spec, self.cache.sources.keys() | self._declared, self.protocol.kinds)
+        self.queries[qid] = parse_query(spec, self._all_sources(), self.protocol.kinds)
         self.dirty.add(qid)
         self.protocol.queries_changed(self, self._now(now))
         return self._flush(now)
 
-    _declared = frozenset()
+    _declared = ()
 
     def declare_sources(self, keys):
-        """Sources that queries may name before their devices have been born."""
-        self._declared = frozenset(keys)
+        """Sources (in order) that queries may name before their devices have been born."""
+        self._declared = tuple(keys)
+
+    def _all_sources(self):
+        """Declared sources in their order, then any other born source in birth order."""
+        declared = set(self._declared)
+        return list(self._declared) + [k for k in self.cache.sources if k not in declared]
 
     def _now(self, now):
         return self.clock if now is None else now

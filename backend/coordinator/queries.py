@@ -37,7 +37,11 @@ def _number(v, what, qid):
 
 
 def parse_query(spec, all_sources, kinds=AGGREGATES):
-    """Validate a query dict from a workload file or a spec topic; return a Query."""
+    """Validate a query dict from a workload file or a spec topic; return a Query.
+
+    ``all_sources`` is ordered: ``"sources": "all"`` expands in that order (weights follow it)."""
+    all_sources = list(all_sources)
+    known_sources = set(all_sources)
     if not isinstance(spec, dict):
         raise QueryError("a query must be an object, got %r" % (spec,))
     qid = spec.get("id")
@@ -53,7 +57,7 @@ def parse_query(spec, all_sources, kinds=AGGREGATES):
         raise QueryError("query %s: sources must be \"all\" or a non-empty list of source ids" % qid)
     if len(set(srcs)) != len(srcs):
         raise QueryError("query %s: sources repeat" % qid)
-    unknown = [s for s in srcs if s not in all_sources]
+    unknown = [s for s in srcs if s not in known_sources]
     if unknown:
         raise QueryError("query %s: unknown sources %s" % (qid, ", ".join(unknown[:5])))
     weights = {s: 1.0 for s in srcs}

@@ -7,18 +7,22 @@ non-degraded answer does not contain the exact value.
 """
 import math
 
+import numpy as np
+
 from backend.coordinator import aggregate
 
 TOL = 1e-9   # relative tolerance for float summation in the checker
 
 
 class _Track:
-    __slots__ = ("q", "idx", "w", "sum", "scale", "known", "n", "since", "timeline")
+    __slots__ = ("q", "idx", "w", "wvec", "sum", "scale", "known", "n", "since", "timeline")
 
     def __init__(self, q, index):
         self.q = q
         self.idx = [index[s] for s in q.sources]
         self.w = [q.weights[s] for s in q.sources]
+        self.wvec = np.zeros(len(index))          # dense weights, 0 outside the query set
+        self.wvec[self.idx] = self.w
         self.sum = 0.0
         self.scale = 0.0
         self.known = 0
@@ -56,6 +60,28 @@ class Truth:
         tr.sum = math.fsum(terms)
         tr.scale = math.fsum(abs(x) for x in terms)
         tr.since = 0
+
+    def update_many(self, idx, vals):
+        """Vectorised ``update`` for readings of distinct sources ``idx`` (numpy arrays) at one instant."""
+        old = np.array([self.values[i] for i in idx.tolist()], dtype=float)
+        fresh = np.isnan(old)
+        for i, v in zip(idx.tolist(), vals.tolist()):
+            self.values[i] = v
+        for tr in self.tracks.values():
+            w = tr.wvec[idx]
+            hit = w != 0
+            if not hit.any():
+                continue
+            if tr.q.kind in ("sum", "avg"):
+                tr.known += int((fresh & hit).sum())
+                tr.sum += float(np.dot(w, vals - np.where(fresh, 0.0, old)))
+                tr.scale += float(np.abs(w * vals).sum() - np.abs(w * np.where(fresh, 0.0, old)).sum())
+                tr.since += int(hit.sum())
+                if tr.since >= tr.n:
+                    self._resum(tr)
+            else:
+                tr.known += int((fresh & hit).sum())
+            self.dirty.add(tr.q.id)
 
     def update(self, i, v):
         old = self.values[i]

@@ -103,7 +103,7 @@ class Workload:
         ids = set()
         for q in qs:
             try:
-                parsed = parse_query(q, set(self.source_ids), kinds=kinds)
+                parsed = parse_query(q, self.source_ids, kinds=kinds)
             except QueryError as e:
                 raise WorkloadError(str(e))
             if parsed.id in ids:

@@ -94,3 +94,9 @@ def test_running_aggregate_matches_the_batch_oracle_on_every_prefix(kind):
                 continue
             assert got[0] <= want[0] + 1e-9 * (1 + abs(want[0])) and got[1] >= want[1] - 1e-9 * (1 + abs(want[1]))
             assert got[0] >= want[0] - 1e-9 * (1 + abs(want[0])) - 1e-6 and got[1] <= want[1] + 1e-6
+
+
+def test_all_expands_in_the_given_order_so_weights_line_up():
+    order = ["s%d" % i for i in range(50)]
+    q = parse_query({"id": "q", "kind": "sum", "sources": "all", "weights": list(range(1, 51))}, order)
+    assert q.sources == order and [q.weights[s] for s in order] == list(range(1, 51))

@@ -151,3 +151,16 @@ def test_bad_trace_rows_are_explained(tmp_path):
     p.write_text("t,s,v\n")
     with pytest.raises(WorkloadError, match="header"):
         load({"duration": 5, "sources": {"trace": str(p)}})
+
+
+@pytest.mark.parametrize("protocol", INTERVAL_PROTOCOLS)
+def test_vectorised_screening_matches_the_scalar_agents(protocol):
+    for seed in range(3):
+        spec = random_workload(300 + seed, protocol, count=80, duration=150, delay=0.3 * seed)
+        spec["sources"]["arrival"] = "periodic"
+        fast, slow = engine.Simulation(spec), engine.Simulation(spec, vectorised=False)
+        rf, rs = fast.run(), slow.run()
+        assert fast.screened.sum() == 0 and rf["messages"] == rs["messages"] and rf["by_kind"] == rs["by_kind"]
+        assert fast.answers == slow.answers
+        assert rf["violations"] == rs["violations"] == 0
+        assert [q["violations"] for q in rf["queries"].values()] == [q["violations"] for q in rs["queries"].values()]
