@@ -111,6 +111,11 @@ def cmd_experiment(args):
     return mod.main(out, quick=args.quick)
 
 
+def cmd_bench(args):
+    from backend.bench import main as bench_main
+    return bench_main(args.out, quick=args.quick, smoke=args.smoke)
+
+
 def _experiments():
     import pkgutil
     import backend.experiments as pkg
@@ -145,6 +150,11 @@ def main(argv=None):
     e.add_argument("--out", help="results folder (default results/NAME)")
     e.add_argument("--quick", action="store_true", help="smaller runs for a fast look")
     e.set_defaults(fn=cmd_experiment)
+    bn = sub.add_parser("bench", help="measure messages, limits, violations and throughput; write a report")
+    bn.add_argument("--out", default=os.path.join("results", "bench"))
+    bn.add_argument("--quick", action="store_true", help="a few minutes instead of up to an hour")
+    bn.add_argument("--smoke", action="store_true", help="a tiny run for the test suite")
+    bn.set_defaults(fn=cmd_bench)
     args = p.parse_args(argv)
     return args.fn(args)
 
