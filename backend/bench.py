@@ -41,6 +41,12 @@ def workloads(scale):
                                    "precision": 3.0},
                                   {"id": "coldest", "kind": "min", "sources": ids[20:], "precision": 5.0},
                                   {"id": "in_band", "kind": "count", "sources": "all", "range": [95, 105]}]}),
+        ("real-temps-24", {"seed": 0, "duration": d(744), "sources": {"dataset": "temps"},
+                           "queries": [{"id": "avg", "kind": "avg", "sources": "all", "precision": 2.0},
+                                       {"id": "sea_max", "kind": "max", "precision": 3.0,
+                                        "sources": ["sea-%02d" % m for m in range(1, 13)]},
+                                       {"id": "sf_avg", "kind": "avg", "precision": 1.0,
+                                        "sources": ["sf-%02d" % m for m in range(1, 13)]}]}),
     ]
 
 

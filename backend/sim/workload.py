@@ -119,13 +119,20 @@ class Workload:
 
     def _sources(self, src):
         if not isinstance(src, dict):
-            raise WorkloadError('sources must be {"trace": "file.csv"} or {"generator": ..., "count": N}')
+            raise WorkloadError('sources must be {"trace": "file.csv"}, {"dataset": "temps"} or '
+                                '{"generator": ..., "count": N}')
         self.sources = src
         per = src.get("per_device", 1)
         if not isinstance(per, int) or isinstance(per, bool) or not 1 <= per <= 255:
             raise WorkloadError("sources.per_device must be an integer in 1..255")
         self.per_device = per
-        if "trace" in src:
+        if "dataset" in src:
+            from backend.sim.datasets import DATASETS, load_dataset
+            if src["dataset"] not in DATASETS:
+                raise WorkloadError("sources.dataset must be one of %s, got %r" % (", ".join(DATASETS), src["dataset"]))
+            self.trace = load_dataset(src["dataset"])
+            self.source_ids = sorted(set(self.trace[1]))
+        elif "trace" in src:
             path = src["trace"]
             if not isinstance(path, str):
                 raise WorkloadError("sources.trace must be a file path")

@@ -164,3 +164,13 @@ def test_vectorised_screening_matches_the_scalar_agents(protocol):
         assert fast.answers == slow.answers
         assert rf["violations"] == rs["violations"] == 0
         assert [q["violations"] for q in rf["queries"].values()] == [q["violations"] for q in rs["queries"].values()]
+
+
+def test_real_temperature_dataset_runs_without_violations():
+    spec = {"seed": 0, "duration": 200, "protocol": "deadband", "sources": {"dataset": "temps"},
+            "queries": [{"id": "avg", "kind": "avg", "sources": "all", "precision": 2.0}]}
+    res = engine.run(spec)
+    assert res["sources"] == 24 and res["violations"] == 0
+    assert 0 < res["messages"]["up"] < res["samples"]
+    with pytest.raises(WorkloadError, match="dataset must be one of"):
+        load(dict(spec, sources={"dataset": "nope"}))
