@@ -136,10 +136,10 @@ def test_relay_bodies_hold_every_guarantee_against_exact_counts():
 
 
 def test_checker_catches_a_relay_that_skips_corrections():
-    items = zipf_stream(12, 3000, 300)
-    relay = RelayNode("r0", h=8, m=40, support=0.01, domain=(1, 300), fdi=25, delta=0.5, span=500.0)
+    items = zipf_stream(12, 750, 200)
+    relay = RelayNode("r0", h=8, m=40, support=0.01, domain=(1, 200), fdi=25, delta=0.5, span=250.0)
     relay.correct_factor = lambda tb, te: 10.0       # ignores the queries' requested error
-    sent = run_relay(relay, items, [("c", 0.0, 3000.0, 0, 0.001)])
+    sent = run_relay(relay, items, [("c", 0.0, 750.0, 0, 0.001)])
     bad, _, _ = check_lifetimes(items, sent, (0.001, None))
     assert [b for b in bad if b[0] in ("theorem1", "delta_c")]
 
