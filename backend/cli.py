@@ -29,8 +29,15 @@ def _progress(i, n):
 def cmd_sim(args):
     from backend.sim.engine import run
     from backend.sim.workload import WorkloadError, load
+    from backend.sim import relaysim
     try:
-        w = load(args.workload)
+        w = load(args.workload) if not relaysim.is_relay_workload(relaysim.raw(args.workload)) else None
+    except WorkloadError as e:
+        print("quietfleet sim: %s" % e, file=sys.stderr)
+        return 2
+    if w is None:
+        return relaysim.cmd_sim(args)
+    try:
         if args.protocol:
             w.raw["protocol"] = args.protocol
         if args.seed is not None:
@@ -60,6 +67,8 @@ def cmd_demo(args):
     print("QuietFleet demo: %d random-walk sources, %d continuous queries, simulated %d s" % (
         DEMO_WORKLOAD["sources"]["count"], len(DEMO_WORKLOAD["queries"]), DEMO_WORKLOAD["duration"]))
     for name in PROTOCOLS:
+        if getattr(PROTOCOLS[name], "topology", "star") != "star":
+            continue                    # relay protocols run on the relay topology (quietfleet experiment relay)
         spec = dict(DEMO_WORKLOAD, protocol=name)
         kinds = PROTOCOLS[name].kinds
         spec["queries"] = [q for q in DEMO_WORKLOAD["queries"] if q["kind"] in kinds]

@@ -47,6 +47,8 @@ SCHEMAS = {
     "probe": (19, "down", (("src", "B"), ("seq", "I"), ("probe", "H"))),
     "config": (20, "down", (("seq", "I"), ("period", "d"), ("shrink", "d"), ("beat", "d"), ("t0", "d"))),
     "rebirth": (21, "down", (("seq", "I"),)),
+    # querying-metadata for relay nodes (Zhang et al. 2005 §3.2): op 1 add / 0 remove, agg 0 count / 1 sum
+    "moq": (30, "down", (("seq", "I"), ("op", "B"), ("qid", "s"), ("tb", "d"), ("te", "d"), ("agg", "B"), ("eta", "d"))),
 }
 
 NAMES = {}

@@ -21,6 +21,7 @@ SAMPLES = {
     "probe": {"src": 0, "seq": 13, "probe": 65535},
     "config": {"seq": 14, "period": 10.0, "shrink": 0.05, "beat": 60.0, "t0": 0.0},
     "rebirth": {"seq": 15},
+    "moq": {"seq": 16, "op": 1, "qid": "c1", "tb": 0.0, "te": 5000.0, "agg": 0, "eta": 0.01},
 }
 
 
