@@ -52,7 +52,8 @@ def workloads(scale):
 
 def _variants():
     """(label, protocol, extra params): every registered protocol plus deadband with a heartbeat."""
-    out = [(name, name, {}) for name in sorted(PROTOCOLS)]
+    out = [(name, name, {}) for name in sorted(PROTOCOLS)
+           if getattr(PROTOCOLS[name], "topology", "star") == "star"]   # relays: `experiment relay`
     out.append(("deadband+heartbeat60", "deadband", {"heartbeat": 60}))
     return out
 
@@ -63,7 +64,7 @@ def protocol_table(scale, log):
         kinds = {q["kind"] for q in spec["queries"]}
         runs = {}
         for label, proto, extra in _variants():
-            if not kinds <= set(PROTOCOLS[proto].kinds) or getattr(PROTOCOLS[proto], "bench", True) is False:
+            if not kinds <= set(PROTOCOLS[proto].kinds):
                 continue
             w = dict(spec, protocol=proto, params=dict(spec.get("params", {}), **extra))
             log("  %s / %s" % (wname, label))
