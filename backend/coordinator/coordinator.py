@@ -11,6 +11,7 @@ import math
 from edge.agent import NO_VALUE
 from edge.core import codec
 from backend.coordinator import aggregate
+from backend.coordinator.brownian import Models
 from backend.coordinator.boundcache import BoundCache
 from backend.coordinator.queries import parse_query
 
@@ -40,6 +41,8 @@ class Coordinator:
         self.last = {}                  # query id -> last emitted answer fields
         self.out = []
         self.rx = {}                    # device -> (boot, last uplink seq) for duplicate suppression
+        # DBM models of every source, for the interruption model (Zhu §4.5); a protocol may bring its own
+        self.models = getattr(protocol, "models", None) or Models()
         self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
 
     # -- queries ----------------------------------------------------------------
@@ -155,6 +158,7 @@ class Coordinator:
             d["online"] = online
             for key in d["keys"]:
                 self.cache.sources[key].online = online
+                self.models.set_online(key, online, self.clock)
                 self._touch(key)
 
     def _birth(self, device, m):
@@ -185,6 +189,7 @@ class Coordinator:
                 s.filt.center = None
                 if v is not None:
                     self.cache.report(key, rec["epoch"], m["t"], v)
+                    self.models.observe(key, m["t"], v)
                 self.protocol.resync(self, key, want)
             self._touch(key)
 
@@ -204,6 +209,7 @@ class Coordinator:
             key = d["keys"][m["src"]]
             if m["v"] != NO_VALUE:
                 self.cache.report(key, m["epoch"], m["t"], m["v"])
+                self.models.observe(key, m["t"], m["v"])
                 self._touch(key)
             self.protocol.reported(self, key, m)
         elif kind == "blob":
@@ -236,6 +242,8 @@ class Coordinator:
                     self.cache.shrink(self.shrink)
                     self.dirty.update(self.queries)
                 self.protocol.period(self, t)
+                for key in self.models.off_since:    # offline widening grows with time
+                    self._touch(key)
                 for s in self.cache.sources.values():
                     s.reports = 0
             self._answers(t)
@@ -258,6 +266,8 @@ class Coordinator:
                 continue
             fields = self.protocol.answer(self, q)
             fields["degraded"] = self.degraded(q)
+            if fields["degraded"]:
+                fields["reason"] = self.models.reason(q)
             if self.last.get(qid) != fields:
                 self.last[qid] = fields
                 change = {"time": t, "query": qid}
@@ -266,4 +276,7 @@ class Coordinator:
         self.dirty.clear()
 
     def interval(self, q):
-        return aggregate.answer(q, self.cache.known)
+        known = self.cache.known
+        if self.models.off_since and self.degraded(q):
+            known = self.models.widened(self, q, known)
+        return aggregate.answer(q, known)

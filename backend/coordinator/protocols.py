@@ -1,7 +1,8 @@
 """Every protocol the simulator, the live coordinator and the Spark job can run, by name."""
-from backend.coordinator import baselines
+from backend.coordinator import baselines, brownian
 
 PROTOCOLS = dict(baselines.PROTOCOLS)
+PROTOCOLS.update(brownian.PROTOCOLS)
 
 
 def make(name, **params):
