@@ -56,6 +56,18 @@ class Models:
             return None
         return e.estimate()
 
+    def predict(self, key, tau):
+        """(μτ, variance) of an offline source's change over τ seconds, or None without a model.
+
+        The variance is σ²τ plus the uncertainty of the drift estimate, Var(μ̂)τ² = σ²τ²/span (Eq. 15
+        over the buffer's time span), which dominates long interruptions."""
+        est = self.params(key)
+        if est is None:
+            return None
+        e = self.est[key]
+        span = e.ts[-1] - e.ts[0]
+        return est[0] * tau, est[1] * tau * (1.0 + tau / span)
+
     def last(self, key):
         e = self.est.get(key)
         return None if e is None else e.last()
@@ -79,12 +91,11 @@ class Models:
         def fn(key):
             lo, hi = known(key)
             since = self.off_since.get(key)
-            est = None if since is None else self.params(key)
-            if est is None:
+            pred = None if since is None else self.predict(key, max(0.0, until - since))
+            if pred is None:
                 return lo, hi
-            tau = max(0.0, until - since)
-            shift, half = est[0] * tau, z_two(p) * math.sqrt(est[1] * tau)
-            return lo + shift - half, hi + shift + half
+            half = z_two(p) * math.sqrt(pred[1])
+            return lo + pred[0] - half, hi + pred[0] + half
         return fn
 
     def reason(self, q):
@@ -185,12 +196,12 @@ class Brownian(Protocol):
             if s.online:
                 center += c * s.value
                 continue
-            est, last = self.models.params(key), self.models.last(key)
-            if est is None or last is None:
+            last = self.models.last(key)
+            pred = None if last is None else self.models.predict(key, max(0.0, until - last[0]))
+            if pred is None:
                 return out
-            tau = max(0.0, until - last[0])
-            center += c * (last[1] + est[0] * tau)          # Eq. 13: S_i(t_i) + μ_i (t - t_i)
-            var += c * c * est[1] * tau
+            center += c * (last[1] + pred[0])              # Eq. 13: S_i(t_i) + μ_i (t - t_i)
+            var += c * c * pred[1]
         # ε, or what one refresh quantum T allows when the model wants refreshes faster than ticks
         st = self.tasks.get(q.id)
         eps = q.precision / 2
