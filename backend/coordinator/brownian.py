@@ -151,7 +151,8 @@ class Brownian(Protocol):
         self.awaiting = {}                      # key -> query ids waiting for its probe reply
         self.carry = 0.0
         self.pid = 0
-        self.stats = {"evaluations": 0, "late": 0, "lateness": 0.0, "penalty": 0.0, "probes": 0}
+        self.stats = {"evaluations": 0, "late": 0, "lateness": 0.0, "penalty": 0.0, "probes": 0,
+                      "dispatched": 0, "missed": 0}
 
     def target(self, coord, key):
         return math.inf, []
@@ -282,6 +283,8 @@ class Brownian(Protocol):
         budget = self.carry + cap
         chosen = scheduling.plan([d[0] for d in due], t, budget, T, self.order)
         keys_of = {d[0].id: d[1] for d in due}
+        self.stats["dispatched"] += len(chosen)
+        self.stats["missed"] += len(due) - len(chosen)      # due before the next tick, left waiting
         probed = set()
         for task in chosen:
             st = self.tasks[task.id]
