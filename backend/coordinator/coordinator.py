@@ -11,6 +11,7 @@ import math
 from edge.agent import NO_VALUE
 from edge.core import codec
 from backend.coordinator import aggregate
+from backend.coordinator.brownian import Models
 from backend.coordinator.boundcache import BoundCache
 from backend.coordinator.queries import parse_query
 
@@ -39,10 +40,11 @@ class Coordinator:
         self.dirty = set()              # queries whose answer may have changed
         self.dirty_src = set()          # sources whose known bound may have changed
         self.running = {}               # query id -> aggregate.Running
-        self.offline = set()            # keys of sources whose device is gone
         self.last = {}                  # query id -> last emitted answer fields
         self.out = []
         self.rx = {}                    # device -> (boot, last uplink seq) for duplicate suppression
+        # DBM models of every source, for the interruption model (Zhu §4.5); a protocol may bring its own
+        self.models = getattr(protocol, "models", None) or Models()
         self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
 
     # -- queries ----------------------------------------------------------------
@@ -164,7 +166,7 @@ class Coordinator:
             d["online"] = online
             for key in d["keys"]:
                 self.cache.sources[key].online = online
-                (self.offline.discard if online else self.offline.add)(key)
+                self.models.set_online(key, online, self.clock)
                 self._touch(key)
 
     def _birth(self, device, m):
@@ -195,6 +197,7 @@ class Coordinator:
                 s.filt.center = None
                 if v is not None:
                     self.cache.report(key, rec["epoch"], m["t"], v)
+                    self.models.observe(key, m["t"], v)
                 self.protocol.resync(self, key, want)
             self._touch(key)
 
@@ -214,6 +217,7 @@ class Coordinator:
             key = d["keys"][m["src"]]
             if m["v"] != NO_VALUE:
                 self.cache.report(key, m["epoch"], m["t"], m["v"])
+                self.models.observe(key, m["t"], m["v"])
                 self._touch(key)
             self.protocol.reported(self, key, m)
         elif kind == "blob":
@@ -246,6 +250,8 @@ class Coordinator:
                     self.cache.shrink(self.shrink)
                     self.dirty_src.update(self.cache.sources)
                 self.protocol.period(self, t)
+                for key in self.models.off_since:    # offline widening grows with time
+                    self._touch(key)
                 for s in self.cache.sources.values():
                     s.reports = 0
             self._answers(t)
@@ -259,7 +265,8 @@ class Coordinator:
 
     # -- answers ----------------------------------------------------------------------
     def degraded(self, q):
-        return bool(self.offline) and any(s in self.offline for s in q.sources)
+        off = self.models.off_since
+        return bool(off) and any(s in off for s in q.sources)
 
     def _answers(self, t):
         for key in self.dirty_src:
@@ -278,6 +285,8 @@ class Coordinator:
                 continue
             fields = self.protocol.answer(self, q)
             fields["degraded"] = self.degraded(q)
+            if fields["degraded"]:
+                fields["reason"] = self.models.reason(q)
             if self.last.get(qid) != fields:
                 self.last[qid] = fields
                 change = {"time": t, "query": qid}
@@ -286,7 +295,10 @@ class Coordinator:
         self.dirty.clear()
 
     def interval(self, q):
-        """Guaranteed interval for ``q`` from the bound cache, maintained incrementally."""
+        """Guaranteed interval for ``q`` from the bound cache, maintained incrementally; while a
+        source is offline, from bounds widened by the interruption model (Zhu §4.5)."""
+        if self.models.off_since and self.degraded(q):
+            return aggregate.answer(q, self.models.widened(self, q, self.cache.known))
         r = self.running.get(q.id)
         if r is None or r.q is not q:
             r = self.running[q.id] = aggregate.Running(q, self.cache.known)

@@ -1,8 +1,9 @@
 """Every protocol the simulator, the live coordinator and the Spark job can run, by name."""
-from backend.coordinator import baselines, relay
+from backend.coordinator import baselines, brownian, relay
 
 PROTOCOLS = dict(baselines.PROTOCOLS)
 PROTOCOLS.update(relay.PROTOCOLS)
+PROTOCOLS.update(brownian.PROTOCOLS)
 
 
 def make(name, **params):

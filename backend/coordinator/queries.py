@@ -83,6 +83,10 @@ def parse_query(spec, all_sources, kinds=AGGREGATES):
         if b < a:
             raise QueryError("query %s: range [a, b] needs a <= b" % qid)
         rng = (a, b)
+    if "confidence" in spec:
+        p = _number(spec["confidence"], "confidence", qid)
+        if not 0 < p < 1:
+            raise QueryError("query %s: confidence must be a probability in (0, 1), got %r" % (qid, p))
     known = {"id", "kind", "sources", "weights", "precision", "range"}
     extra = {k: v for k, v in spec.items() if k not in known}
     return Query(qid, kind, srcs, weights, precision, rng, extra)

@@ -16,11 +16,11 @@ from backend.coordinator.protocols import make
 from backend.coordinator.coordinator import Coordinator
 from backend.coordinator.queries import parse_query
 from backend.sim import truth as truth_mod
-from backend.sim.workload import load, samples
+from backend.sim.workload import load, outages, samples
 from edge.agent import Agent
 from edge.core import codec
 
-_DELIVER_UP, _DELIVER_DOWN, _AGENT_TIMER, _COORD_TIMER = 0, 1, 2, 3
+_DELIVER_UP, _DELIVER_DOWN, _AGENT_TIMER, _COORD_TIMER, _OUTAGE = 0, 1, 2, 3, 4
 
 
 class Simulation:
@@ -60,7 +60,8 @@ class Simulation:
         self.vectorised = vectorised
         import random
         self.jit = random.Random(w.seed + 1)
-        self.counts = {"up": 0, "down": 0, "bytes_up": 0, "bytes_down": 0, "by_kind": {}}
+        self.counts = {"up": 0, "down": 0, "bytes_up": 0, "bytes_down": 0, "by_kind": {}, "lost": 0}
+        self.down = set()               # devices in an outage (Zhu §1.2): nothing in or out
 
     # -- network ---------------------------------------------------------------------
     def _push(self, t, kind, data):
@@ -92,6 +93,9 @@ class Simulation:
         return a
 
     def _from_agent(self, now, device, out):
+        if device in self.down:
+            self.counts["lost"] += len(out)
+            out = ()
         for _, payload in out:
             self._send(now, "up", device, payload)
         a = self.agents[device]
@@ -135,6 +139,10 @@ class Simulation:
             self._from_coord(0.0, self.coord.add_query(spec, 0.0))
         for dev, a in self.agents.items():
             self._from_agent(0.0, dev, a.start(0.0))
+        for dev, spans in outages(w).items():
+            for start, stop in spans:
+                self._push(start, _OUTAGE, (dev, True))
+                self._push(stop, _OUTAGE, (dev, False))
         n = len(ts)
         i = 0
         end = w.duration
@@ -150,7 +158,18 @@ class Simulation:
                 if kind == _DELIVER_UP:
                     self._from_coord(t, self.coord.handle_uplink(t, data[0], data[1]))
                 elif kind == _DELIVER_DOWN:
-                    self._from_agent(t, data[0], self._agent(data[0]).handle_message(t, data[1]))
+                    if data[0] in self.down:
+                        self.counts["lost"] += 1
+                    else:
+                        self._from_agent(t, data[0], self._agent(data[0]).handle_message(t, data[1]))
+                elif kind == _OUTAGE:
+                    dev, starts = data
+                    if starts:      # the broker publishes the Last Will; on return the device is born again
+                        self.down.add(dev)
+                        self._send(t, "up", dev, self.agents[dev].will())
+                    else:
+                        self.down.discard(dev)
+                        self._from_agent(t, dev, self._agent(dev).start(t))
                 elif kind == _AGENT_TIMER:
                     if self.timer_at.get(data) == t:
                         del self.timer_at[data]
@@ -202,9 +221,12 @@ class Simulation:
         tot_v = tot_m = 0
         tot_vt = 0.0
         by_q = {}
+        prob = {}
         for a in self.answers:
             if a["time"] <= w.duration:
                 by_q.setdefault(a["query"], []).append((a["time"], a["lo"], a["hi"], a["degraded"]))
+                if a.get("guarantee") == "probabilistic":
+                    prob[a["query"]] = a["confidence"]
         for qid, q in queries.items():
             tl = self.truth.tracks[qid].timeline
             v, vt, m, dt = truth_mod.check(tl, by_q.get(qid, []), q.precision, w.duration)
@@ -212,6 +234,10 @@ class Simulation:
             per_q[qid] = {"answers": len(by_q.get(qid, [])), "violations": v, "violation_time": vt,
                           "precision_misses": m, "degraded_time": dt,
                           "mean_width": sum(widths) / len(widths) if widths else None}
+            per_q[qid].update(truth_mod.fidelity(tl, by_q.get(qid, []), w.duration))
+            if qid in prob:     # a probabilistic guarantee is measured, not counted as violations
+                per_q[qid].update({"guarantee": "probabilistic", "confidence": prob[qid]})
+                continue
             tot_v += v
             tot_vt += vt
             tot_m += m
@@ -229,7 +255,8 @@ class Simulation:
             "reports": sum(a.stats["reports"] for a in agents),
             "probes": sum(a.stats["probes"] for a in agents),
             "violations": tot_v, "violation_time": tot_vt, "precision_misses": tot_m,
-            "late": self.coord.stats["late"],
+            "late": self.coord.stats["late"], "lost": c["lost"],
+            "protocol_stats": getattr(self.protocol, "stats", None),
             "queries": per_q,
             "params": {"period": w.period, "shrink": w.shrink, "delay_up": w.delay_up,
                        "delay_down": w.delay_down, "jitter": w.jitter, "latency_tolerance": w.latency},
@@ -248,6 +275,6 @@ def run(workload, out=None, answers=None, progress=None):
         with open(answers, "w") as fh:
             for a in sim.answers:
                 line = dict(a)
-                line["guarantee"] = "degraded" if a["degraded"] else "interval"
+                line["guarantee"] = "degraded" if a["degraded"] else a.get("guarantee", "interval")
                 fh.write(json.dumps(line) + "\n")
     return result

@@ -175,3 +175,50 @@ def check(truth, answers, precision, end):
     if deg_since is not None:
         dtime += max(0.0, end - deg_since)
     return violations, vtime, misses, dtime
+
+
+def fidelity(truth, answers, end):
+    """Zhu §6.1 fidelity of one query's answers: how often they contain the exact value.
+
+    ``fidelity``: fraction of the non-degraded time (where truth and an answer exist) the answer
+    contains the truth; ``check_fidelity``: at each answer change, whether the answer being replaced
+    still contained the truth at that instant (the paper's per-evaluation check), over ``checks``;
+    ``degraded_fidelity``: the time fraction over degraded answers. None where nothing was measured.
+    """
+    events = sorted([(t, 0, k) for k, (t, _, _) in enumerate(truth)] + [(t, 1, k) for k, (t, _, _, _) in enumerate(answers)])
+    cur_truth = cur_ans = None
+    span = {False: 0.0, True: 0.0}
+    inside = {False: 0.0, True: 0.0}
+    checks = hits = 0
+    i = 0
+
+    def contains(ans, tr):
+        _, x, scale = tr
+        tol = TOL * (1.0 + scale + abs(x))
+        return ans[1] - tol <= x <= ans[2] + tol
+
+    while i < len(events):
+        t = events[i][0]
+        prev = cur_ans
+        changed = False
+        while i < len(events) and events[i][0] == t:
+            _, kind, k = events[i]
+            if kind == 0:
+                cur_truth = truth[k]
+            else:
+                cur_ans = answers[k]
+                changed = True
+            i += 1
+        if changed and prev is not None and cur_truth is not None and not prev[3]:
+            checks += 1
+            hits += contains(prev, cur_truth)
+        nxt = events[i][0] if i < len(events) else end
+        if cur_truth is not None and cur_ans is not None and nxt > t:
+            d = min(nxt, end) - t
+            if d > 0:
+                span[cur_ans[3]] += d
+                if contains(cur_ans, cur_truth):
+                    inside[cur_ans[3]] += d
+    return {"fidelity": inside[False] / span[False] if span[False] > 0 else None,
+            "checks": checks, "check_fidelity": hits / checks if checks else None,
+            "degraded_fidelity": inside[True] / span[True] if span[True] > 0 else None}

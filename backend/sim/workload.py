@@ -18,7 +18,7 @@ class WorkloadError(ValueError):
     """A workload that cannot be run; the message names the key at fault."""
 
 
-GENERATORS = ("random_walk", "uniform")
+GENERATORS = ("random_walk", "uniform", "brownian")
 
 
 def _num(d, key, default, where, lo=None, positive=False):
@@ -126,6 +126,12 @@ class Workload:
         if not isinstance(per, int) or isinstance(per, bool) or not 1 <= per <= 255:
             raise WorkloadError("sources.per_device must be an integer in 1..255")
         self.per_device = per
+        out = src.get("outages")
+        if out is not None:
+            if not isinstance(out, dict):
+                raise WorkloadError('sources.outages must be {"rate": per-device outages/s, "mean_length": s}')
+            _num(out, "rate", None, "sources.outages", lo=0.0)
+            _num(out, "mean_length", None, "sources.outages", positive=True)
         if "dataset" in src:
             from backend.sim.datasets import DATASETS, load_dataset
             if src["dataset"] not in DATASETS:
@@ -157,6 +163,9 @@ class Workload:
                 raise WorkloadError("sources.arrival must be periodic or exponential")
             if src.get("steps", "binary") not in ("binary", "normal"):
                 raise WorkloadError("sources.steps must be binary or normal")
+            _pair(src, "drift", 0.0, "sources")
+            if _pair(src, "volatility", 1.0, "sources")[0] < 0:
+                raise WorkloadError("sources.volatility must be >= 0")
 
     def devices(self):
         """[(device id, [source ids])] grouping ``per_device`` sources per device."""
@@ -203,6 +212,24 @@ def load(source):
     return Workload(_read(source), os.path.dirname(os.path.abspath(source)))
 
 
+def outages(w):
+    """{device: [(start, end), ...]} from ``sources.outages`` (Poisson starts, exponential lengths)."""
+    spec = w.sources.get("outages")
+    if not spec or spec["rate"] <= 0:
+        return {}
+    rng = np.random.default_rng(w.seed + 2)
+    out = {}
+    for dev, _ in w.devices():
+        spans = []
+        t = rng.exponential(1.0 / spec["rate"])
+        while t < w.duration:
+            length = rng.exponential(spec["mean_length"])
+            spans.append((float(t), float(t + length)))
+            t += length + rng.exponential(1.0 / spec["rate"])
+        out[dev] = spans
+    return out
+
+
 def samples(w):
     """All source readings of workload ``w`` as (times, source indices, values), sorted by time."""
     if w.trace is not None:
@@ -231,6 +258,15 @@ def samples(w):
     if gen == "uniform":
         lo, hi = _pair(src, "range", [0.0, 1000.0], "sources")
         v = rng.uniform(lo, hi, size=shape)
+    elif gen == "brownian":
+        # drifted Brownian motion (Zhu §4.2 Eq. 4): per-source μ and σ, increments over the real gaps
+        a, b = _pair(src, "start", 0.0, "sources")
+        start = rng.uniform(a, b, size=n)
+        mu = rng.uniform(*_pair(src, "drift", 0.0, "sources"), size=n)
+        sigma = rng.uniform(*_pair(src, "volatility", 1.0, "sources"), size=n)
+        gap = np.diff(t.reshape(shape), axis=0, prepend=0.0)
+        d = mu * gap + sigma * np.sqrt(gap) * rng.normal(0.0, 1.0, size=shape)
+        v = start + np.cumsum(d, axis=0)
     else:
         a, b = _pair(src, "start", 0.0, "sources")
         start = rng.uniform(a, b, size=n)

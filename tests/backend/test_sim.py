@@ -35,7 +35,8 @@ def random_workload(seed, protocol, count=12, duration=300, delay=0.0, jitter=0.
     }
 
 
-INTERVAL_PROTOCOLS = sorted(n for n, c in protocols.PROTOCOLS.items() if set(c.kinds) >= {"sum", "avg"})
+INTERVAL_PROTOCOLS = sorted(n for n, c in protocols.PROTOCOLS.items()
+                            if set(c.kinds) >= {"sum", "avg"} and getattr(c, "guarantee", "interval") == "interval")
 
 
 @pytest.mark.parametrize("protocol", INTERVAL_PROTOCOLS)

@@ -1,0 +1,304 @@
+"""Probabilistic deferral and interruption handling with DBM models (Zhu & Ravishankar 2004 §4.4-§4.6, §5).
+
+``Models`` is the coordinator's per-source model store: every value it learns (reports, probe
+replies, births) feeds an ``edge.core.brownian.Estimator``; while a source is offline it widens that
+source's known interval to ``[lo, hi] + μτ ± z σ sqrt(τ)`` (§4.5), which the coordinator applies to
+every protocol's answers (marked degraded, with the reason).
+
+``Brownian`` is the pull protocol of Algorithm 1: devices stay silent (width ∞); each query is a
+task that probes its sources, answers ``A(t_k) ± ε`` with ``"guarantee": "probabilistic"`` and
+defers its next refresh by the Δt of Eq. 7 (ε = precision / 2, p = the query's ``confidence``);
+refreshes beyond ``capacity`` probes/s are scheduled by EDF / Eq. 18 penalty order (scheduling.py).
+While sources are offline the answer is Eq. 13's ``A_approx`` with ε + ε_intr.
+"""
+import math
+
+from backend.coordinator import scheduling
+from backend.coordinator.baselines import Protocol
+from edge.core import brownian as bm
+
+DEFAULT_CONFIDENCE = 0.95
+_Z = {}
+
+
+def z_two(p):
+    z = _Z.get(p)
+    if z is None:
+        z = _Z[p] = bm.z_two(p)
+    return z
+
+
+def confidence(q, default=DEFAULT_CONFIDENCE):
+    return q.extra.get("confidence", default)
+
+
+class Models:
+    """Per-source DBM estimators (§4.6) and the interruption model (§4.5)."""
+
+    def __init__(self, k=100, min_obs=10):
+        if not isinstance(k, int) or k < 3 or not isinstance(min_obs, int) or min_obs < 3:
+            raise ValueError("models need integers k >= 3 and min_obs >= 3")
+        self.k = k
+        self.min_obs = min_obs
+        self.est = {}
+        self.off_since = {}        # key -> event time the source went offline
+
+    def observe(self, key, t, v):
+        e = self.est.get(key)
+        if e is None:
+            e = self.est[key] = bm.Estimator(self.k)
+        e.add(t, v)
+
+    def params(self, key):
+        """(μ, σ²) of ``key`` once ``min_obs`` values were seen, else None."""
+        e = self.est.get(key)
+        if e is None or len(e) < self.min_obs:
+            return None
+        return e.estimate()
+
+    def predict(self, key, tau):
+        """(μτ, variance) of an offline source's change over τ seconds, or None without a model.
+
+        The variance is σ²τ plus the uncertainty of the drift estimate, Var(μ̂)τ² = σ²τ²/span (Eq. 15
+        over the buffer's time span), which dominates long interruptions."""
+        est = self.params(key)
+        if est is None:
+            return None
+        e = self.est[key]
+        span = e.ts[-1] - e.ts[0]
+        return est[0] * tau, est[1] * tau * (1.0 + tau / span)
+
+    def last(self, key):
+        e = self.est.get(key)
+        return None if e is None else e.last()
+
+    def set_online(self, key, online, t):
+        if online:
+            self.off_since.pop(key, None)
+        elif key not in self.off_since:
+            self.off_since[key] = t
+
+    def widened(self, coord, q, known):
+        """``known`` with each offline source of ``q`` moved by μτ and widened by z σ sqrt(τ).
+
+        τ runs from the time the source went offline to the next adjustment tick (the answer must
+        hold until it is refreshed); each of the m offline sources gets confidence 1 - (1 - p)/m so
+        the whole answer holds with probability >= p (union bound), for any monotone aggregate."""
+        off = [s for s in q.sources if s in self.off_since]
+        p = 1.0 - (1.0 - confidence(q)) / max(1, len(off))
+        until = coord.clock + coord.period
+
+        def fn(key):
+            lo, hi = known(key)
+            since = self.off_since.get(key)
+            pred = None if since is None else self.predict(key, max(0.0, until - since))
+            if pred is None:
+                return lo, hi
+            half = z_two(p) * math.sqrt(pred[1])
+            return lo + pred[0] - half, hi + pred[0] + half
+        return fn
+
+    def reason(self, q):
+        off = [s for s in q.sources if s in self.off_since]
+        bare = [s for s in off if self.params(s) is None]
+        text = "offline: %s" % ", ".join(off[:8]) + (" (+%d)" % (len(off) - 8) if len(off) > 8 else "")
+        if bare:
+            return text + "; no model yet for %s: last bound kept, not guaranteed" % ", ".join(bare[:8])
+        return text + "; widened by the Brownian interruption model (Zhu §4.5) at confidence %g" % confidence(q)
+
+
+class _Refresh:
+    __slots__ = ("id", "deadline", "inflight", "sent", "mu", "sigma")
+
+    def __init__(self, qid):
+        self.id = qid
+        self.deadline = -math.inf
+        self.inflight = None       # set of keys whose probe replies are outstanding
+        self.sent = 0.0
+        self.mu = 0.0
+        self.sigma = 0.0
+
+
+class Brownian(Protocol):
+    """Algorithm 1 over probes: defer each query's refresh while P(error <= ε) >= p."""
+    name = "brownian"
+    kinds = ("sum", "avg", "min", "max")
+    guarantee = "probabilistic"         # answers hold with the query's confidence, measured as fidelity
+
+    def __init__(self, capacity=math.inf, order="penalty", defer=True, tmax=600.0, k=100, min_obs=10,
+                 timeout=10.0, lead=0.0, confidence=DEFAULT_CONFIDENCE):
+        def num(v, what):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+                raise ValueError("brownian: %s must be a number, got %r" % (what, v))
+            return float(v)
+        self.capacity = num(capacity, "capacity")
+        self.tmax = num(tmax, "tmax")
+        self.timeout = num(timeout, "timeout")
+        self.lead = num(lead, "lead")
+        self.default_p = num(confidence, "confidence")
+        if self.capacity <= 0 or not (0 < self.tmax < math.inf) or self.timeout <= 0 or self.lead < 0:
+            raise ValueError("brownian: need capacity > 0, 0 < tmax < inf, timeout > 0, lead >= 0")
+        if not (0 < self.default_p < 1):
+            raise ValueError("brownian: confidence must be in (0, 1)")
+        if order not in scheduling.ORDERS:
+            raise ValueError("brownian: order must be one of %s" % ", ".join(scheduling.ORDERS))
+        if not isinstance(defer, bool):
+            raise ValueError("brownian: defer must be true or false")
+        self.order = order
+        self.defer = defer
+        self.models = Models(k, min_obs)        # the coordinator adopts this store
+        self.tasks = {}
+        self.awaiting = {}                      # key -> query ids waiting for its probe reply
+        self.carry = 0.0
+        self.pid = 0
+        self.stats = {"evaluations": 0, "late": 0, "lateness": 0.0, "penalty": 0.0, "probes": 0,
+                      "dispatched": 0, "missed": 0}
+
+    def target(self, coord, key):
+        return math.inf, []
+
+    def queries_changed(self, coord, now):
+        Protocol.queries_changed(self, coord, now)
+        for qid in coord.queries:
+            if qid not in self.tasks:
+                self.tasks[qid] = _Refresh(qid)
+        for qid in [x for x in self.tasks if x not in coord.queries]:
+            del self.tasks[qid]
+
+    def p(self, q):
+        return confidence(q, self.default_p)
+
+    @staticmethod
+    def coefficients(q):
+        """a_i of Eq. 2 (single-source min/max is the value itself); None if the query is not linear."""
+        if q.kind == "sum":
+            return dict(q.weights)
+        if q.kind == "avg":
+            n = len(q.sources)
+            return {s: w / n for s, w in q.weights.items()}
+        if len(q.sources) == 1:
+            return {q.sources[0]: 1.0}
+        return None
+
+    # -- answers -----------------------------------------------------------------------
+    def answer(self, coord, q):
+        a = self.coefficients(q)
+        if a is None:
+            return {"lo": -math.inf, "hi": math.inf, "guarantee": "none",
+                    "note": "the Brownian model covers sum, avg and single-source queries"}
+        p = self.p(q)
+        out = {"lo": -math.inf, "hi": math.inf, "guarantee": "probabilistic", "confidence": p}
+        until = coord.clock + coord.period
+        center = var = 0.0
+        for key, c in a.items():
+            s = coord.cache.sources.get(key)
+            if s is None or s.value is None:
+                return out
+            if s.online:
+                center += c * s.value
+                continue
+            last = self.models.last(key)
+            pred = None if last is None else self.models.predict(key, max(0.0, until - last[0]))
+            if pred is None:
+                return out
+            center += c * (last[1] + pred[0])              # Eq. 13: S_i(t_i) + μ_i (t - t_i)
+            var += c * c * pred[1]
+        # ε, or what one refresh quantum T allows when the model wants refreshes faster than ticks
+        st = self.tasks.get(q.id)
+        eps = q.precision / 2
+        if st is not None:
+            T = coord.period
+            eps = max(eps, abs(st.mu) * T + z_two(p) * st.sigma * math.sqrt(T))
+        half = eps + (z_two(p) * math.sqrt(var) if var > 0 else 0.0)
+        out["lo"], out["hi"] = center - half, center + half
+        return out
+
+    # -- refreshes ----------------------------------------------------------------------
+    def _model(self, coord, q):
+        """(μ_A, σ_A², ready) of Eq. 6 over the online sources of ``q``."""
+        mu = s2 = 0.0
+        ready = True
+        for key, c in (self.coefficients(q) or {}).items():
+            s = coord.cache.sources.get(key)
+            if s is None or not s.online:
+                continue
+            est = self.models.params(key)
+            if est is None:
+                ready = False
+                continue
+            mu += c * est[0]
+            s2 += c * c * est[1]
+        return mu, s2, ready
+
+    def reported(self, coord, key, m):
+        if "probe" not in m:
+            return
+        for qid in self.awaiting.pop(key, ()):
+            st = self.tasks.get(qid)
+            if st is not None and st.inflight is not None:
+                st.inflight.discard(key)
+                if not st.inflight:
+                    self._complete(coord, st, m["t"])
+
+    def _complete(self, coord, st, t):
+        st.inflight = None
+        q = coord.queries.get(st.id)
+        if q is None:
+            return
+        self.stats["evaluations"] += 1
+        late = t - st.deadline
+        if st.deadline > -math.inf and late > 1e-9:
+            self.stats["late"] += 1
+            self.stats["lateness"] += late
+            self.stats["penalty"] += scheduling.penalty(st.mu, st.sigma, late)
+        mu, s2, ready = self._model(coord, q)
+        st.mu, st.sigma = mu, math.sqrt(s2)
+        dt = 0.0
+        if self.defer and ready and self.coefficients(q) is not None:
+            dt = bm.defer(q.precision / 2, self.p(q), mu, s2, self.tmax) - self.lead
+        st.deadline = t + max(dt, coord.period)   # stream items arrive once per tick at most
+
+    def period(self, coord, t):
+        T = coord.period
+        sources = coord.cache.sources
+        due = []
+        for qid in sorted(self.tasks):
+            st = self.tasks[qid]
+            if st.inflight is not None:
+                st.inflight = {k for k in st.inflight if sources[k].online}
+                if not st.inflight or t - st.sent > self.timeout:
+                    st.inflight = None          # replies lost: release the task again now
+                    st.deadline = min(st.deadline, t)
+                else:
+                    continue
+            if st.deadline >= t + T:
+                continue
+            keys = [k for k in coord.queries[qid].sources if k in sources and sources[k].online]
+            if keys:
+                due.append((scheduling.Task(qid, st.deadline, len(keys), st.mu, st.sigma), keys))
+        if not due:
+            self.carry = min(self.carry + self.capacity * T, self.capacity * T)
+            return
+        cap = self.capacity * T
+        budget = self.carry + cap
+        chosen = scheduling.plan([d[0] for d in due], t, budget, T, self.order)
+        keys_of = {d[0].id: d[1] for d in due}
+        self.stats["dispatched"] += len(chosen)
+        self.stats["missed"] += len(due) - len(chosen)      # due before the next tick, left waiting
+        probed = set()
+        for task in chosen:
+            st = self.tasks[task.id]
+            for key in keys_of[task.id]:
+                if key not in probed:
+                    probed.add(key)
+                    self.pid = (self.pid + 1) & 0xFFFF
+                    coord.probe(key, self.pid)
+                    self.stats["probes"] += 1
+                self.awaiting.setdefault(key, set()).add(task.id)
+            st.inflight = set(keys_of[task.id])
+            st.sent = t
+        waiting = [d[0].cost for d in due if d[0] not in chosen]
+        self.carry = min(budget - len(probed), max([cap] + waiting)) if cap < math.inf else 0.0
+
+
+PROTOCOLS = {"brownian": Brownian}

@@ -1,0 +1,172 @@
+"""Brownian protocol: measured fidelity >= p on DBM paths, interruption widening, EDF/penalty scheduling."""
+import math
+
+import pytest
+
+from backend.coordinator import brownian, scheduling
+from backend.coordinator.coordinator import Coordinator
+from backend.coordinator.protocols import PROTOCOLS, make
+from backend.sim import engine
+from backend.sim.workload import WorkloadError, load
+from edge.agent import Agent
+
+SOURCES = ["s%d" % i for i in range(9)]
+
+
+def dbm_workload(seed, p=0.95, duration=2500, precision=3.0, outages=None, protocol="brownian", params=None,
+                 only=None):
+    src = {"generator": "brownian", "count": 9, "start": [90, 110], "drift": [-0.01, 0.01],
+           "volatility": [0.2, 0.6], "interval": 1.0, "arrival": "exponential"}
+    if outages:
+        src["outages"] = outages
+    return {"name": "dbm", "seed": seed, "duration": duration, "protocol": protocol, "sources": src,
+            "queries": [{"id": "avg", "kind": "avg", "sources": "all", "precision": precision, "confidence": p},
+                        {"id": "sum", "kind": "sum", "sources": SOURCES[:4], "weights": [1, -1, 2, 0.5],
+                         "precision": 2 * precision, "confidence": p}],
+            "params": dict({"period": 1.0}, **(params or {}))} if only is None else dict(
+        dbm_workload(seed, p, duration, precision, outages, protocol, params),
+        queries=[{"id": only, "kind": only, "sources": "all", "precision": precision, "confidence": p}])
+
+
+def test_measured_fidelity_meets_the_promised_confidence():
+    checks = hits = 0
+    for seed in range(3):
+        res = engine.run(dbm_workload(seed))
+        for q in res["queries"].values():
+            assert q["guarantee"] == "probabilistic" and q["confidence"] == 0.95
+            assert q["fidelity"] >= 0.95, q          # time fraction: above p (Δt is the last safe instant)
+            checks += q["checks"]
+            hits += q["check_fidelity"] * q["checks"]
+        assert res["violations"] == 0               # probabilistic answers are measured, not counted
+        assert res["probes"] < 0.4 * res["samples"]    # deferral: far fewer probes than readings
+    # per-evaluation fidelity ≈ p (Zhu Table 2): within p - 1% - 3 standard errors
+    f = hits / checks
+    assert f >= 0.95 - 0.01 - 3 * math.sqrt(0.95 * 0.05 / checks), (f, checks)
+
+
+class _Overdeferring(brownian.Brownian):
+    """Defers six times longer than Eq. 7 allows: its answers must be caught missing the truth."""
+    name = "overdeferring"
+
+    def _complete(self, coord, st, t):
+        brownian.Brownian._complete(self, coord, st, t)
+        st.deadline = t + 6 * (st.deadline - t)
+
+
+def test_fidelity_checker_catches_an_overdeferring_protocol(monkeypatch):
+    monkeypatch.setitem(PROTOCOLS, "overdeferring", _Overdeferring)
+    res = engine.run(dbm_workload(1, protocol="overdeferring", only="avg"))
+    q = res["queries"]["avg"]
+    assert q["fidelity"] < 0.9 and q["check_fidelity"] < 0.9, q   # model: P(|Z| <= 1.96/sqrt(6)) = 0.58
+
+
+def test_interruptions_widen_answers_degraded_with_reason():
+    out = {"rate": 0.002, "mean_length": 60.0}
+    res = engine.run(dbm_workload(4, outages=out), answers=None)
+    for q in res["queries"].values():
+        assert q["degraded_time"] > 100
+        assert q["degraded_fidelity"] >= 0.94, q
+        assert q["fidelity"] >= 0.94, q
+    # the coordinator's default hook widens a deterministic protocol's stale bounds the same way
+    res = engine.run(dbm_workload(4, outages=out, protocol="deadband"))
+    assert res["violations"] == 0
+    for q in res["queries"].values():
+        assert q["degraded_time"] > 100 and q["degraded_fidelity"] >= 0.95, q
+
+
+def _outage_pair(protocol):
+    c = Coordinator(protocol, period=1.0)
+    c.declare_sources(["a", "b"])
+    c.add_query({"id": "s", "kind": "sum", "sources": ["a", "b"], "precision": 4.0, "confidence": 0.9}, 0.0)
+    return c, Agent("d", ["a", "b"], boot=1)
+
+
+def _run(c, a, now, out):
+    acts = []
+    for _, p in out:
+        acts += c.handle_uplink(now, "d", p)
+    acts += c.handle_timer(now)
+    answers = []
+    while acts:
+        nxt = []
+        for act in acts:
+            if act[0] == "down":
+                for _, p in a.handle_message(now, act[2]):
+                    nxt += c.handle_uplink(now, "d", p)
+            else:
+                answers.append(act[1])
+        acts = nxt
+    return answers
+
+
+def test_coordinator_widens_offline_sources_by_the_model_and_says_why():
+    c, a = _outage_pair(make("deadband"))
+    _run(c, a, 0.0, a.start(0.0))
+    v = 100.0
+    for k in range(1, 41):           # a steady climb of 0.5/s with noise: μ ≈ 0.5
+        v += 0.5 + (0.3 if k % 2 else -0.3)
+        _run(c, a, float(k), a.handle_sample(float(k), "a", v) + a.handle_sample(float(k), "b", 10.0 + 3 * (k % 3)))
+    mu, s2 = c.models.params("a")
+    assert abs(mu - 0.5) < 0.05 and s2 > 0
+    before = c.interval(c.queries["s"])
+    ans = _run(c, a, 40.5, [("state", a.will())])
+    assert ans[-1]["degraded"] and "offline: a, b" in ans[-1]["reason"] and "confidence 0.9" in ans[-1]["reason"]
+    ans = _run(c, a, 60.0, [])
+    lo, hi = ans[-1]["lo"], ans[-1]["hi"]
+    # moved by μτ and widened by z σ sqrt(τ) (Bonferroni over two offline sources)
+    assert (lo + hi) / 2 > (before[0] + before[1]) / 2 + 0.8 * 0.5 * 19.5 and hi - lo > before[1] - before[0] + 5
+    ans = _run(c, a, 61.0, a.start(61.0))
+    assert not ans[-1]["degraded"] and "reason" not in ans[-1]
+
+
+def test_brownian_answers_hold_through_an_outage_extrapolating_the_drift():
+    c, a = _outage_pair(make("brownian", min_obs=5))
+    _run(c, a, 0.0, a.start(0.0))
+    v = 0.0
+    for k in range(1, 60):
+        v += 1.0 + (0.2 if k % 2 else -0.2)
+        _run(c, a, float(k), a.handle_sample(float(k), "a", v) + a.handle_sample(float(k), "b", 5.0))
+    _run(c, a, 59.5, [("state", a.will())])
+    ans = _run(c, a, 80.0, [])[-1]
+    true_then = v + 20.5 + 5.0
+    assert ans["degraded"] and ans["guarantee"] == "probabilistic"
+    assert ans["lo"] <= true_then <= ans["hi"], (ans, true_then)
+
+
+def test_penalty_order_under_overload_and_edf_otherwise():
+    calm = scheduling.Task("calm", 10.0, 3, mu=0.0, sigma=0.1)
+    wild = scheduling.Task("wild", 11.0, 3, mu=0.5, sigma=4.0)
+    cheap = scheduling.Task("cheap", 12.0, 1, mu=0.0, sigma=1.0)
+    assert [k.id for k in scheduling.plan([wild, calm, cheap], 10.0, 7, 1.0)] == ["calm", "wild", "cheap"]
+    # overload: the volatile task and the cheap one go first, EDF would have picked "calm"
+    assert [k.id for k in scheduling.plan([wild, calm, cheap], 10.0, 4, 1.0)] == ["wild", "cheap"]
+    assert [k.id for k in scheduling.plan([wild, calm, cheap], 10.0, 4, 1.0, "edf")] == ["calm", "cheap"]
+    assert scheduling.penalty(0.5, 2.0, 4.0) == 0.5 * 4 + 2.0 * 2 and scheduling.penalty(1, 1, -1) == 0
+    with pytest.raises(ValueError):
+        scheduling.plan([calm], 0.0, 1, 1.0, "fifo")
+
+
+def test_adaptive_scales_under_a_probe_capacity_where_naive_falls_behind():
+    params = {"capacity": 5.0}
+    naive = engine.run(dbm_workload(2, duration=600, params=dict(params, defer=False)))
+    adapt = engine.run(dbm_workload(2, duration=600, params=params))
+    n, a = naive["protocol_stats"], adapt["protocol_stats"]
+    assert n["late"] > 3 * a["late"] and n["penalty"] > 5 * a["penalty"], (n, a)
+    assert adapt["queries"]["avg"]["check_fidelity"] > naive["queries"]["avg"]["check_fidelity"] - 0.05
+
+
+def test_bad_parameters_and_workload_keys_are_rejected_clearly():
+    for bad in ({"capacity": 0}, {"order": "fifo"}, {"confidence": 1.5}, {"defer": "yes"}, {"tmax": math.inf}):
+        with pytest.raises(ValueError):
+            make("brownian", **bad)
+    w = dbm_workload(0)
+    w["queries"][0]["confidence"] = 1.0
+    with pytest.raises(WorkloadError, match="confidence"):
+        load(w)
+    w = dbm_workload(0, outages={"rate": -1, "mean_length": 5})
+    with pytest.raises(WorkloadError, match="outages.rate"):
+        load(w)
+    w = dbm_workload(0)
+    w["sources"]["volatility"] = [-1, 1]
+    with pytest.raises(WorkloadError, match="volatility"):
+        load(w)
