@@ -1,7 +1,8 @@
 """Every protocol the simulator, the live coordinator and the Spark job can run, by name."""
-from backend.coordinator import baselines
+from backend.coordinator import baselines, entity, fraction, rank
 
 PROTOCOLS = dict(baselines.PROTOCOLS)
+PROTOCOLS.update(entity.PROTOCOLS, **fraction.PROTOCOLS, **rank.PROTOCOLS)
 
 
 def make(name, **params):
