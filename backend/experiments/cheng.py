@@ -15,7 +15,7 @@ import time
 from backend.sim import engine
 
 FULL = {"streams": 5000, "range_duration": 1000.0, "knn_streams": 1000, "knn_duration": 200.0}
-QUICK = {"streams": 1000, "range_duration": 400.0, "knn_streams": 500, "knn_duration": 100.0}
+QUICK = {"streams": 1000, "range_duration": 400.0, "knn_streams": 500, "knn_duration": 200.0}
 
 
 def workload(protocol, query, streams, duration, sigma=20.0, seed=7, params=None):
