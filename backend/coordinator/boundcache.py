@@ -85,10 +85,11 @@ class BoundCache:
         s.filt.set_width(width, epoch)
         return epoch, narrowing
 
-    def set_filter(self, key, width, cons):
-        """Install constraints and a width under a new epoch (always confirmed by the device)."""
+    def set_filter(self, key, width, cons, keep_old=True):
+        """Install constraints and a width under a new epoch (confirmed by the device unless ``keep_old`` is off)."""
         s = self.sources[key]
-        self._keep_old(s)
+        if keep_old:
+            self._keep_old(s)
         epoch = (s.filt.epoch + 1) & 0xFFFF
         s.filt.set_filter(width, cons, epoch)
         return epoch

@@ -102,10 +102,11 @@ class Coordinator:
                                       "width": width, "ack": 1 if narrowing else 0})
         self._touch(key)
 
-    def assign_filter(self, key, width, cons):
+    def assign_filter(self, key, width, cons, ack=1):
+        """Install constraints; ``ack=0`` (Cheng §3): the device reports only a membership change."""
         s = self.cache.sources[key]
-        epoch = self.cache.set_filter(key, width, cons)
-        self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": 1,
+        epoch = self.cache.set_filter(key, width, cons, keep_old=bool(ack))
+        self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": ack,
                                        "cons": [{"l": l, "u": u} for l, u in cons]})
         self._touch(key)
 
@@ -284,8 +285,9 @@ class Coordinator:
             if q is None:
                 continue
             fields = self.protocol.answer(self, q)
-            fields["degraded"] = self.degraded(q)
-            if fields["degraded"]:
+            offline = self.degraded(q)
+            fields["degraded"] = bool(fields.get("degraded")) or offline
+            if offline:
                 fields["reason"] = self.models.reason(q)
             if self.last.get(qid) != fields:
                 self.last[qid] = fields

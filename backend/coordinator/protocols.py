@@ -1,9 +1,9 @@
 """Every protocol the simulator, the live coordinator and the Spark job can run, by name."""
-from backend.coordinator import baselines, brownian, relay
+from backend.coordinator import baselines, brownian, entity, fraction, rank, relay
 
 PROTOCOLS = dict(baselines.PROTOCOLS)
-PROTOCOLS.update(relay.PROTOCOLS)
-PROTOCOLS.update(brownian.PROTOCOLS)
+for _module in (relay, brownian, entity, fraction, rank):
+    PROTOCOLS.update(_module.PROTOCOLS)
 
 
 def make(name, **params):

@@ -75,7 +75,7 @@ def parse_query(spec, all_sources, kinds=AGGREGATES):
     if precision < 0:
         raise QueryError("query %s: precision must be >= 0" % qid)
     rng = None
-    if kind == "count" and "range" in spec:
+    if kind in ("count", "range") and "range" in spec:
         r = spec["range"]
         if not isinstance(r, list) or len(r) != 2:
             raise QueryError("query %s: range must be [a, b]" % qid)
@@ -89,4 +89,8 @@ def parse_query(spec, all_sources, kinds=AGGREGATES):
             raise QueryError("query %s: confidence must be a probability in (0, 1), got %r" % (qid, p))
     known = {"id", "kind", "sources", "weights", "precision", "range"}
     extra = {k: v for k, v in spec.items() if k not in known}
-    return Query(qid, kind, srcs, weights, precision, rng, extra)
+    q = Query(qid, kind, srcs, weights, precision, rng, extra)
+    if kind in ("range", "knn"):
+        from backend.coordinator.entity import validate
+        validate(q)
+    return q

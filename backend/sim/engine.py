@@ -15,7 +15,7 @@ import numpy as np
 from backend.coordinator.protocols import make
 from backend.coordinator.coordinator import Coordinator
 from backend.coordinator.queries import parse_query
-from backend.sim import truth as truth_mod
+from backend.sim import entity_truth, truth as truth_mod
 from backend.sim.workload import load, outages, samples
 from edge.agent import Agent
 from edge.core import codec
@@ -222,12 +222,20 @@ class Simulation:
         tot_vt = 0.0
         by_q = {}
         prob = {}
+        ents = {qid: [] for qid in self.truth.entity.tracks}
         for a in self.answers:
-            if a["time"] <= w.duration:
+            if a["time"] <= w.duration and a["query"] in ents:
+                ents[a["query"]].append((a["time"], a["members"], a["degraded"]))
+            elif a["time"] <= w.duration:
                 by_q.setdefault(a["query"], []).append((a["time"], a["lo"], a["hi"], a["degraded"]))
                 if a.get("guarantee") == "probabilistic":
                     prob[a["query"]] = a["confidence"]
         for qid, q in queries.items():
+            if qid in ents:
+                per_q[qid] = entity_truth.check(self.truth.entity.tracks[qid], ents[qid], w.duration)
+                tot_v += per_q[qid]["violations"]
+                tot_vt += per_q[qid]["violation_time"]
+                continue
             tl = self.truth.tracks[qid].timeline
             v, vt, m, dt = truth_mod.check(tl, by_q.get(qid, []), q.precision, w.duration)
             widths = [hi - lo for _, lo, hi, _ in by_q.get(qid, []) if hi - lo < float("inf")]
@@ -275,6 +283,7 @@ def run(workload, out=None, answers=None, progress=None):
         with open(answers, "w") as fh:
             for a in sim.answers:
                 line = dict(a)
-                line["guarantee"] = "degraded" if a["degraded"] else a.get("guarantee", "interval")
+                line["guarantee"] = "degraded" if a["degraded"] else a.get(
+                    "guarantee", "tolerance" if "members" in a else "interval")
                 fh.write(json.dumps(line) + "\n")
     return result

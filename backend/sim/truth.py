@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from backend.coordinator import aggregate
+from backend.sim import entity_truth
 
 TOL = 1e-9   # relative tolerance for float summation in the checker
 
@@ -38,8 +39,12 @@ class Truth:
         self.tracks = {}
         self.by_src = [[] for _ in source_ids]
         self.dirty = set()
+        self.entity = entity_truth.EntityTruth(self.index)
 
     def add_query(self, q, t):
+        if entity_truth.is_entity(q):
+            self.entity.add_query(q, self.values, t)
+            return
         tr = _Track(q, self.index)
         self.tracks[q.id] = tr
         for pos, i in enumerate(tr.idx):
@@ -63,6 +68,10 @@ class Truth:
 
     def update_many(self, idx, vals):
         """Vectorised ``update`` for readings of distinct sources ``idx`` (numpy arrays) at one instant."""
+        if self.entity.tracks:              # entity truth is kept per reading
+            for i, v in zip(idx.tolist(), vals.tolist()):
+                self.update(i, v)
+            return
         old = np.array([self.values[i] for i in idx.tolist()], dtype=float)
         fresh = np.isnan(old)
         for i, v in zip(idx.tolist(), vals.tolist()):
@@ -86,6 +95,8 @@ class Truth:
     def update(self, i, v):
         old = self.values[i]
         self.values[i] = v
+        if self.entity.tracks:
+            self.entity.update(i, old, v)
         for tr, pos in self.by_src[i]:
             if tr.q.kind in ("sum", "avg"):
                 w = tr.w[pos]
@@ -114,6 +125,8 @@ class Truth:
         return aggregate.exact(tr.q, lambda s: self.values[self.index[s]])
 
     def flush(self, t):
+        if self.entity.tracks:
+            self.entity.flush(t)
         for qid in self.dirty:
             tr = self.tracks.get(qid)
             if tr is None:
