@@ -1,7 +1,8 @@
 """Every protocol the simulator, the live coordinator and the Spark job can run, by name."""
-from backend.coordinator import baselines
+from backend.coordinator import baselines, optimal, precision
 
 PROTOCOLS = dict(baselines.PROTOCOLS)
+PROTOCOLS.update({"adaptive": precision.Adaptive, "optimal_static": optimal.OptimalStatic})
 
 
 def make(name, **params):

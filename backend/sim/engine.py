@@ -18,6 +18,7 @@ from edge.agent import Agent
 from edge.core import codec
 
 _DELIVER_UP, _DELIVER_DOWN, _AGENT_TIMER, _COORD_TIMER = 0, 1, 2, 3
+_EVENT_TRUTH, _EVENT_COORD = 4, 5      # a workload event reaches the truth at t, the coordinator at t + λ
 
 
 class Simulation:
@@ -46,6 +47,9 @@ class Simulation:
         import random
         self.jit = random.Random(w.seed + 1)
         self.counts = {"up": 0, "down": 0, "bytes_up": 0, "bytes_down": 0, "by_kind": {}}
+        self.net = {"up": w.delay_up, "down": w.delay_down, "jitter": w.jitter}
+        self.precisions = {}    # query id -> [(t, δ)]
+        self.ended = {}         # query id -> (time it was removed, its truth timeline)
 
     # -- network ---------------------------------------------------------------------
     def _push(self, t, kind, data):
@@ -53,19 +57,21 @@ class Simulation:
         heapq.heappush(self.heap, (t, kind, self.n, data))
 
     def _send(self, now, direction, device, payload):
-        w = self.w
-        delay = w.delay_up if direction == "up" else w.delay_down
-        if w.jitter:
-            delay += self.jit.uniform(0.0, w.jitter)
+        net = self.net
+        delay = net[direction]
+        if net["jitter"]:
+            delay += self.jit.uniform(0.0, net["jitter"])
         key = (direction, device)
         at = max(now + delay, self.fifo.get(key, now))
         self.fifo[key] = at
+        self._push(at, _DELIVER_UP if direction == "up" else _DELIVER_DOWN, (device, payload))
+        if now < self.w.warmup:
+            return
         c = self.counts
         c[direction] += 1
         c["bytes_" + direction] += len(payload)
         kind = codec.NAMES.get(payload[1], "?")
         c["by_kind"][kind] = c["by_kind"].get(kind, 0) + 1
-        self._push(at, _DELIVER_UP if direction == "up" else _DELIVER_DOWN, (device, payload))
 
     def _from_agent(self, now, device, out):
         for _, payload in out:
@@ -95,13 +101,18 @@ class Simulation:
         w = self.w
         wall = _time.perf_counter()
         ts, ss, vs = samples(w)
+        self.protocol.workload_samples(w.source_ids, ts, ss, vs)
         ts, ss, vs = ts.tolist(), ss.tolist(), vs.tolist()
         queries = {}
         for spec in w.queries:
             q = parse_query(spec, set(w.source_ids), kinds=self.protocol.kinds)
             queries[q.id] = q
+            self.precisions[q.id] = [(0.0, q.precision)]
             self.truth.add_query(q, 0.0)
             self._from_coord(0.0, self.coord.add_query(spec, 0.0))
+        for ev in w.events:
+            self._push(ev["time"], _EVENT_TRUTH, ev)
+            self._push(ev["time"] + self.coord.latency, _EVENT_COORD, ev)
         for dev, a in self.agents.items():
             self._from_agent(0.0, dev, a.start(0.0))
         n = len(ts)
@@ -120,6 +131,11 @@ class Simulation:
                     self._from_coord(t, self.coord.handle_uplink(t, data[0], data[1]))
                 elif kind == _DELIVER_DOWN:
                     self._from_agent(t, data[0], self.agents[data[0]].handle_message(t, data[1]))
+                elif kind == _EVENT_TRUTH:
+                    self._event_truth(data, queries)
+                elif kind == _EVENT_COORD:
+                    self._from_coord(t, self.coord.handle_timer(t))
+                    self._event_coord(t, data)
                 elif kind == _AGENT_TIMER:
                     if self.timer_at.get(data) == t:
                         del self.timer_at[data]
@@ -147,6 +163,35 @@ class Simulation:
         self._from_coord(drain, self.coord.handle_timer(drain))
         return self._result(queries, n, _time.perf_counter() - wall)
 
+    def _event_truth(self, ev, queries):
+        """A workload event at its time ``t``: the network changes, the truth follows the queries."""
+        t = ev["time"]
+        if "delay" in ev:
+            self.net.update(ev["delay"])
+        elif "add_query" in ev:
+            q = parse_query(ev["add_query"], set(self.w.source_ids), kinds=self.protocol.kinds)
+            queries[q.id] = q
+            self.precisions[q.id] = [(t, q.precision)]
+            self.truth.add_query(q, t)
+        elif "remove_query" in ev:
+            qid = ev["remove_query"]
+            self.ended[qid] = (t, self.truth.tracks[qid].timeline)
+            self.truth.remove_query(qid)
+        else:
+            sp = ev["set_precision"]
+            self.precisions[sp["id"]].append((t, float(sp["precision"])))
+
+    def _event_coord(self, now, ev):
+        """The same event at the coordinator, once everything stamped before it has been released."""
+        t = ev["time"]
+        if "add_query" in ev:
+            self._from_coord(now, self.coord.add_query(ev["add_query"], t))
+        elif "remove_query" in ev:
+            self._from_coord(now, self.coord.remove_query(ev["remove_query"], t))
+        elif "set_precision" in ev:
+            sp = ev["set_precision"]
+            self._from_coord(now, self.coord.set_precision(sp["id"], float(sp["precision"]), t))
+
     def _result(self, queries, n, elapsed):
         w = self.w
         per_q = {}
@@ -157,8 +202,9 @@ class Simulation:
             if a["time"] <= w.duration:
                 by_q.setdefault(a["query"], []).append((a["time"], a["lo"], a["hi"], a["degraded"]))
         for qid, q in queries.items():
-            tl = self.truth.tracks[qid].timeline
-            v, vt, m, dt = truth_mod.check(tl, by_q.get(qid, []), q.precision, w.duration)
+            end, tl = self.ended.get(qid, (w.duration, None))
+            tl = self.truth.tracks[qid].timeline if tl is None else tl
+            v, vt, m, dt = truth_mod.check(tl, by_q.get(qid, []), self.precisions[qid], min(w.duration, end))
             widths = [hi - lo for _, lo, hi, _ in by_q.get(qid, []) if hi - lo < float("inf")]
             per_q[qid] = {"answers": len(by_q.get(qid, [])), "violations": v, "violation_time": vt,
                           "precision_misses": m, "degraded_time": dt,
@@ -177,7 +223,7 @@ class Simulation:
             "reports": sum(a.stats["reports"] for a in agents),
             "probes": sum(a.stats["probes"] for a in agents),
             "violations": tot_v, "violation_time": tot_vt, "precision_misses": tot_m,
-            "late": self.coord.stats["late"],
+            "late": self.coord.stats["late"], "warmup": w.warmup,
             "queries": per_q,
             "params": {"period": w.period, "shrink": w.shrink, "delay_up": w.delay_up,
                        "delay_down": w.delay_down, "jitter": w.jitter, "latency_tolerance": w.latency},
