@@ -113,7 +113,7 @@ def burden_targets(rows, burden, x0=None, eps=1e-8):
     rhs = Kinv.T @ np.asarray([burden[s] for s in keys])
     if x0 is not None and len(x0) != shape[1]:
         x0 = None
-    return lsmr(M, rhs, atol=eps, btol=eps, x0=x0)[0]
+    return lsmr(M, rhs, atol=eps, btol=eps, x0=x0, maxiter=max(100, 20 * shape[1]))[0]
 
 
 class Adaptive(Protocol):

@@ -140,7 +140,7 @@ def main(out_dir, quick=False, smoke=False):
         if same:
             rows.append(same[0])
         else:
-                spec = {"name": "randomwalk-1q", "seed": seed, "duration": rdur, "warmup": rwarm,
+            spec = {"name": "randomwalk-1q", "seed": seed, "duration": rdur, "warmup": rwarm,
                     "protocol": "adaptive", "params": params, "queries": random_walk_queries(seed, 5.0, False),
                     "sources": {"generator": "random_walk", "count": 10, "step": [0.1, 2.0], "start": [0.0, 100.0]}}
             rows.append(_row("T_S", "randomwalk-1q", seed, "adaptive", params, _run(spec), 5.0, "steps U[0.1,2]"))

@@ -199,7 +199,7 @@ class Simulation:
         tot_vt = 0.0
         by_q = {}
         for a in self.answers:
-            if a["time"] <= w.duration:
+            if a["time"] <= w.duration and a["time"] < self.ended.get(a["query"], (math.inf,))[0]:
                 by_q.setdefault(a["query"], []).append((a["time"], a["lo"], a["hi"], a["degraded"]))
         for qid, q in queries.items():
             end, tl = self.ended.get(qid, (w.duration, None))
