@@ -223,6 +223,10 @@ class Adaptive(Protocol):
             self.tick_t = t
             self.pre = {k: s.filt.width / (1 - coord.shrink) for k, s in src.items() if s.filt.width != INF}
         widths = {k: self._width(s) for k, s in src.items() if k in rows.of}
+        if self.rate is not None:
+            # padded answers use the pre-shrink width for λ after the tick, so that is what is in use:
+            # the width this shrink frees is handed out one period later
+            widths = {k: max(w, self.pre.get(k, w)) for k, w in widths.items()}
         if not widths:
             return
         burden = {}

@@ -17,6 +17,7 @@ import csv
 import itertools
 import os
 import random
+import tempfile
 import time
 
 import numpy as np
@@ -98,8 +99,16 @@ def _run(spec):
 
 def main(out_dir, quick=False, smoke=False):
     """Run everything (``quick``: shorter runs and fewer δ; ``smoke``: seconds, for the test suite)."""
-    os.makedirs(out_dir, exist_ok=True)
     wall = time.perf_counter()
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = _experiments(tmp, quick, smoke)
+    _write(out_dir, rows, quick, time.perf_counter() - wall)
+    return 0
+
+
+def _experiments(tmp, quick, smoke):
+    """All runs; traces of the multi-query stand-in go to ``tmp``. Returns the table rows."""
     rows = []
     seed = 1
     # -- §5.2 multi-query workload: adaptive vs uniform ----------------------------------------
@@ -107,7 +116,7 @@ def main(out_dir, quick=False, smoke=False):
     deltas = [4.0] if quick or smoke else [1.0, 2.0, 4.0, 10.0]
     for stationary in (False, True):
         wl = "multiquery-stationary" if stationary else "multiquery"
-        path = os.path.join(out_dir, wl + ".csv")
+        path = os.path.join(tmp, wl + ".csv")
         queries = multiquery_trace(path, seed, dur, stationary)
         for delta in (deltas if not stationary else [4.0]):
             qs = [dict(q, precision=delta if q["id"] in ("Q2", "Q5") else delta / 100) for q in queries]
@@ -145,8 +154,7 @@ def main(out_dir, quick=False, smoke=False):
                     "sources": {"generator": "random_walk", "count": 10, "step": [0.1, 2.0], "start": [0.0, 100.0]}}
             rows.append(_row("T_S", "randomwalk-1q", seed, "adaptive", params, _run(spec), 5.0, "steps U[0.1,2]"))
         if not (quick or smoke):
-            path = os.path.join(out_dir, "multiquery.csv")
-            queries = multiquery_trace(path, seed, dur)
+            path = os.path.join(tmp, "multiquery.csv")
             qs = [dict(q, precision=4.0 if q["id"] in ("Q2", "Q5") else 0.04) for q in queries]
             res = _run({"name": "multiquery", "seed": seed, "duration": dur, "warmup": warm, "protocol": "adaptive",
                         "sources": {"trace": path, "per_device": 31}, "queries": qs, "params": params})
@@ -166,8 +174,7 @@ def main(out_dir, quick=False, smoke=False):
                            {"time": 2 * rdur / 3, "delay": {"delay": 0.0, "jitter": 0.0}}]}
         rows.append(_row("latency", spec["name"], seed, proto, params, _run(spec), 10.0,
                          label + "; delay 0.1 -> 0.4+U[0,0.1] -> 0"))
-    _write(out_dir, rows, quick, time.perf_counter() - wall)
-    return 0
+    return rows
 
 
 def _ratio(rows, exp, wl, delta, num, den, key, s_num=0.05):

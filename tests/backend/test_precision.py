@@ -274,3 +274,15 @@ def test_experiment_smoke(tmp_path):
     import csv
     rows = list(csv.DictReader(open(tmp_path / "olston.csv")))
     assert rows and all(r["violations"] == "0" for r in rows)
+
+
+def test_padded_answers_keep_the_original_precision():
+    # δ' = δ − φ is what allocation uses, so padded answers (φ = 2·R·λ) still meet δ, also after ticks
+    spec = {"seed": 1, "duration": 1500, "protocol": "adaptive", "params": {"rate": 2.0},
+            "sources": {"generator": "random_walk", "count": 10, "step": [0.1, 2.0], "steps": "binary"},
+            "queries": [{"id": "avg", "kind": "avg", "sources": "all", "precision": 10.0}],
+            "network": {"delay": 0.1, "latency_tolerance": 1.5},
+            "events": [{"time": 500, "delay": {"delay": 0.4, "jitter": 0.1}}]}
+    res = engine.run(spec)
+    assert res["violations"] == 0 and res["precision_misses"] == 0
+    assert 8.0 < res["queries"]["avg"]["mean_width"] <= 10.0
