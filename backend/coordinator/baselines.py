@@ -34,6 +34,13 @@ class Protocol:
     def period(self, coord, t):
         pass
 
+    def queue_latency(self, latency):
+        """How long the serialising queue holds uplinks, given the latency tolerance λ (§4)."""
+        return latency
+
+    def workload_samples(self, keys, times, sources, values):
+        """Simulator hook: the whole workload before the run (offline baselines measure it)."""
+
     def answer(self, coord, q):
         """The answer fields for ``q``: an interval ``{"lo", "hi"}`` (entity protocols: ``members``)."""
         lo, hi = coord.interval(q)
@@ -82,4 +89,4 @@ class Deadband(Protocol):
         return width, range_constraints(coord, key)
 
 
-PROTOCOLS = {"naive": Naive, "deadband": Deadband}
+PROTOCOLS = {"naive": Naive, "deadband": Deadband, "uniform": Deadband}

@@ -26,7 +26,7 @@ class Coordinator:
         self.protocol = protocol
         self.period = period            # T, the adjustment period
         self.shrink = shrink            # S, the shrink fraction (0 for static protocols)
-        self.latency = latency          # λ
+        self.latency = protocol.queue_latency(latency)   # λ (0 when the protocol pads instead)
         self.beat = beat
         self.t0 = t0
         self.cache = BoundCache()

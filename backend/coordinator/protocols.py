@@ -1,7 +1,8 @@
 """Every protocol the simulator, the live coordinator and the Spark job can run, by name."""
-from backend.coordinator import baselines, brownian, entity, fraction, rank, relay
+from backend.coordinator import baselines, brownian, entity, fraction, optimal, precision, rank, relay
 
 PROTOCOLS = dict(baselines.PROTOCOLS)
+PROTOCOLS.update({"adaptive": precision.Adaptive, "optimal_static": optimal.OptimalStatic})
 for _module in (relay, brownian, entity, fraction, rank):
     PROTOCOLS.update(_module.PROTOCOLS)
 

@@ -21,6 +21,7 @@ from edge.agent import Agent
 from edge.core import codec
 
 _DELIVER_UP, _DELIVER_DOWN, _AGENT_TIMER, _COORD_TIMER, _OUTAGE = 0, 1, 2, 3, 4
+_EVENT_TRUTH, _EVENT_COORD = 5, 6      # a workload event reaches the truth at t, the coordinator at t + λ
 
 
 class Simulation:
@@ -62,6 +63,9 @@ class Simulation:
         self.jit = random.Random(w.seed + 1)
         self.counts = {"up": 0, "down": 0, "bytes_up": 0, "bytes_down": 0, "by_kind": {}, "lost": 0}
         self.down = set()               # devices in an outage (Zhu §1.2): nothing in or out
+        self.net = {"up": w.delay_up, "down": w.delay_down, "jitter": w.jitter}
+        self.precisions = {}    # query id -> [(t, δ)]
+        self.ended = {}         # query id -> (time it was removed, its truth timeline)
 
     # -- network ---------------------------------------------------------------------
     def _push(self, t, kind, data):
@@ -69,19 +73,21 @@ class Simulation:
         heapq.heappush(self.heap, (t, kind, self.n, data))
 
     def _send(self, now, direction, device, payload):
-        w = self.w
-        delay = w.delay_up if direction == "up" else w.delay_down
-        if w.jitter:
-            delay += self.jit.uniform(0.0, w.jitter)
+        net = self.net
+        delay = net[direction]
+        if net["jitter"]:
+            delay += self.jit.uniform(0.0, net["jitter"])
         key = (direction, device)
         at = max(now + delay, self.fifo.get(key, now))
         self.fifo[key] = at
+        self._push(at, _DELIVER_UP if direction == "up" else _DELIVER_DOWN, (device, payload))
+        if now < self.w.warmup:
+            return
         c = self.counts
         c[direction] += 1
         c["bytes_" + direction] += len(payload)
         kind = codec.NAMES.get(payload[1], "?")
         c["by_kind"][kind] = c["by_kind"].get(kind, 0) + 1
-        self._push(at, _DELIVER_UP if direction == "up" else _DELIVER_DOWN, (device, payload))
 
     def _agent(self, device):
         """The agent of ``device`` with every screened reading handed over."""
@@ -130,13 +136,18 @@ class Simulation:
         w = self.w
         wall = _time.perf_counter()
         ts_np, ss_np, vs_np = samples(w)
+        self.protocol.workload_samples(w.source_ids, ts_np, ss_np, vs_np)
         ts, ss, vs = ts_np.tolist(), ss_np.tolist(), vs_np.tolist()
         queries = {}
         for spec in w.queries:
             q = parse_query(spec, w.source_ids, kinds=self.protocol.kinds)
             queries[q.id] = q
+            self.precisions[q.id] = [(0.0, q.precision)]
             self.truth.add_query(q, 0.0)
             self._from_coord(0.0, self.coord.add_query(spec, 0.0))
+        for ev in w.events:
+            self._push(ev["time"], _EVENT_TRUTH, ev)
+            self._push(ev["time"] + self.coord.latency, _EVENT_COORD, ev)
         for dev, a in self.agents.items():
             self._from_agent(0.0, dev, a.start(0.0))
         for dev, spans in outages(w).items():
@@ -170,6 +181,11 @@ class Simulation:
                     else:
                         self.down.discard(dev)
                         self._from_agent(t, dev, self._agent(dev).start(t))
+                elif kind == _EVENT_TRUTH:
+                    self._event_truth(data, queries)
+                elif kind == _EVENT_COORD:
+                    self._from_coord(t, self.coord.handle_timer(t))
+                    self._event_coord(t, data)
                 elif kind == _AGENT_TIMER:
                     if self.timer_at.get(data) == t:
                         del self.timer_at[data]
@@ -215,6 +231,35 @@ class Simulation:
                 self._from_agent(st, dev, out)
         self.truth.update_many(idx, vals)
 
+    def _event_truth(self, ev, queries):
+        """A workload event at its time ``t``: the network changes, the truth follows the queries."""
+        t = ev["time"]
+        if "delay" in ev:
+            self.net.update(ev["delay"])
+        elif "add_query" in ev:
+            q = parse_query(ev["add_query"], self.w.source_ids, kinds=self.protocol.kinds)
+            queries[q.id] = q
+            self.precisions[q.id] = [(t, q.precision)]
+            self.truth.add_query(q, t)
+        elif "remove_query" in ev:
+            qid = ev["remove_query"]
+            self.ended[qid] = (t, self.truth.tracks[qid].timeline)
+            self.truth.remove_query(qid)
+        else:
+            sp = ev["set_precision"]
+            self.precisions[sp["id"]].append((t, float(sp["precision"])))
+
+    def _event_coord(self, now, ev):
+        """The same event at the coordinator, once everything stamped before it has been released."""
+        t = ev["time"]
+        if "add_query" in ev:
+            self._from_coord(now, self.coord.add_query(ev["add_query"], t))
+        elif "remove_query" in ev:
+            self._from_coord(now, self.coord.remove_query(ev["remove_query"], t))
+        elif "set_precision" in ev:
+            sp = ev["set_precision"]
+            self._from_coord(now, self.coord.set_precision(sp["id"], float(sp["precision"]), t))
+
     def _result(self, queries, n, elapsed):
         w = self.w
         per_q = {}
@@ -224,9 +269,11 @@ class Simulation:
         prob = {}
         ents = {qid: [] for qid in self.truth.entity.tracks}
         for a in self.answers:
-            if a["time"] <= w.duration and a["query"] in ents:
+            if a["time"] > w.duration or a["time"] >= self.ended.get(a["query"], (math.inf,))[0]:
+                continue
+            if a["query"] in ents:
                 ents[a["query"]].append((a["time"], a["members"], a["degraded"]))
-            elif a["time"] <= w.duration:
+            else:
                 by_q.setdefault(a["query"], []).append((a["time"], a["lo"], a["hi"], a["degraded"]))
                 if a.get("guarantee") == "probabilistic":
                     prob[a["query"]] = a["confidence"]
@@ -236,8 +283,9 @@ class Simulation:
                 tot_v += per_q[qid]["violations"]
                 tot_vt += per_q[qid]["violation_time"]
                 continue
-            tl = self.truth.tracks[qid].timeline
-            v, vt, m, dt = truth_mod.check(tl, by_q.get(qid, []), q.precision, w.duration)
+            end, tl = self.ended.get(qid, (w.duration, None))
+            tl = self.truth.tracks[qid].timeline if tl is None else tl
+            v, vt, m, dt = truth_mod.check(tl, by_q.get(qid, []), self.precisions[qid], min(w.duration, end))
             widths = [hi - lo for _, lo, hi, _ in by_q.get(qid, []) if hi - lo < float("inf")]
             per_q[qid] = {"answers": len(by_q.get(qid, [])), "violations": v, "violation_time": vt,
                           "precision_misses": m, "degraded_time": dt,
@@ -263,7 +311,7 @@ class Simulation:
             "reports": sum(a.stats["reports"] for a in agents),
             "probes": sum(a.stats["probes"] for a in agents),
             "violations": tot_v, "violation_time": tot_vt, "precision_misses": tot_m,
-            "late": self.coord.stats["late"], "lost": c["lost"],
+            "late": self.coord.stats["late"], "lost": c["lost"], "warmup": w.warmup,
             "protocol_stats": getattr(self.protocol, "stats", None),
             "queries": per_q,
             "params": {"period": w.period, "shrink": w.shrink, "delay_up": w.delay_up,

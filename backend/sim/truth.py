@@ -143,9 +143,12 @@ class Truth:
 def check(truth, answers, precision, end):
     """Merge the truth and answer step functions of one query.
 
-    ``truth``: [(t, exact, scale)], ``answers``: [(t, lo, hi, degraded)], both in time order.
+    ``truth``: [(t, exact, scale)], ``answers``: [(t, lo, hi, degraded)], both in time order;
+    ``precision``: δ, or [(t, δ)] when it changes while running.
     Returns (violations, violation_time, precision_misses, degraded_time).
     """
+    steps = [(-math.inf, precision)] if isinstance(precision, (int, float)) else list(precision)
+    p = 0
     events = sorted([(t, 0, k) for k, (t, _, _) in enumerate(truth)] + [(t, 1, k) for k, (t, _, _, _) in enumerate(answers)])
     cur_truth = cur_ans = None
     violations = misses = 0
@@ -161,6 +164,9 @@ def check(truth, answers, precision, end):
             else:
                 cur_ans = answers[k]
             i += 1
+        while p + 1 < len(steps) and steps[p + 1][0] <= t:
+            p += 1
+        precision = steps[p][1]
         bad = deg = False
         if cur_truth is not None and cur_ans is not None:
             _, x, scale = cur_truth

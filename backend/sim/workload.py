@@ -1,4 +1,4 @@
-"""Workload files for the simulator (DESIGN.md §5): sources, queries, protocol, network, seed.
+"""Workload files for the simulator (DESIGN.md §5): sources, queries, protocol, network, seed, events.
 
 ``load(path_or_dict)`` validates everything up front and raises ``WorkloadError`` with a message
 that names the offending key. ``samples(workload)`` materialises the source streams as arrays
@@ -109,6 +109,10 @@ class Workload:
             if parsed.id in ids:
                 raise WorkloadError("query id %s repeats" % parsed.id)
             ids.add(parsed.id)
+        self.warmup = _num(raw, "warmup", 0.0, "workload", lo=0.0)
+        if self.warmup >= self.duration:
+            raise WorkloadError("workload.warmup must be shorter than the duration")
+        self.events = _events(raw.get("events", []), ids, set(self.source_ids), kinds)
 
     def query_kinds(self):
         from backend.coordinator.protocols import PROTOCOLS
@@ -171,6 +175,59 @@ class Workload:
         """[(device id, [source ids])] grouping ``per_device`` sources per device."""
         ids = self.source_ids
         return [("d%d" % (i // self.per_device), ids[i:i + self.per_device]) for i in range(0, len(ids), self.per_device)]
+
+
+def _events(evs, active, sources, kinds):
+    """Validate ``events`` (queries added/removed, precisions and network delays changed while running)."""
+    if not isinstance(evs, list):
+        raise WorkloadError("events must be a list")
+    used = set(active)
+    active = set(active)
+    out = []
+    for n, ev in enumerate(sorted(evs, key=lambda e: e.get("time", 0) if isinstance(e, dict) else 0)):
+        where = "events[%d]" % n
+        if not isinstance(ev, dict):
+            raise WorkloadError("%s must be an object" % where)
+        t = _num(ev, "time", None, where, lo=0.0)
+        what = [k for k in ("add_query", "remove_query", "set_precision", "delay") if k in ev]
+        if len(what) != 1 or len(ev) != 2:
+            raise WorkloadError("%s needs a time and exactly one of add_query, remove_query, set_precision, delay" % where)
+        k = what[0]
+        v = ev[k]
+        if k == "add_query":
+            try:
+                q = parse_query(v, sources, kinds=kinds)
+            except QueryError as e:
+                raise WorkloadError("%s.add_query: %s" % (where, e))
+            if q.id in used:
+                raise WorkloadError("%s.add_query: query id %s was already used" % (where, q.id))
+            used.add(q.id)
+            active.add(q.id)
+        elif k == "remove_query":
+            if v not in active:
+                raise WorkloadError("%s.remove_query: no running query %r" % (where, v))
+            active.discard(v)
+        elif k == "set_precision":
+            if not isinstance(v, dict) or v.get("id") not in active:
+                raise WorkloadError("%s.set_precision needs the id of a running query" % where)
+            v = {"id": v["id"], "precision": _num(v, "precision", None, where + ".set_precision", lo=0.0)}
+        else:
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                v = {"delay": v}
+            if not isinstance(v, dict) or not v or set(v) - {"delay", "uplink", "downlink", "jitter"}:
+                raise WorkloadError("%s.delay must be seconds or {uplink, downlink, jitter}" % where)
+            d = {}
+            if "delay" in v:
+                d["up"] = d["down"] = _num(v, "delay", None, where + ".delay", lo=0.0)
+            if "uplink" in v:
+                d["up"] = _num(v, "uplink", None, where + ".delay", lo=0.0)
+            if "downlink" in v:
+                d["down"] = _num(v, "downlink", None, where + ".delay", lo=0.0)
+            if "jitter" in v:
+                d["jitter"] = _num(v, "jitter", None, where + ".delay", lo=0.0)
+            v = d
+        out.append({"time": t, k: v})
+    return out
 
 
 def _read_trace(path):

@@ -1,0 +1,264 @@
+"""Adaptive precision manager (Olston et al. 2003 §3, §3.4, §4.1, App. A–C): shrink every T, regrow by burden.
+
+Every adjustment period T the coordinator shrinks every mirrored width by S (the devices do the same
+on their own clocks), then ``Adaptive.period`` computes, per source, the burden score
+B_i = C_i·N_i/(T·W_i) (= C_i/(P_i·W_i) with P_i = T/N_i), solves the sparse linear system of §3.2.1 /
+App. B for the burden targets T_j, ranks sources by deviation D_i = max(B_i − Σ_j |K_ij|·T_j, 0)
+(ties broken by a seeded RNG) and greedily gives each the largest growth ΔW_i = min_j slack_j/|K_ij|
+its constraints allow. Growth is a widening ``coord.assign_width`` (no ack, one downlink message).
+
+Constraints (``Rows``): a weighted AVG query gives Σ_i |K_ij|·W_i ≤ δ_j·|S_j|, a SUM query
+Σ_i |K_ij|·W_i ≤ δ_j, and a MIN/MAX query one single-object row W_i ≤ δ_j per object (App. A);
+COUNT is exact (plain count needs no bounds; count-in-range gets membership constraints).
+
+Padding mode (§4.1, ``rate=R``): the coordinator answers without the serialising delay and widens
+every cached bound by φ_i = 2·R_i·λ, allocating with δ' = δ − (padding share). R_i must bound how far
+O_i moves within λ; with sampled sources λ must also cover one sample interval (a report is stamped
+at the reading that left the bound, up to one interval after the last reading inside it).
+"""
+import math
+import random
+
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.linalg import lsmr
+
+from backend.coordinator import aggregate
+from backend.coordinator.baselines import Protocol, range_constraints
+
+INF = math.inf
+_MARGIN = 1e-9          # growth is applied with this relative margin so float sums stay within δ
+
+
+def _per_key(value, what):
+    """A number or {key: number} parameter, validated; returns a lookup function."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError("%s[%r] must be a finite number >= 0, got %r" % (what, k, v))
+        table = {k: float(v) for k, v in value.items()}
+        return lambda key: table.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError("%s must be a finite number >= 0 or {source: number}, got %r" % (what, value))
+    v = float(value)
+    return lambda key: v
+
+
+class Rows:
+    """The linear width constraints Σ_i |K_ij|·W_i ≤ b_j that the queries impose (App. A, B, D)."""
+
+    def __init__(self, queries, phi=lambda key: 0.0):
+        self.coef = []          # row j -> {key: |K_ij|}
+        self.budget = []        # row j -> b_j (never negative)
+        self.query = []         # row j -> query id
+        for qid in sorted(queries):
+            q = queries[qid]
+            if q.kind in ("avg", "sum"):
+                c = {s: abs(q.weights[s]) for s in q.sources}
+                b = q.precision * (len(q.sources) if q.kind == "avg" else 1)
+                self._add(qid, c, b - math.fsum(c[s] * phi(s) for s in c))
+            elif q.kind in ("min", "max"):
+                for s in q.sources:
+                    self._add(qid, {s: 1.0}, q.precision - phi(s))
+        self.of = {}            # key -> [(row, |K|)]
+        for j, c in enumerate(self.coef):
+            for s, k in c.items():
+                self.of.setdefault(s, []).append((j, k))
+
+    def _add(self, qid, coef, budget):
+        self.coef.append(coef)
+        self.budget.append(max(0.0, budget))
+        self.query.append(qid)
+
+    def uniform(self, key):
+        """Uniform allocation (§1.2): the smallest equal share b_j/Σ_i|K_ij| over key's rows."""
+        return min(self.budget[j] / math.fsum(self.coef[j].values()) for j, _ in self.of[key])
+
+    def used(self, widths):
+        return [math.fsum(k * widths.get(s, 0.0) for s, k in c.items()) for c in self.coef]
+
+    def fit(self, widths, rows=None):
+        """Scale down the members of every violated row (all rows, or those in ``rows``) to fit."""
+        factor = {}
+        for j, u in enumerate(self.used(widths)):
+            b = self.budget[j]
+            if (rows is None or j in rows) and u > b:
+                f = b / u * (1 - _MARGIN) if u > 0 else 0.0
+                for s in self.coef[j]:
+                    factor[s] = min(factor.get(s, 1.0), f)
+        for s, f in factor.items():
+            widths[s] = widths[s] * f
+        return widths
+
+
+def burden_targets(rows, burden, x0=None, eps=1e-8):
+    """Solve App. B's system for the targets T_j with a sparse iterative least-squares solver.
+
+    T_j·|S_j| + Σ_{i∈S_j} Σ_{k≠j} (|K_ik|/|K_ij|)·T_k = Σ_{i∈S_j} B_i/|K_ij|, i.e. Kinvᵀ·(K·T − B) = 0
+    with K_ij = |K_ij| and Kinv_ij = 1/|K_ij| on the query sets. ``burden`` maps key -> B_i.
+    LSMR gives the minimum-norm solution when overlapping queries make the system singular.
+    """
+    keys = sorted(rows.of)
+    pos = {s: i for i, s in enumerate(keys)}
+    r, c, k = [], [], []
+    for j, coef in enumerate(rows.coef):
+        for s, w in coef.items():
+            r.append(pos[s])
+            c.append(j)
+            k.append(w)
+    shape = (len(keys), len(rows.coef))
+    K = csr_matrix((k, (r, c)), shape=shape)
+    Kinv = csr_matrix((1.0 / np.asarray(k), (r, c)), shape=shape)
+    M = (Kinv.T @ K).tocsr()
+    rhs = Kinv.T @ np.asarray([burden[s] for s in keys])
+    if x0 is not None and len(x0) != shape[1]:
+        x0 = None
+    return lsmr(M, rhs, atol=eps, btol=eps, x0=x0, maxiter=max(100, 20 * shape[1]))[0]
+
+
+class Adaptive(Protocol):
+    """Olston's adaptive filters: periodic shrink S every T, burden-driven greedy regrowth."""
+    name = "adaptive"
+    shrinks = True
+
+    def __init__(self, cost=1.0, seed=0, immediate=True, rate=None, eps=1e-8):
+        self.cost = _per_key(cost, "cost")
+        self.rng = random.Random(seed)
+        if not isinstance(immediate, bool):
+            raise ValueError("immediate must be true or false, got %r" % (immediate,))
+        self.immediate = immediate          # §3.4: narrow at once when a precision gets tighter
+        self.rate = None if rate is None else _per_key(rate, "rate")
+        if not (isinstance(eps, (int, float)) and 0 < eps < 1):
+            raise ValueError("eps must be in (0, 1), got %r" % (eps,))
+        self.eps = eps
+        self.lam = 0.0                      # λ, known once the coordinator asks for its queue delay
+        self.rows = Rows({})
+        self.prec = {}                      # query id -> precision last allocated for
+        self.targets = None
+        self.pre = {}                       # padding: key -> width before the last shrink
+        self.tick_t = -INF
+        self.stats = {"growth": 0, "narrow": 0, "solves": 0}
+
+    # -- §4.1 padding ---------------------------------------------------------------
+    def queue_latency(self, latency):
+        self.lam = latency
+        return 0.0 if self.rate is not None else latency
+
+    def phi(self, key):
+        return 2.0 * self.rate(key) * self.lam if self.rate is not None else 0.0
+
+    def answer(self, coord, q):
+        if self.rate is None:
+            return Protocol.answer(self, coord, q)
+        recent = coord.clock < self.tick_t + self.lam
+
+        def known(key):
+            lo, hi = coord.cache.known(key)
+            p = self.phi(key) / 2
+            if recent and key in self.pre:
+                # the device shrank at the tick; its re-check report may still be on its way
+                p += max(0.0, (self.pre[key] - coord.cache.sources[key].filt.width) / 2)
+            return lo - p, hi + p
+        lo, hi = aggregate.answer(q, known)
+        return {"lo": lo, "hi": hi}
+
+    # -- widths -------------------------------------------------------------------------
+    def _width(self, s):
+        """The widest mirror still in force (pending narrowings count with their old width)."""
+        w = s.filt.width
+        for f in s.old:
+            if f.width > w:
+                w = f.width
+        return w
+
+    def _install(self, coord, key, width):
+        s = coord.cache.sources[key]
+        cons = range_constraints(coord, key)
+        if cons != s.filt.cons:
+            coord.assign_filter(key, width, cons)
+        elif width != s.filt.width:
+            if width < s.filt.width:
+                self.stats["narrow"] += 1
+            coord.assign_width(key, width)
+
+    def _settle(self, coord, fresh=(), rows=None):
+        """Give new/unqueried sources their widths and make every (selected) row fit."""
+        widths = {}
+        for key, s in coord.cache.sources.items():
+            if key not in self.rows.of:
+                continue
+            w = s.filt.width
+            widths[key] = self.rows.uniform(key) if (w == INF or key in fresh) else self._width(s)
+        self.rows.fit(widths, rows)
+        for key in coord.cache.sources:
+            self._install(coord, key, widths.get(key, INF))
+
+    def source_added(self, coord, key):
+        self._settle(coord, fresh=(key,))
+
+    def resync(self, coord, key, want):
+        width, cons = want
+        if cons:
+            coord.assign_filter(key, width, cons)
+        else:
+            coord.assign_width(key, width)
+
+    def queries_changed(self, coord, now):
+        self.rows = Rows(coord.queries, self.phi)
+        self.targets = None
+        rows = None
+        if not self.immediate:
+            # §3.4: a tighter precision only suppresses growth; shrinking gets there over time
+            lax = {qid for qid, q in coord.queries.items() if qid in self.prec and q.precision < self.prec[qid]}
+            rows = {j for j, qid in enumerate(self.rows.query) if qid not in lax}
+        self.prec = {qid: q.precision for qid, q in coord.queries.items()}
+        self._settle(coord, rows=rows)
+
+    # -- §3.2 growth --------------------------------------------------------------------
+    def period(self, coord, t):
+        rows = self.rows
+        T = coord.period
+        src = coord.cache.sources
+        if self.rate is not None:
+            self.tick_t = t
+            self.pre = {k: s.filt.width / (1 - coord.shrink) for k, s in src.items() if s.filt.width != INF}
+        widths = {k: self._width(s) for k, s in src.items() if k in rows.of}
+        if self.rate is not None:
+            # padded answers use the pre-shrink width for λ after the tick, so that is what is in use:
+            # the width this shrink frees is handed out one period later
+            widths = {k: max(w, self.pre.get(k, w)) for k, w in widths.items()}
+        if not widths:
+            return
+        burden = {}
+        for key in rows.of:
+            s = src.get(key)
+            if s is None or not s.reports:
+                burden[key] = 0.0
+                continue
+            floor = 1e-6 * rows.uniform(key) or 1.0
+            burden[key] = self.cost(key) * s.reports / (T * max(widths[key], floor))
+        targets = burden_targets(rows, burden, self.targets, self.eps)
+        self.targets = targets
+        self.stats["solves"] += 1
+        order = sorted(widths)
+        self.rng.shuffle(order)
+        dev = {}
+        for key in order:
+            d = burden[key] - math.fsum(k * targets[j] for j, k in rows.of[key])
+            dev[key] = d if d > 0 else 0.0
+        order.sort(key=lambda k: -dev[k])
+        slack = [b - u for b, u in zip(rows.budget, rows.used(widths))]
+        for key in order:
+            s = src[key]
+            if not s.online:
+                continue
+            of = rows.of[key]
+            if not s.reports and all(len(rows.coef[j]) == 1 for j, _ in of):
+                continue    # single-object rows only: regrow lazily, when the narrower bound cost a report
+            dw = min(slack[j] / k for j, k in of) * (1 - _MARGIN)
+            if dw <= _MARGIN * max(rows.budget[j] for j, _ in of):
+                continue
+            for j, k in of:
+                slack[j] -= k * dw
+            self.stats["growth"] += 1
+            coord.assign_width(key, s.filt.width + dw)
