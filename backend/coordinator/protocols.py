@@ -1,9 +1,9 @@
 """Every protocol the simulator, the live coordinator and the Spark job can run, by name."""
-from backend.coordinator import baselines, brownian, entity, fraction, optimal, precision, rank, relay
+from backend.coordinator import baselines, brownian, entity, fraction, optimal, precision, rank, relay, replication
 
 PROTOCOLS = dict(baselines.PROTOCOLS)
 PROTOCOLS.update({"adaptive": precision.Adaptive, "optimal_static": optimal.OptimalStatic})
-for _module in (relay, brownian, entity, fraction, rank):
+for _module in (relay, brownian, entity, fraction, rank, replication):
     PROTOCOLS.update(_module.PROTOCOLS)
 
 

@@ -61,7 +61,7 @@ def parse_query(spec, all_sources, kinds=AGGREGATES):
     if unknown:
         raise QueryError("query %s: unknown sources %s" % (qid, ", ".join(unknown[:5])))
     weights = {s: 1.0 for s in srcs}
-    if "weights" in spec:
+    if "weights" in spec and kind != "summary":     # a summary query weighs window positions
         ws = spec["weights"]
         if kind not in ("sum", "avg"):
             raise QueryError("query %s: weights apply to sum and avg only" % qid)
@@ -87,10 +87,13 @@ def parse_query(spec, all_sources, kinds=AGGREGATES):
         p = _number(spec["confidence"], "confidence", qid)
         if not 0 < p < 1:
             raise QueryError("query %s: confidence must be a probability in (0, 1), got %r" % (qid, p))
-    known = {"id", "kind", "sources", "weights", "precision", "range"}
+    known = {"id", "kind", "sources", "weights", "precision", "range"} - ({"weights"} if kind == "summary" else set())
     extra = {k: v for k, v in spec.items() if k not in known}
     q = Query(qid, kind, srcs, weights, precision, rng, extra)
     if kind in ("range", "knn"):
         from backend.coordinator.entity import validate
+        validate(q)
+    if kind == "summary":
+        from backend.coordinator.replication import validate
         validate(q)
     return q

@@ -40,7 +40,59 @@ def _encloses(old, new):
     return old is not None and old[0] <= new[0] and new[1] <= old[1]
 
 
-def _combine(positions, weights, rows, seg_of):
+def weights_for(kind, m):
+    """The §2.7 query weights over m positions: linear, exponential (2^-j) or uniform."""
+    if kind == "linear":
+        return [(m - j) / m for j in range(m)]
+    if kind == "exponential":
+        return [2.0 ** -j for j in range(m)]
+    return [1.0] * m
+
+
+def need_of(positions, weights):
+    """Per replication segment, the total |weight| a query puts on it."""
+    need = {}
+    for i, w in zip(positions, weights):
+        s = segment_of(i)
+        need[s] = need.get(s, 0.0) + abs(w)
+    return need
+
+
+def resolve(row, need, precision):
+    """Fig. 8a's local test: the rows (segment -> (lo, hi, mean)) answering a query within
+    ``precision`` (sum over segments of |weight| x range width), or None (forward to the parent)."""
+    rows = {}
+    width = 0.0
+    for s, w in need.items():
+        r = row(s)
+        if r is None:
+            return None
+        rows[s] = r
+        width += w * (r[1] - r[0])
+    return rows if width <= precision else None
+
+
+def count_read(reads, interested, subscribed, segs, who):
+    """Record a read of ``segs`` from ``who`` (-1 local) at a site; an unsubscribed child becomes interested."""
+    for s in segs:
+        cnt = reads.setdefault(s, {})
+        cnt[who] = cnt.get(who, 0) + 1
+        if who >= 0 and who not in subscribed.get(s, ()):
+            interested.setdefault(s, set()).add(who)
+
+
+def phase_tests(source, fringe, reads, writes, subs, interested, stale):
+    """Fig. 8b for one segment at one site: (decache, refresh, insert). A non-source R-fringe site
+    decaches when its reads fall below the writes; otherwise subscribed children that read more than
+    the writes and hold a ``stale(v)`` copy are refreshed, interested ones that did are inserted."""
+    if not source and fringe and sum(reads.values()) < writes:
+        return True, [], []
+    refresh = [v for v in sorted(subs) if writes < reads.get(v, 0) and stale(v)]
+    insert = [v for v in sorted(interested) if writes < reads.get(v, 0) and v not in subs]
+    return False, refresh, insert
+
+
+def combine(positions, weights, rows, seg_of=segment_of):
     """(estimate, lo, hi) of sum w_i d_i from per-segment rows (lo, hi, mean)."""
     est = lo = hi = 0.0
     for i, w in zip(positions, weights):
@@ -131,35 +183,20 @@ class SwatAsr:
         """Answer sum w_i d_i at ``client``: dict(estimate, lo, hi, error, local)."""
         if not 1 <= client < self.sites:
             raise ValueError("client must be a site in 1..%d" % (self.sites - 1))
-        need = {}
-        for i, w in zip(positions, weights):
-            s = segment_of(i)
-            need[s] = need.get(s, 0.0) + abs(w)
+        need = need_of(positions, weights)
         rows = self._resolve(client, need, precision, -1)
         if rows is None:
             return None
-        est, lo, hi = _combine(positions, weights, rows, segment_of)
+        est, lo, hi = combine(positions, weights, rows)
         return {"estimate": est, "lo": lo, "hi": hi, "error": max(est - lo, hi - est), "local": self._local}
 
     def _resolve(self, u, need, precision, who):
-        rows = {}
-        width = 0.0
-        for s, w in need.items():
-            r = self._row(u, s)
-            if r is None:
-                if u == 0:
-                    return None         # not summarised yet
-                width = math.inf
-                break
-            rows[s] = r
-            width += w * (r[1] - r[0])
-        if u == 0 or width <= precision:
+        rows = resolve(lambda s: self._row(u, s), need, math.inf if u == 0 else precision)
+        if u == 0 and rows is None:
+            return None                 # not summarised yet
+        if rows is not None:
             self._local = who == -1
-            for s in need:
-                cnt = self.reads[u].setdefault(s, {})
-                cnt[who] = cnt.get(who, 0) + 1
-                if who >= 0 and who not in self.subscribed[u].get(s, ()):
-                    self.interested[u].setdefault(s, set()).add(who)
+            count_read(self.reads[u], self.interested[u], self.subscribed[u], need, who)
             return rows
         p = parent(u)
         self._control(u, p)
@@ -194,19 +231,20 @@ class SwatAsr:
         writes = self.writes[u].get(s, 0)
         reads = self.reads[u].get(s, {})
         subs = self.subscribed[u].setdefault(s, set())
-        if u != 0 and not subs and sum(reads.values()) < writes:
+        mine = self._row(u, s)
+        decache, refresh, insert = phase_tests(u == 0, not subs, reads, writes, subs,
+                                               self.interested[u].get(s, ()), lambda v: self.rows[v].get(s) != mine)
+        if decache:
             del self.rows[u][s]                             # contraction at an R-fringe site
             self.subscribed[parent(u)].get(s, set()).discard(u)
             self._control(u, parent(u))
             return
-        mine = self._row(u, s)
-        for v in sorted(subs):
-            if writes < reads.get(v, 0) and self.rows[v].get(s) != mine:
-                self._push(u, v, s, mine)                   # subscribed, but its copy was too coarse
-        for v in sorted(self.interested[u].pop(s, ())):
-            if writes < reads.get(v, 0) and v not in subs:
-                subs.add(v)                                 # expansion towards the reading child
-                self._push(u, v, s, mine)
+        self.interested[u].pop(s, None)
+        for v in refresh:
+            self._push(u, v, s, mine)                       # subscribed, but its copy was too coarse
+        for v in insert:
+            subs.add(v)                                     # expansion towards the reading child
+            self._push(u, v, s, mine)
 
     def cached(self):
         """Approximations held by client sites (the O(M log N) of §5.1)."""
@@ -262,6 +300,25 @@ class _PerItem:
         if missed:
             self._cost(client, 1 + missed)      # one request, one approximation per refreshed reading
         return {"estimate": est, "lo": lo, "hi": hi, "error": max(est - lo, hi - est), "local": not missed}
+
+
+def divergence_width(events, now, M, w):
+    """§4.1: the width k in 0..M (M: not cached) of least expected cost per unit time, from a
+    window of events (time, read tolerance in units, or None for a write)."""
+    span = max(now - events[0][0], 1e-9) if events else 1.0
+    lw = sum(1 for _, t in events if t is None) / span
+    rt = {}
+    for _, t in events:
+        if t is not None:
+            rt[t] = rt.get(t, 0.0) + 1.0 / span
+    total_r = sum(rt.values())
+    best, best_k = lw, 0
+    for k in sorted(set(t for t in rt if 0 < t < M)) + [M]:
+        r = sum(v for t, v in rt.items() if t < k)
+        cost = (w + 1) * total_r if k == M else r * (1 + w) + (M - k) / M * (lw + r)
+        if cost < best:
+            best, best_k = cost, k
+    return best_k
 
 
 class AdaptivePrecision(_PerItem):
@@ -321,22 +378,7 @@ class DivergenceCaching(_PerItem):
             o[2].pop(0)
 
     def _choose(self, o, now):
-        ev = o[2]
-        span = max(now - ev[0][0], 1e-9) if ev else 1.0
-        lw = sum(1 for _, t in ev if t is None) / span
-        rt = {}
-        for _, t in ev:
-            if t is not None:
-                rt[t] = rt.get(t, 0.0) + 1.0 / span
-        total_r = sum(rt.values())
-        M, w = self.M, self.w
-        best, best_k = lw, 0
-        for k in sorted(set(t for t in rt if 0 < t < M)) + [M]:
-            r = sum(v for t, v in rt.items() if t < k)
-            cost = (w + 1) * total_r if k == M else r * (1 + w) + (M - k) / M * (lw + r)
-            if cost < best:
-                best, best_k = cost, k
-        o[1] = best_k
+        o[1] = divergence_width(o[2], now, self.M, self.w)
 
     def _write(self, now, c, i, v):
         o = self.state[c].get(i)

@@ -15,7 +15,7 @@ import numpy as np
 from backend.coordinator.protocols import make
 from backend.coordinator.coordinator import Coordinator
 from backend.coordinator.queries import parse_query
-from backend.sim import entity_truth, truth as truth_mod
+from backend.sim import entity_truth, summary_truth, truth as truth_mod
 from backend.sim.workload import load, outages, samples
 from edge.agent import Agent
 from edge.core import codec
@@ -107,7 +107,7 @@ class Simulation:
         a = self.agents[device]
         for s, j in self.dev_src[device]:
             f = a.filters[j]
-            if f.center is None or f.cons:
+            if f.center is None or f.cons or (a.summaries and j in a.summaries):   # SWAT trees see every reading
                 self.lo[s], self.hi[s] = np.inf, -np.inf     # always take the scalar path
             else:
                 self.lo[s], self.hi[s] = f.lo, f.hi
@@ -243,7 +243,7 @@ class Simulation:
             self.truth.add_query(q, t)
         elif "remove_query" in ev:
             qid = ev["remove_query"]
-            self.ended[qid] = (t, self.truth.tracks[qid].timeline)
+            self.ended[qid] = (t, self.truth.tracks[qid].timeline if qid in self.truth.tracks else None)
             self.truth.remove_query(qid)
         else:
             sp = ev["set_precision"]
@@ -268,16 +268,24 @@ class Simulation:
         by_q = {}
         prob = {}
         ents = {qid: [] for qid in self.truth.entity.tracks}
+        sums = {qid: [] for qid in self.truth.summary.tracks}
         for a in self.answers:
             if a["time"] > w.duration or a["time"] >= self.ended.get(a["query"], (math.inf,))[0]:
                 continue
-            if a["query"] in ents:
+            if a["query"] in sums:
+                sums[a["query"]].append(a)
+            elif a["query"] in ents:
                 ents[a["query"]].append((a["time"], a["members"], a["degraded"]))
             else:
                 by_q.setdefault(a["query"], []).append((a["time"], a["lo"], a["hi"], a["degraded"]))
                 if a.get("guarantee") == "probabilistic":
                     prob[a["query"]] = a["confidence"]
         for qid, q in queries.items():
+            if qid in sums:
+                per_q[qid] = summary_truth.check(self.truth.summary, qid, sums[qid], w.duration)
+                tot_v += per_q[qid]["violations"]
+                tot_m += per_q[qid]["precision_misses"]
+                continue
             if qid in ents:
                 per_q[qid] = entity_truth.check(self.truth.entity.tracks[qid], ents[qid], w.duration)
                 tot_v += per_q[qid]["violations"]

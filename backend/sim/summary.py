@@ -19,7 +19,7 @@ per client; "range" queries also take ``value`` (default: the window mean) and `
 import math
 import random
 
-from backend.coordinator.swat import SYSTEMS
+from backend.coordinator.swat import SYSTEMS, weights_for
 
 TYPES = ("point", "range", "inner")
 WEIGHTS = ("linear", "exponential", "uniform")
@@ -49,14 +49,6 @@ def stream(generator, n, seed):
             v += rng.choice((-1.0, 1.0))
             out.append(v)
     return out
-
-
-def weights_for(kind, m):
-    if kind == "linear":
-        return [(m - j) / m for j in range(m)]
-    if kind == "exponential":
-        return [2.0 ** -j for j in range(m)]
-    return [1.0] * m
 
 
 def _num(d, key, default, where, positive=False):

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from backend.coordinator import aggregate
-from backend.sim import entity_truth
+from backend.sim import entity_truth, summary_truth
 
 TOL = 1e-9   # relative tolerance for float summation in the checker
 
@@ -40,10 +40,14 @@ class Truth:
         self.by_src = [[] for _ in source_ids]
         self.dirty = set()
         self.entity = entity_truth.EntityTruth(self.index)
+        self.summary = summary_truth.SummaryTruth(self.index)
 
     def add_query(self, q, t):
         if entity_truth.is_entity(q):
             self.entity.add_query(q, self.values, t)
+            return
+        if q.kind == "summary":
+            self.summary.add_query(q)
             return
         tr = _Track(q, self.index)
         self.tracks[q.id] = tr
@@ -54,6 +58,8 @@ class Truth:
         self.flush(t)
 
     def remove_query(self, qid):
+        if qid in self.summary.tracks:      # kept: its answers before the removal are still checked
+            return
         tr = self.tracks.pop(qid)
         for i in tr.idx:
             self.by_src[i] = [p for p in self.by_src[i] if p[0] is not tr]
@@ -76,6 +82,8 @@ class Truth:
         fresh = np.isnan(old)
         for i, v in zip(idx.tolist(), vals.tolist()):
             self.values[i] = v
+            if self.summary.hist:
+                self.summary.update(i, v)
         for tr in self.tracks.values():
             w = tr.wvec[idx]
             hit = w != 0
@@ -97,6 +105,8 @@ class Truth:
         self.values[i] = v
         if self.entity.tracks:
             self.entity.update(i, old, v)
+        if self.summary.hist:
+            self.summary.update(i, v)
         for tr, pos in self.by_src[i]:
             if tr.q.kind in ("sum", "avg"):
                 w = tr.w[pos]
@@ -127,6 +137,8 @@ class Truth:
     def flush(self, t):
         if self.entity.tracks:
             self.entity.flush(t)
+        if self.summary.touched:
+            self.summary.flush(t)
         for qid in self.dirty:
             tr = self.tracks.get(qid)
             if tr is None:

@@ -48,6 +48,9 @@ SCHEMAS = {
     "config": (20, "down", (("seq", "I"), ("period", "d"), ("shrink", "d"), ("beat", "d"), ("t0", "d"))),
     "rebirth": (21, "down", (("seq", "I"),)),
     # querying-metadata for relay nodes (Zhang et al. 2005 §3.2): op 1 add / 0 remove, agg 0 count / 1 sum
+    # SWAT summary replication (Bulut & Singh 2003 §3): window 0 drops the tree; subs/read are segment masks
+    "summary": (22, "down", (("src", "B"), ("seq", "I"), ("window", "H"), ("k", "B"), ("subs", "I"), ("read", "I"),
+                             ("pad", (("seg", "B"), ("w", "d"))))),
     "moq": (30, "down", (("seq", "I"), ("op", "B"), ("qid", "s"), ("tb", "d"), ("te", "d"), ("agg", "B"), ("eta", "d"))),
 }
 

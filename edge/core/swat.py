@@ -221,12 +221,11 @@ class Swat:
         """The window partition [0,1], [2,3], [4,7], ..., [N/2, N-1] with, per segment, a bound
         (lo, hi) valid for every reading at those positions now and the mean approximation;
         None for a segment not yet covered."""
-        out = []
-        for j in range(self.n):
-            a = 0 if j == 0 else 1 << j
-            b = (2 << j) - 1 if j > 0 else 1
-            out.append(self._segment(a, b))
-        return out
+        return [self.segment(j) for j in range(self.n)]
+
+    def segment(self, j):
+        """(lo, hi, mean) of replication segment j ([0,1], [2,3], [4,7], ...); None until covered."""
+        return self._segment(0, 1) if j == 0 else self._segment(1 << j, (2 << j) - 1)
 
     def _segment(self, a, b):
         i = a
@@ -251,6 +250,95 @@ class Swat:
             hi = node[_HI] if hi is None or node[_HI] > hi else hi
             i = end + 1
         return lo, hi, total / (b - a + 1)
+
+
+def encloses(old, lo, hi):
+    """Whether the replica range ``old`` = (lo, hi) still holds [lo, hi] (Fig. 8a's enclosure test)."""
+    return old is not None and old[0] <= lo and hi <= old[1]
+
+
+class Replicator:
+    """The source site of SWAT-ASR (§3, Fig. 8a) on the device: one SWAT tree and, per segment the
+    backend replicates (bit s of ``subs``), the range last shipped. A new reading pushes every
+    replicated segment whose new range the shipped one no longer encloses; a forwarded read (mask
+    ``read``) is answered with the current rows, and again if a reading arrives at the same instant
+    so the reply covers every reading stamped up to its time. ``pads`` widen shipped ranges (the
+    baselines' cache widths). Rows are (segment, lo, hi, mean)."""
+
+    def __init__(self, window, k=1):
+        self.tree = Swat(window, k)
+        self.subs = 0
+        self.pads = {}
+        self.sent = {}          # segment -> (lo, hi) the backend holds
+        self.read = 0           # segments of a forwarded read still owed
+        self.read_t = None      # time of the last read reply
+
+    def _row(self, s):
+        r = self.tree.segment(s)
+        if r is None:
+            return None
+        if (self.subs >> s) & 1:
+            p = self.pads.get(s, 0.0)
+            r = (r[0] - p, r[1] + p, r[2])
+            self.sent[s] = (r[0], r[1])
+        return (s, r[0], r[1], r[2])
+
+    def _rows(self, mask):
+        out = []
+        for s in range(self.tree.n):
+            if (mask >> s) & 1:
+                r = self._row(s)
+                if r is None:
+                    return None
+                out.append(r)
+        return out
+
+    def control(self, now, subs, read, pads):
+        """Apply a summary control; returns the rows to ship now (new subscriptions, the read)."""
+        if subs >> self.tree.n or read >> self.tree.n:
+            raise ValueError("segment mask beyond the window's %d segments" % self.tree.n)
+        for s in pads:
+            if not 0 <= pads[s] < 1e300:
+                raise ValueError("segment pads must be finite and >= 0")
+        for s in list(self.sent):
+            if not (subs >> s) & 1:
+                del self.sent[s]
+        new = subs & ~self.subs
+        self.subs = subs
+        self.pads = pads
+        out = []
+        for s in range(self.tree.n):
+            if (new >> s) & 1 and not (read >> s) & 1:
+                r = self._row(s)
+                if r is not None:
+                    out.append(r)
+        if read or self.read_t is not None:
+            self.read = read            # (a control without a read keeps one still owed)
+        return out + self._answer(now)
+
+    def _answer(self, now):
+        rows = self._rows(self.read) if self.read else None
+        self.read_t = now if rows else None
+        return rows or []
+
+    def sample(self, now, v):
+        """Take a reading; returns the rows to push (and a read reply still owed or due again)."""
+        self.tree.update(v)
+        out = []
+        if self.read:
+            if self.read_t is None or self.read_t == now:
+                out = self._answer(now)
+            else:
+                self.read = 0           # the reply of an earlier instant stands
+        done = 0
+        for r in out:
+            done |= 1 << r[0]
+        for s in range(self.tree.n):
+            if (self.subs >> s) & 1 and not (done >> s) & 1:
+                r = self.tree.segment(s)
+                if r is not None and not encloses(self.sent.get(s), r[0], r[1]):
+                    out.append(self._row(s))
+        return out
 
 
 # -- compact blob encoding of segment approximations (codec "blob", tag TAG) ----------------------

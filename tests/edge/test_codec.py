@@ -21,6 +21,8 @@ SAMPLES = {
     "probe": {"src": 0, "seq": 13, "probe": 65535},
     "config": {"seq": 14, "period": 10.0, "shrink": 0.05, "beat": 60.0, "t0": 0.0},
     "rebirth": {"seq": 15},
+    "summary": {"src": 0, "seq": 17, "window": 1024, "k": 2, "subs": 0b1010, "read": 1,
+                "pad": [{"seg": 1, "w": 0.5}, {"seg": 3, "w": 2.0}]},
     "moq": {"seq": 16, "op": 1, "qid": "c1", "tb": 0.0, "te": 5000.0, "agg": 0, "eta": 0.01},
 }
 
