@@ -95,34 +95,9 @@ class Agent:
         elif f.check(value):
             out.append(self._report(now, i, codec.WHY_EXIT))
         if self.summaries is not None and i in self.summaries:
-            out += self._blob(now, i, self.summaries[i].sample(now, value))
+            from edge.core import swat      # loaded only on devices that summarise
+            out += swat.ship(self, now, i, self.summaries[i].sample(now, value))
         return out
-
-    def _blob(self, now, i, rows):
-        """Ship SWAT segment rows of source ``i`` uplink as one blob (Bulut & Singh 2003 §3)."""
-        if not rows:
-            return []
-        from edge.core import swat
-        r = self.summaries[i]
-        return [self._up(now, "blob", {"src": i, "t": now, "tag": swat.TAG,
-                                       "data": swat.pack_segments(r.tree.count, rows)})]
-
-    def _summary(self, now, i, m):
-        from edge.core import swat
-        if m["window"] == 0:
-            if self.summaries is not None:
-                self.summaries.pop(i, None)
-            return []
-        r = self.summaries.get(i) if self.summaries is not None else None
-        if r is None or r.tree.window != m["window"] or r.tree.k != m["k"]:
-            r = swat.Replicator(m["window"], m["k"])
-            if self.summaries is None:
-                self.summaries = {}
-            self.summaries[i] = r
-        pads = {}
-        for p in m["pad"]:
-            pads[p["seg"]] = p["w"]
-        return self._blob(now, i, r.control(now, m["subs"], m["read"], pads))
 
     def handle_message(self, now, payload):
         try:
@@ -150,7 +125,8 @@ class Agent:
         if i >= len(self.filters):
             raise ValueError("unknown source index")
         if kind == "summary":
-            return self._summary(now, i, m)
+            from edge.core import swat
+            return swat.configure(self, now, i, m)
         f = self.filters[i]
         if kind == "probe":
             self.stats["probes"] += 1

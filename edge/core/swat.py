@@ -341,6 +341,32 @@ class Replicator:
         return out
 
 
+def ship(agent, now, i, rows):
+    """The agent's uplink for SWAT rows of its source ``i``: one blob tagged TAG (or nothing)."""
+    if not rows:
+        return []
+    return [agent._up(now, "blob", {"src": i, "t": now, "tag": TAG,
+                                    "data": pack_segments(agent.summaries[i].tree.count, rows)})]
+
+
+def configure(agent, now, i, m):
+    """Apply a ``summary`` control to ``agent`` (allocating its tree on first use; window 0 frees it)."""
+    if m["window"] == 0:
+        if agent.summaries is not None:
+            agent.summaries.pop(i, None)
+        return []
+    r = agent.summaries.get(i) if agent.summaries is not None else None
+    if r is None or r.tree.window != m["window"] or r.tree.k != m["k"]:
+        r = Replicator(m["window"], m["k"])
+        if agent.summaries is None:
+            agent.summaries = {}
+        agent.summaries[i] = r
+    pads = {}
+    for p in m["pad"]:
+        pads[p["seg"]] = p["w"]
+    return ship(agent, now, i, r.control(now, m["subs"], m["read"], pads))
+
+
 # -- compact blob encoding of segment approximations (codec "blob", tag TAG) ----------------------
 TAG = 0x53          # 'S'
 _HEAD = "<IB"       # readings seen, number of entries
