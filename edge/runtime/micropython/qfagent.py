@@ -9,6 +9,8 @@ Ctrl-C (SIGINT) stops cleanly and prints the agent's counters as one JSON line.
 """
 import gc
 import json
+import os
+import struct
 import sys
 import time
 
@@ -45,7 +47,10 @@ def main(path):
     for s in cfg["sources"]:
         specs[s["name"]] = s
         names.append(s["name"])
-    agent = Agent(cfg["device"], names, cfg.get("boot", int(now) & 0xFFFFFFFF), 0, cfg.get("width", 0.0))
+    # A random boot id: a board without a clock restarts at the same time.time(), and a
+    # restart within a second must still read as a new boot to the backend.
+    boot = cfg.get("boot") or struct.unpack("<I", os.urandom(4))[0]
+    agent = Agent(cfg["device"], names, boot, 0, cfg.get("width", 0.0))
     inputs, rest = make_inputs(specs, names, now, cfg.get("period", 1.0))
     if rest:
         raise ValueError("unsupported source kind: %r" % (rest[0][1].get("kind"),))
