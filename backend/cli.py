@@ -117,6 +117,32 @@ def _experiments():
     return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
 
 
+# -- devices: flash boards / Pis, emulated fleets, live coordinator (firmware/, backend/fleet.py, backend/live.py)
+def _add_device_commands(sub):
+    f = sub.add_parser("flash", help="deploy the agent to a MicroPython board (mpremote) or a Raspberry Pi (systemd)")
+    f.add_argument("--port", help="serial port of the board, e.g. /dev/ttyUSB0 (default: the only one present)")
+    f.add_argument("--board", default="esp32", help="esp32 | rp2 | pico_w (checks the config's board)")
+    f.add_argument("--config", help="board: device JSON (firmware/boards/*.json); --pi: device.toml")
+    f.add_argument("--pi", metavar="USER@HOST", help="install the CPython agent as a systemd service on a Pi")
+    f.add_argument("--out", help="build folder (default build/firmware, or pi-bundle with --pi)")
+    f.add_argument("--build-only", action="store_true", help="build the deploy folder / Pi bundle, do not deploy")
+    f.add_argument("--source", action="store_true", help="deploy .py sources instead of precompiled .mpy")
+    f.set_defaults(fn=lambda a: __import__("firmware.flash", fromlist=["flash_main"]).flash_main(a))
+    g = sub.add_parser("fleet", help="run an emulated fleet: MicroPython unix-port, CPython and ARM64 (QEMU) agents")
+    g.add_argument("--micropython", type=int, default=0, help="heap-limited MicroPython unix-port agents")
+    g.add_argument("--cpython", type=int, default=0, help="CPython agents")
+    g.add_argument("--arm64", type=int, default=0, help="CPython agents on arm64 under qemu-user (Pi class)")
+    g.add_argument("--dir", default="fleet", help="folder for broker, configs, logs and ground truth")
+    g.add_argument("--fleet", default="demo")
+    g.add_argument("--port", type=int, default=None, help="broker port (default: free port)")
+    g.add_argument("--heap", default="48k", help="MicroPython heap per agent (-X heapsize)")
+    g.add_argument("--period", type=float, default=1.0, help="sample period (s)")
+    g.add_argument("--trace", help="CSV trace (time,source,value) with sources s_<device> instead of random walks")
+    g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--duration", type=float, default=0, help="stop after this many seconds (default: Ctrl-C)")
+    g.set_defaults(fn=lambda a: __import__("backend.fleet", fromlist=["fleet_main"]).fleet_main(a))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="quietfleet", description="Quiet sensor fleets with guaranteed answers.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -145,6 +171,7 @@ def main(argv=None):
     e.add_argument("--out", help="results folder (default results/NAME)")
     e.add_argument("--quick", action="store_true", help="smaller runs for a fast look")
     e.set_defaults(fn=cmd_experiment)
+    _add_device_commands(sub)
     args = p.parse_args(argv)
     return args.fn(args)
 
