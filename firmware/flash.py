@@ -61,9 +61,7 @@ def mpremote(port, *args, timeout=MPREMOTE_TIMEOUT):
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise FlashError("no MicroPython REPL answered on %s within %ds: is MicroPython flashed on the board "
-                         "(ESP32: esptool.py write_flash; Pico W: copy the UF2 in BOOTSEL mode) and is the "
-                         "board not stuck in a program that ignores Ctrl-C?" % (port, timeout))
+        raise FlashError("nothing answered within %ds (a program ignoring Ctrl-C, or not MicroPython)" % timeout)
     if r.returncode:
         err = (r.stderr or r.stdout).strip().splitlines()
         raise FlashError("mpremote %s on %s failed: %s" % (args[0], port, err[-1] if err else "exit %d" % r.returncode))
@@ -72,7 +70,12 @@ def mpremote(port, *args, timeout=MPREMOTE_TIMEOUT):
 
 def identify(port, timeout=15):
     """``sys.implementation`` name and platform of the board; FlashError if it is not MicroPython."""
-    out = mpremote(port, "exec", "import sys; print('QF', sys.implementation.name, sys.platform)", timeout=timeout)
+    try:
+        out = mpremote(port, "exec", "import sys; print('QF', sys.implementation.name, sys.platform)", timeout=timeout)
+    except FlashError as e:
+        raise FlashError("no MicroPython REPL on %s: %s. Flash MicroPython first (ESP32: esptool.py write_flash "
+                         "0x1000 ESP32_GENERIC.bin; Pico W: hold BOOTSEL, copy the .uf2) and check the port."
+                         % (port, e))
     for line in out.splitlines():
         if line.startswith("QF "):
             _, impl, platform = line.split()

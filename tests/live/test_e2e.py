@@ -10,7 +10,7 @@ import time
 import pytest
 
 from backend.broker import Broker, BrokerError, find_mosquitto
-from backend.fleet import Fleet
+from backend.fleet import Fleet, FleetError, arm64_root
 from edge.core import codec
 import fleetcheck as fc
 from helpers import client, close, connected, subscribe
@@ -27,8 +27,8 @@ def fleet_env(tmp_path):
         pytest.skip(str(e))
     made = []
 
-    def make(nm, nc, keepalive=5):
-        names = Fleet.names(nm, nc)
+    def make(nm, nc, keepalive=5, na=0):
+        names = Fleet.names(nm, nc, na)
         broker = Broker(str(tmp_path / "broker"), "t", [n for _, n in names]).start()
         specs = fc.queries(["s_" + n for _, n in names])
         live, answers, t0 = fc.coordinator(broker, specs)
@@ -164,3 +164,26 @@ def test_faults_lose_nothing_and_degrade_answers_while_sources_are_unreachable(f
     for name, st in stats.items():
         if name != "m1":                    # m1's first life ended without counters
             assert len(seen[name]) == st["reports"] - st["outbox_dropped"], (name, st, sorted(seen[name]))
+
+
+def test_fleet_with_an_arm64_agent_under_qemu_and_heap_limited_micropython_agents(fleet_env):
+    try:
+        arm64_root(setup=True)          # scripts/setup_arm64.sh: apt-get qemu-user-static mmdebstrap, bookworm root
+    except FleetError as e:
+        pytest.skip("ARM64 emulation unavailable: %s" % e)
+    broker, live, answers, t0, specs, fleet, obs = fleet_env(4, 1, na=1)
+    fleet.start_all(micropython=4, cpython=1, arm64=1, seed=3)
+    names = list(fleet.devices)
+    _wait(lambda: _all_online(live, names), 40, "every device's birth (the ARM64 one starts in ~4 s)")
+    time.sleep(5)
+    end = time.time() - 2 * fc.LATENCY
+    stats = fleet.stop_all()
+    assert all(s is not None for s in stats.values()), {n: fleet.devices[n].output for n, s in stats.items() if s is None}
+    assert fleet.devices["a0"].kind == "arm64" and stats["a0"]["samples"] >= 20
+    rows = fleet.truth_rows()
+    checked = fc.violations(rows, answers, specs, end)
+    for qid, (v, degraded_time, n) in checked.items():
+        assert v == 0 and n >= 2, (qid, checked)
+    seen, _ = _observed(obs)
+    for name, st in stats.items():
+        assert len(seen[name]) == st["reports"], (name, st)
