@@ -3,22 +3,12 @@ MicroPython unix port behind a pty relay, firmware/emulator.py), driven the same
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from backend.broker import Broker, BrokerError, find_mosquitto
 from firmware import boardconfig, build, flash
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REAL = os.environ.get("QF_BOARD")
-HEAP = os.environ.get("QF_HIL_HEAP", "64k")
-
-
-def target():
-    if REAL:
-        return "real board on %s" % REAL
-    return "emulated board (MicroPython unix port, -X heapsize=%s, pty relay firmware/emulator.py)" % HEAP
+from hilboard import HEAP, REAL, ROOT, target
 
 
 def pytest_report_header(config):
@@ -64,20 +54,3 @@ def hil(port, tmp_path_factory):
     flash.deploy(port, str(d / "deploy"))
     yield broker
     broker.stop()
-
-
-def run_agent(port, seconds, **overrides):
-    """Start the flashed agent for ``seconds`` through mpremote (as main.py would); returns the Popen."""
-    code = ("import json, qfboard\nc = json.load(open('qf.json'))\nc.update(json.loads(%r))\nc['run_for'] = %r\n"
-            "json.dump(c, open('run.json', 'w'))\nqfboard.run('run.json')\n") % (
-        __import__("json").dumps(overrides), seconds)
-    return subprocess.Popen([sys.executable, "-m", "mpremote", "connect", port, "exec", code], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish(proc, timeout):
-    out, err = proc.communicate(timeout=timeout)
-    for line in out.splitlines():
-        if line.startswith('{"stats"'):
-            return __import__("json").loads(line)["stats"], out
-    raise AssertionError("no stats from the board: %s %s" % (out[-800:], err[-800:]))

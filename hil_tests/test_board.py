@@ -5,7 +5,7 @@ import sys
 import time
 
 from edge.core import codec
-from conftest import HEAP, REAL, finish, run_agent
+from hilboard import HEAP, REAL, finish, run_agent
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "live"))
 from helpers import client, close, connected, expect, subscribe  # noqa: E402

@@ -94,7 +94,7 @@ def test_mixed_fleet_answers_hold_and_match_the_simulator(fleet_env, tmp_path):
     checked = fc.violations(rows, answers, specs, end)
     for qid, (v, degraded_time, n) in checked.items():
         assert v == 0 and n >= 5, (qid, checked)
-    shifted = [dict(a, lo=a["lo"] + 1.0, hi=a["hi"] + 1.0) if a["query"] == "mean" else a for a in answers]
+    shifted = [dict(a, lo=a["hi"] + 0.5, hi=a["hi"] + 1.0) if a["query"] == "mean" else a for a in answers]
     assert fc.violations(rows, shifted, specs, end)["mean"][0] > 0     # the checker sees a broken answer
     seen, _ = _observed(obs)
     for name, st in stats.items():          # every report an agent made reached the backend once
