@@ -11,6 +11,7 @@ coordinator was away (a broker restart, a reconnect) are delivered, not lost.
 """
 import json
 import logging
+import math
 import socket
 import threading
 import time
@@ -95,7 +96,12 @@ class LiveCoordinator:
         elif parts[2] == "q" and parts[4] == "spec":
             self._spec(now, parts[3], msg.payload)
 
+    def _event_time(self, now):
+        """Query changes take effect at the coordinator's event time, so answers stay in time order."""
+        return self.coord.clock if self.coord.clock != -math.inf else now
+
     def _spec(self, now, qid, payload):
+        now = self._event_time(now)
         try:
             if not payload:
                 if qid in self.coord.queries:
@@ -138,7 +144,7 @@ class LiveCoordinator:
     def run(self):
         """Loop until ``stop()``; returns the counters."""
         for spec in self.pending:
-            self._act(self.coord.add_query(spec, self.clock()))
+            self._act(self.coord.add_query(spec, self._event_time(self.clock())))
         self.pending = []
         retry_at, backoff = 0.0, RETRY[0]
         while not self.stopping.is_set():
