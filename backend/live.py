@@ -11,7 +11,6 @@ coordinator was away (a broker restart, a reconnect) are delivered, not lost.
 """
 import json
 import logging
-import math
 import socket
 import threading
 import time
@@ -97,8 +96,9 @@ class LiveCoordinator:
             self._spec(now, parts[3], msg.payload)
 
     def _event_time(self, now):
-        """Query changes take effect at the coordinator's event time, so answers stay in time order."""
-        return self.coord.clock if self.coord.clock != -math.inf else now
+        """Query changes take effect at event time ``now - λ`` (as a Last Will does), never before the
+        coordinator's clock, so answers stay in time order."""
+        return max(self.coord.clock, now - self.coord.latency)
 
     def _spec(self, now, qid, payload):
         now = self._event_time(now)
