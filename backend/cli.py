@@ -141,6 +141,16 @@ def _add_device_commands(sub):
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--duration", type=float, default=0, help="stop after this many seconds (default: Ctrl-C)")
     g.set_defaults(fn=lambda a: __import__("backend.fleet", fromlist=["fleet_main"]).fleet_main(a))
+    c = sub.add_parser("coordinator", help="run the live coordinator against a broker (answers on MQTT)")
+    c.add_argument("--credentials", required=True, help="credentials.json written by `quietfleet broker`/`fleet`")
+    c.add_argument("--protocol", default="deadband")
+    c.add_argument("--query", action="append", help='query spec as JSON, e.g. \'{"id":"t","kind":"sum",...}\'')
+    c.add_argument("--period", type=float, default=10.0, help="adjustment period T (s)")
+    c.add_argument("--shrink", type=float, default=0.05, help="shrink fraction S per period")
+    c.add_argument("--latency", type=float, default=0.5, help="latency tolerance λ (s)")
+    c.add_argument("--beat", type=float, default=0.0, help="device heartbeat period (s, 0 = off)")
+    c.add_argument("--answers", help="also append answers here as JSON lines")
+    c.set_defaults(fn=lambda a: __import__("backend.live", fromlist=["coordinator_main"]).coordinator_main(a))
 
 
 def main(argv=None):

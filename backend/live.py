@@ -144,7 +144,11 @@ class LiveCoordinator:
     def run(self):
         """Loop until ``stop()``; returns the counters."""
         for spec in self.pending:
-            self._act(self.coord.add_query(spec, self._event_time(self.clock())))
+            try:
+                self._act(self.coord.add_query(spec, self._event_time(self.clock())))
+            except ValueError as e:     # QueryError: say so and keep serving the other queries
+                self.stats["bad_specs"] += 1
+                log.error("query %s rejected: %s", spec.get("id") if isinstance(spec, dict) else spec, e)
         self.pending = []
         retry_at, backoff = 0.0, RETRY[0]
         while not self.stopping.is_set():
@@ -185,3 +189,38 @@ class LiveCoordinator:
         t = threading.Thread(target=self.run, name="qf-coordinator", daemon=True)
         t.start()
         return t
+
+
+def coordinator_main(args):
+    """``quietfleet coordinator``: run the live coordinator for the broker described by a credentials
+    file (written by ``quietfleet broker``/``fleet``) until Ctrl-C; queries from ``--query`` JSON
+    strings and/or topics ``qf/<fleet>/q/<id>/spec``."""
+    import signal
+    import sys
+    from backend.coordinator.coordinator import Coordinator
+    from backend.coordinator.protocols import make
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        with open(args.credentials) as f:
+            cred = json.load(f)
+        specs = [json.loads(q) for q in args.query or []]
+        protocol = make(args.protocol)
+        coord = Coordinator(protocol, period=args.period, shrink=args.shrink if protocol.shrinks else 0.0,
+                            latency=args.latency, beat=args.beat, t0=time.time())
+        coord.declare_sources([src for q in specs if isinstance(q, dict) and isinstance(q.get("sources"), list)
+                               for src in q["sources"]])
+        live = LiveCoordinator(coord, cred["fleet"], cred["host"], cred["port"], cred["users"][BACKEND_USER],
+                               queries=specs, answers_path=args.answers)
+    except (OSError, ValueError, KeyError) as e:
+        print("quietfleet coordinator: %s" % e, file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: live.stop())
+    print("coordinator for fleet %s on %s:%d (%s); answers on qf/%s/q/<id>/answer" % (
+        cred["fleet"], cred["host"], cred["port"], args.protocol, cred["fleet"]), flush=True)
+    try:
+        stats = live.run()
+    except KeyboardInterrupt:
+        live.close()
+        stats = dict(live.stats, coordinator=dict(coord.stats))
+    print(json.dumps({"stats": stats}))
+    return 0

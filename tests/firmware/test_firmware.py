@@ -5,7 +5,9 @@ import os
 import subprocess
 import sys
 import tarfile
+import signal
 import threading
+import time
 
 import pytest
 import serial
@@ -115,17 +117,34 @@ def test_pi_bundle_has_a_systemd_unit_an_install_script_and_the_agent(tmp_path):
         flash.pi_bundle(str(bad), str(tmp_path / "pi2"))
 
 
-def test_quietfleet_fleet_runs_and_stops_cleanly(tmp_path):
+def test_quietfleet_fleet_and_coordinator_commands(tmp_path):
     from backend.broker import BrokerError, find_mosquitto
     try:
         find_mosquitto()
     except BrokerError as e:
         pytest.skip(str(e))
-    r = subprocess.run([sys.executable, "-m", "backend.cli", "fleet", "--micropython", "1", "--cpython", "1",
-                        "--dir", str(tmp_path), "--duration", "3", "--period", "0.1"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    stats = {line.split(":", 1)[0]: json.loads(line.split(":", 1)[1]) for line in r.stdout.splitlines()
+    fl = subprocess.Popen([sys.executable, "-m", "backend.cli", "fleet", "--micropython", "1", "--cpython", "1",
+                           "--dir", str(tmp_path), "--duration", "5", "--period", "0.1"], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cred = tmp_path / "broker" / "credentials.json"
+    end = time.monotonic() + 10
+    while not cred.exists() and time.monotonic() < end:
+        time.sleep(0.1)
+    co = subprocess.Popen([sys.executable, "-m", "backend.cli", "coordinator", "--credentials", str(cred),
+                           "--period", "1", "--query", json.dumps({"id": "t", "kind": "sum", "sources": ["s_m0", "s_c0"],
+                                                                   "precision": 8})],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = fl.communicate(timeout=60)
+    finally:
+        co.send_signal(signal.SIGINT)
+        co_out, co_err = co.communicate(timeout=10)
+    assert fl.returncode == 0, err
+    stats = {line.split(":", 1)[0]: json.loads(line.split(":", 1)[1]) for line in out.splitlines()
              if line.startswith(("m0:", "c0:"))}
     assert stats["m0"]["samples"] >= 10 and stats["c0"]["samples"] >= 10
     assert os.path.getsize(tmp_path / "truth-m0.csv") > 0
+    lines = [line for line in co_out.splitlines() if line.startswith('{"stats"')]
+    assert lines, (co_out, co_err)
+    co_stats = json.loads(lines[-1])["stats"]
+    assert co_stats["answers"] >= 2 and co_stats["uplinks"] >= 4, (co_out, co_err)
