@@ -72,7 +72,7 @@ def test_exit_shrink_shutdown_resume_probe_and_reconnect(hil, port):
 
 def test_heap_stays_bounded_over_a_long_run(hil, port):
     short, _ = finish(run_agent(port, 2, period=0.01), 30)
-    long, _ = finish(run_agent(port, 10, period=0.005), 40)
+    long, _ = finish(run_agent(port, 6, period=0.003), 40)
     print("heap peak: %d B after %d samples, %d B after %d samples (heap %s)" % (
         short["heap_peak"], short["samples"], long["heap_peak"], long["samples"], HEAP))
     assert long["samples"] > 3 * short["samples"]
