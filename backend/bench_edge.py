@@ -93,7 +93,7 @@ def per_kind(n, mpy, arm64=True):
     out = {}
     env = dict(os.environ, PYTHONPATH=ROOT)
     out["cpython"] = _run([sys.executable, "-c", SCRIPT % n], env)
-    out["micropython"] = _run([fleet_mod.micropython_binary(), "-c", SCRIPT % n],
+    out["micropython"] = _run([fleet_mod.micropython_binary(), "-X", "heapsize=16m", "-c", SCRIPT % n],
                               dict(os.environ, MICROPYPATH=mpy))
     if arm64:
         try:

@@ -51,7 +51,7 @@ class LiveCoordinator:
         self.stopping = threading.Event()
         self.connected = False
         self.lost = False
-        self.stats = {"uplinks": 0, "downlinks": 0, "answers": 0, "bad_specs": 0, "dropped_down": 0}
+        self.stats = {"uplinks": 0, "downlinks": 0, "answers": 0, "bad_specs": 0, "dropped_down": 0, "errors": 0}
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or "qf-%s-coordinator" % fleet,
                         protocol=mqtt.MQTTv311, clean_session=False)
         c.username_pw_set(user, password)
@@ -89,11 +89,15 @@ class LiveCoordinator:
         parts = msg.topic.split("/")
         if len(parts) != 5 or parts[0] != "qf" or parts[1] != self.fleet:
             return
-        if parts[2] == "d" and parts[4] in ("up", "state"):
-            self.stats["uplinks"] += 1
-            self._act(self.coord.handle_uplink(now, parts[3], msg.payload, retained=bool(msg.retain)))
-        elif parts[2] == "q" and parts[4] == "spec":
-            self._spec(now, parts[3], msg.payload)
+        try:
+            if parts[2] == "d" and parts[4] in ("up", "state"):
+                self.stats["uplinks"] += 1
+                self._act(self.coord.handle_uplink(now, parts[3], msg.payload, retained=bool(msg.retain)))
+            elif parts[2] == "q" and parts[4] == "spec":
+                self._spec(now, parts[3], msg.payload)
+        except Exception:           # a bug must not take the fleet's coordinator down: log, count, go on
+            self.stats["errors"] += 1
+            log.exception("message on %s failed", msg.topic)
 
     def _event_time(self, now):
         """Query changes take effect at event time ``now - λ`` (as a Last Will does), never before the

@@ -150,7 +150,7 @@ def test_faults_lose_nothing_and_degrade_answers_while_sources_are_unreachable(f
     end = time.time() - 2 * fc.LATENCY
     stats = fleet.stop_all()
     assert all(s is not None for s in stats.values()), "an agent crashed"
-    assert live.coord.stats["bad_messages"] == 0
+    assert live.coord.stats["bad_messages"] == 0 and live.stats["errors"] == 0
     checked = fc.violations(fleet.truth_rows(), answers, specs, end)
     for qid, (v, degraded_time, n) in checked.items():
         assert v == 0 and degraded_time > 0, (qid, checked)
