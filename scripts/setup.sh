@@ -26,4 +26,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -c "import numpy, scipy, paho.mqtt, pyspark, yaml" 
   touch "$stamp"
 fi
+# Optional: the arm64 root for QEMU-emulated Raspberry Pi agents (tests that need it build it on demand).
+if [ "${QF_ARM64:-0}" = 1 ]; then bash scripts/setup_arm64.sh >/dev/null; fi
 echo "[setup] ready: $(.venv/bin/python --version), $(.venv/bin/micropython -c 'import sys; print("micropython", sys.version)')"

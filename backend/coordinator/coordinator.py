@@ -161,6 +161,20 @@ class Coordinator:
         heapq.heappush(self.queue, (t, _UP, self.n, device, kind, m))
         return self._advance(now)
 
+    def link_lost(self, now):
+        """The adapter lost its broker: every device counts as gone (as by its Last Will) at
+        ``now - λ``, so answers are degraded until each device's next uplink or birth."""
+        for device, d in self.devices.items():
+            self.n += 1
+            heapq.heappush(self.queue, (max(self.clock, now - self.latency), _UP, self.n, device, "gone", {}))
+        return self._advance(now)
+
+    def link_restored(self, now):
+        """Back on the broker: ask every known device for a fresh birth to resynchronise."""
+        for device in self.devices:
+            self.send(device, "rebirth", {})
+        return self._advance(now)
+
     def _set_online(self, device, online):
         d = self.devices[device]
         if d["online"] != online:

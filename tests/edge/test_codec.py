@@ -110,3 +110,22 @@ def test_fuzz_random_and_mutated_payloads():
     count = 20000 if MICROPYTHON else 100000
     ok, bad = _fuzz(count, 1)
     assert ok + bad == count and ok > count // 100 and bad > count // 2
+
+
+WIRE = {   # bytes written by the original tuple-table codec: the compact schema changed no byte
+    "report": "010103ffffffffffff0000000000002940000000000000f4bf00",
+    "birth": "010402000000000000000000f03f4d0000000671662d302e3101020474656d700400000000000000f07f00000000"
+             "008035400568756dc3a90000000000000000e03f000000000000f07f",
+    "filter": "01120102000c000000000000000000f07f010200000000000079400000000000c08240000000000000f07f00000000"
+              "0000f07f",
+    "blob": "0106010300000000000000000000400703000001ff",
+}
+
+
+def test_wire_format_is_unchanged():
+    import binascii
+    for kind in WIRE:
+        assert binascii.hexlify(encode(kind, SAMPLES[kind])).decode() == WIRE[kind], kind
+        assert decode(binascii.unhexlify(WIRE[kind])) == (kind, SAMPLES[kind])
+    assert codec.SCHEMAS["report"][1] == "up" and codec.SCHEMAS["probe"][1] == "down"
+    assert codec.NAMES[1] == "report" and codec.NAMES[21] == "rebirth"

@@ -13,18 +13,21 @@ import time
 from edge.core.codec import MAX_PAYLOAD
 from umqtt.simple import MQTTClient
 
+IO_TIMEOUT = 5          # seconds a started packet (or a PUBACK) may take: a half-open link fails, not hangs
 INBOX = 8               # control messages held between two loop passes; more are dropped (counted)
 BACKOFF_MS = (200, 30000)
 
 
 class Client(MQTTClient):
     """umqtt.simple whose receive never allocates more than MAX_PAYLOAD: a larger PUBLISH payload
-    is skipped and delivered as None, which the agent counts as a bad message."""
+    is skipped and delivered as None, which the agent counts as a bad message. Reads after the first
+    byte (and the PUBACK wait of a QoS 1 publish) time out after IO_TIMEOUT instead of blocking
+    forever on a half-open connection."""
 
     def wait_msg(self):
         sock = self.sock
         res = sock.read(1)
-        sock.setblocking(True)
+        sock.settimeout(IO_TIMEOUT)
         if res is None:
             return None
         if res == b"":
@@ -109,6 +112,7 @@ class Link:
                 self.client.sock.setsockopt(6, 1, 1)
             except OSError:
                 pass                    # a board's stack without the option
+            self.client.sock.settimeout(IO_TIMEOUT)
             self.client.subscribe(self.prefix + "ctl", 1)
         except Exception as e:   # OSError, or MQTTException when the broker refuses us
             print("qf: connect failed: %r" % (e,))

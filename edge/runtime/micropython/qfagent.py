@@ -3,12 +3,15 @@
 Run on the unix port with ``MICROPYPATH=<repo>:<repo>/edge/runtime/micropython``:
 ``micropython -X heapsize=32k -m qfagent device.json``; on a board, ``main.py`` calls ``main(path)``.
 The config is JSON: ``fleet``, ``device``, ``password``, ``host``, ``port``, ``keepalive``,
-``period``, ``width``, ``outbox``, ``ground_truth`` (optional path), ``boot`` (optional) and
+``period``, ``width``, ``outbox``, ``ground_truth`` (optional path), ``boot`` (optional),
+``run_for`` (optional seconds, then stop as on Ctrl-C) and
 ``sources``: a list of ``{"name": ..., "kind": "walk" | "csv", ...}`` in source-index order.
 Ctrl-C (SIGINT) stops cleanly and prints the agent's counters as one JSON line.
 """
 import gc
 import json
+import os
+import struct
 import sys
 import time
 
@@ -35,7 +38,12 @@ class Clock:
         return self.now
 
 
-def main(path):
+def main(path, hook=None, more_inputs=None):
+    """Run the agent from the JSON config at ``path`` until Ctrl-C (or ``run_for`` seconds).
+
+    ``hook()`` runs once per loop pass (a board feeds its watchdog there); ``more_inputs(specs,
+    now, period)`` builds inputs for source kinds this module does not know (a board's ADC pins).
+    """
     with open(path) as f:
         cfg = json.load(f)
     clock = Clock()
@@ -45,16 +53,30 @@ def main(path):
     for s in cfg["sources"]:
         specs[s["name"]] = s
         names.append(s["name"])
-    agent = Agent(cfg["device"], names, cfg.get("boot", int(now) & 0xFFFFFFFF), 0, cfg.get("width", 0.0))
+    # A random boot id: a board without a clock restarts at the same time.time(), and a
+    # restart within a second must still read as a new boot to the backend.
+    boot = cfg.get("boot") or struct.unpack("<I", os.urandom(4))[0]
+    agent = Agent(cfg["device"], names, boot, 0, cfg.get("width", 0.0))
     inputs, rest = make_inputs(specs, names, now, cfg.get("period", 1.0))
-    if rest:
+    if rest and more_inputs is not None:
+        inputs += more_inputs(rest, now, cfg.get("period", 1.0))
+    elif rest:
         raise ValueError("unsupported source kind: %r" % (rest[0][1].get("kind"),))
     truth = open(cfg["ground_truth"], "a") if cfg.get("ground_truth") else None
     link = Link(cfg, agent.will())
     pump = Pump(agent, inputs, Outbox(cfg.get("outbox", 32)), link.send, truth)
     gc.collect()
+    peak = gc.mem_alloc()
+    stop_at = now + cfg["run_for"] if cfg.get("run_for") else None
+    n = 0
     try:
-        while True:
+        while stop_at is None or now < stop_at:
+            if hook is not None:
+                hook()
+            n += 1
+            if n % 64 == 0:         # live heap after a collection: must stay bounded on a long run
+                gc.collect()
+                peak = max(peak, gc.mem_alloc())
             if link.up():
                 pump.online(clock())
             while link.inbox:
@@ -67,12 +89,13 @@ def main(path):
             if truth is not None:
                 truth.flush()
     except KeyboardInterrupt:
-        link.close(agent.will())
+        pass
+    link.close(agent.will())
     if truth is not None:
         truth.close()
     gc.collect()
     stats = {"outbox": len(pump.outbox), "outbox_dropped": pump.outbox.dropped, "inbox_dropped": link.dropped,
-             "link_failures": link.failures, "heap_free": gc.mem_free(), "heap_used": gc.mem_alloc()}
+             "link_failures": link.failures, "heap_free": gc.mem_free(), "heap_used": gc.mem_alloc(), "heap_peak": peak}
     stats.update(agent.stats)
     print(json.dumps({"stats": stats}))
 

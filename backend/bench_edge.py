@@ -1,0 +1,189 @@
+"""Edge cost benchmark (DESIGN.md §8): µs per sample and memory of the filter core and the agent, per agent kind.
+
+Kinds: CPython, the MicroPython unix port (precompiled .mpy), and CPython on arm64 under QEMU
+user-mode emulation (Raspberry Pi class, when scripts/setup_arm64.sh has built the root). The same
+portable timing script runs in each interpreter. Then the smallest MicroPython heap at which the
+agent still runs its live scenario (birth, reports, config/filter/probe control traffic against
+Mosquitto) is found by bisection. ``python -m backend.bench_edge [--quick]`` prints the figures
+next to the DESIGN targets.
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from backend import fleet as fleet_mod
+from firmware.build import MODULES, compile_modules
+
+ROOT = fleet_mod.ROOT
+TARGETS = {"filter_us": {"cpython": 5.0, "micropython": 50.0}, "heap": 32 * 1024}
+
+# Portable: runs unchanged under CPython and MicroPython. N samples of a seeded walk.
+SCRIPT = r"""
+import sys, gc, json
+from array import array
+try:
+    from time import ticks_us, ticks_diff
+except ImportError:
+    from time import perf_counter
+    def ticks_us():
+        return int(perf_counter() * 1000000)
+    def ticks_diff(a, b):
+        return a - b
+N = %d
+if sys.implementation.name == "micropython":
+    gc.collect(); m0 = gc.mem_alloc()
+    import qfagent
+    gc.collect(); mem = {"heap_agent_code": gc.mem_alloc() - m0}
+else:
+    import edge.runtime.cpython.runtime
+    mem = {}
+from edge.core.interval import IntervalFilter
+from edge.agent import Agent
+vals = array("d")
+s = 12345
+v = 0.0
+for i in range(N):
+    s ^= (s << 13) & 0xFFFFFFFF
+    s ^= s >> 17
+    s ^= (s << 5) & 0xFFFFFFFF
+    v += (s / 4294967296.0 - 0.5)
+    vals.append(v)
+f = IntervalFilter(4.0)
+f.recenter(0.0)
+t = ticks_us()
+for x in vals:
+    if f.check(x):
+        f.recenter(x)
+filt = ticks_diff(ticks_us(), t) / N
+gc.collect()
+m1 = gc.mem_alloc() if sys.implementation.name == "micropython" else 0
+a = Agent("d", ["x"], 1, 0, 4.0)
+a.start(0.0)
+if m1:
+    gc.collect()
+    mem["heap_agent_state"] = gc.mem_alloc() - m1
+t = ticks_us()
+now = 0.0
+for x in vals:
+    now += 0.01
+    a.handle_sample(now, 0, x)
+agent = ticks_diff(ticks_us(), t) / N
+if sys.implementation.name != "micropython":
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS"):
+            mem["rss_kb"] = int(line.split()[1])
+print("QFBENCH" + json.dumps({"filter_us": filt, "agent_us": agent, "reports": a.stats["reports"], "mem": mem}))
+"""
+
+
+def _run(cmd, env, timeout=300):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    for line in r.stdout.splitlines():
+        if line.startswith("QFBENCH"):
+            return json.loads(line[7:])
+    raise RuntimeError("%s failed: %s" % (cmd[0], (r.stderr or r.stdout)[-500:]))
+
+
+def per_kind(n, mpy, arm64=True):
+    out = {}
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out["cpython"] = _run([sys.executable, "-c", SCRIPT % n], env)
+    out["micropython"] = _run([fleet_mod.micropython_binary(), "-X", "heapsize=16m", "-c", SCRIPT % n],
+                              dict(os.environ, MICROPYPATH=mpy))
+    if arm64:
+        try:
+            root = fleet_mod.arm64_root()
+            lib = fleet_mod._arm64_pylib(tempfile.mkdtemp(prefix="qf-bench-"))
+            env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + lib, PYTHONDONTWRITEBYTECODE="1")
+            out["arm64 (qemu)"] = _run(["qemu-aarch64-static", "-L", root, os.path.join(root, "usr/bin/python3"),
+                                        "-c", SCRIPT % max(n // 10, 1000)], env)
+        except fleet_mod.FleetError as e:
+            out["arm64 (qemu)"] = {"skipped": str(e)}
+    return out
+
+
+def _scenario(broker, folder, heap, mpy, seconds=3.0):
+    """Run one heap-limited MicroPython agent through birth, reports and control traffic; its stats or None."""
+    from edge.core import codec
+    import paho.mqtt.client as mqtt
+    fl = fleet_mod.Fleet(broker, folder, heap=heap, period=0.05, width=1.0)
+    fl.mpy = mpy
+    be = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-be", protocol=mqtt.MQTTv311)
+    be.username_pw_set(*broker.credentials("backend"))
+    be.connect(broker.host, broker.port)
+    be.loop_start()
+    d = fl.start("micropython", "m0", {"name": "x", "kind": "walk", "step": 0.5, "seed": 3, "period": 0.05})
+    time.sleep(0.8)
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end and d.proc.poll() is None:
+        i += 1
+        for kind, fields in (
+                ("config", {"seq": 3 * i, "period": 1.0, "shrink": 0.1, "beat": 5.0, "t0": 0.0}),
+                ("filter", {"src": 0, "epoch": i, "seq": 3 * i + 1, "width": 2.0, "ack": 1,
+                            "cons": [{"l": 1.0, "u": 2.0}]}),
+                ("probe", {"src": 0, "seq": 3 * i + 2, "probe": i})):
+            be.publish("qf/%s/d/m0/ctl" % broker.fleet, codec.encode(kind, fields), qos=1)
+        time.sleep(0.1)
+    stats = fl.stop("m0", signal.SIGINT)
+    be.loop_stop()
+    be.disconnect()
+    return stats if stats and stats["reports"] > 0 and stats["probes"] > 0 else None
+
+
+def smallest_heap(mpy, lo=24, hi=96, step=2):
+    """Bisect the smallest ``-X heapsize`` (KB, multiple of ``step``) at which the scenario passes."""
+    from backend.broker import Broker
+    with tempfile.TemporaryDirectory() as tmp, Broker(os.path.join(tmp, "b"), "bench", ["m0"]) as broker:
+        ok = _scenario(broker, os.path.join(tmp, "f%d" % hi), "%dk" % hi, mpy)
+        if ok is None:
+            return None, None
+        best = (hi, ok)
+        while hi - lo > step:
+            mid = (lo + hi) // 2 // step * step
+            st = _scenario(broker, os.path.join(tmp, "f%d" % mid), "%dk" % mid, mpy)
+            if st is None:
+                lo = mid
+            else:
+                hi, best = mid, (mid, st)
+        return best
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m backend.bench_edge", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer samples")
+    p.add_argument("--no-arm64", action="store_true", help="skip the QEMU ARM64 interpreter")
+    a = p.parse_args(argv)
+    n = 20000 if a.quick else 200000
+    with tempfile.TemporaryDirectory() as tmp:
+        mpy = compile_modules(os.path.join(tmp, "mpy"), [m for m in MODULES if m[0] != "qfboard.py"])
+        kinds = per_kind(n, mpy, arm64=not a.no_arm64)
+        print("Edge cost per sample (%d samples of a random walk, width 4; agent = Agent.handle_sample)" % n)
+        print("| agent kind | filter core µs/sample | agent µs/sample | target (filter) | memory |")
+        print("|---|---:|---:|---:|---|")
+        for kind, r in kinds.items():
+            if "skipped" in r:
+                print("| %s | - | - | - | skipped: %s |" % (kind, r["skipped"]))
+                continue
+            tgt = TARGETS["filter_us"].get(kind)
+            mem = ", ".join("%s=%s" % kv for kv in sorted(r["mem"].items()))
+            print("| %s | %.2f | %.2f | %s | %s |" % (kind, r["filter_us"], r["agent_us"],
+                                                     "≤ %g" % tgt if tgt else "-", mem))
+        heap, st = smallest_heap(mpy)
+        print()
+        if heap is None:
+            print("MicroPython agent scenario failed even at 96 KB heap")
+        else:
+            print("Smallest MicroPython heap running the agent scenario (.mpy, unix port, 64-bit): %d KB "
+                  "(target ≤ %d KB); live heap after collection %d B, of which loaded agent code %d B"
+                  % (heap, TARGETS["heap"] // 1024, st["heap_peak"], kinds["micropython"]["mem"]["heap_agent_code"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

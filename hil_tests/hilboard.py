@@ -1,0 +1,32 @@
+"""HIL helpers: which target the run uses, and starting/finishing the flashed agent through mpremote."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REAL = os.environ.get("QF_BOARD")
+HEAP = os.environ.get("QF_HIL_HEAP", "64k")
+
+
+def target():
+    if REAL:
+        return "real board on %s" % REAL
+    return "emulated board (MicroPython unix port, -X heapsize=%s, pty relay firmware/emulator.py)" % HEAP
+
+
+def run_agent(port, seconds, **overrides):
+    """Start the flashed agent for ``seconds`` through mpremote (as main.py would); returns the Popen."""
+    code = ("import json, qfboard\nc = json.load(open('qf.json'))\nc.update(json.loads(%r))\nc['run_for'] = %r\n"
+            "json.dump(c, open('run.json', 'w'))\nqfboard.run('run.json')\n") % (
+        json.dumps(overrides), seconds)
+    return subprocess.Popen([sys.executable, "-m", "mpremote", "connect", port, "exec", code], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc, timeout):
+    out, err = proc.communicate(timeout=timeout)
+    for line in out.splitlines():
+        if line.startswith('{"stats"'):
+            return json.loads(line)["stats"], out
+    raise AssertionError("no stats from the board: %s %s" % (out[-800:], err[-800:]))

@@ -1,0 +1,60 @@
+"""Shared machinery of the end-to-end fleet tests: a broker, a live coordinator, ground-truth checks."""
+import os
+import time
+
+from backend.coordinator.coordinator import Coordinator
+from backend.coordinator.protocols import make
+from backend.coordinator.queries import parse_query
+from backend.fleet import write_trace
+from backend.live import LiveCoordinator
+from backend.sim import truth as truth_mod
+from backend.sim.engine import run as sim_run
+
+PERIOD = 2.0            # coordinator adjustment period T (s)
+LATENCY = 0.5           # λ: loopback delay plus clock skew between processes
+
+
+def queries(sources, precision_per_source=4.0):
+    half = sources[: max(1, len(sources) // 2)]
+    return [{"id": "total", "kind": "sum", "sources": list(sources), "precision": precision_per_source * len(sources)},
+            {"id": "mean", "kind": "avg", "sources": half, "precision": precision_per_source}]
+
+
+def coordinator(broker, specs, protocol="deadband", t0=None):
+    t0 = time.time() if t0 is None else t0
+    coord = Coordinator(make(protocol), period=PERIOD, latency=LATENCY, t0=t0)
+    coord.declare_sources([s for q in specs for s in q["sources"]])
+    answers = []
+    live = LiveCoordinator(coord, broker.fleet, broker.host, broker.port, broker.credentials("backend")[1],
+                           queries=specs, answers=answers)
+    return live, answers, t0
+
+
+def violations(rows, answers, specs, end):
+    """Check every answer against the agents' ground truth; returns {query: (violations, degraded_time)}."""
+    ids = sorted({s for _, s, _ in rows})
+    tr = truth_mod.Truth(ids)
+    parsed = [parse_query(q, set(ids)) for q in specs]
+    for q in parsed:
+        tr.add_query(q, rows[0][0] if rows else 0.0)
+    i = 0
+    while i < len(rows):
+        t = rows[i][0]
+        while i < len(rows) and rows[i][0] == t:
+            tr.update(tr.index[rows[i][1]], rows[i][2])
+            i += 1
+        tr.flush(t)
+    out = {}
+    for q in parsed:
+        mine = [(a["time"], a["lo"], a["hi"], a["degraded"]) for a in answers if a["query"] == q.id and a["time"] <= end]
+        v, vt, miss, dt = truth_mod.check(tr.tracks[q.id].timeline, mine, q.precision, end)
+        out[q.id] = (v, dt, len(mine))
+    return out
+
+
+def simulate(rows, specs, folder, t0, end, protocol="deadband"):
+    """Replay the ground truth as a CSV trace workload through the simulator; returns its result."""
+    path = write_trace([r for r in rows if r[0] <= end], os.path.join(folder, "trace.csv"), base=t0)
+    w = {"name": "live-replay", "duration": end - t0, "protocol": protocol, "sources": {"trace": path},
+         "queries": specs, "params": {"period": PERIOD, "shrink": 0.0}, "network": {"latency_tolerance": LATENCY}}
+    return sim_run(w)
