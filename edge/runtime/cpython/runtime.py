@@ -8,6 +8,7 @@ counters as one JSON line.
 """
 import json
 import logging
+import os
 import random
 import signal
 import socket
@@ -32,7 +33,8 @@ class Runtime:
         self.clock = clock
         now = clock()
         names = list(cfg["sources"])
-        boot = cfg["boot"] if cfg["boot"] is not None else int(now) & 0xFFFFFFFF
+        # a random boot id: a restart within the same second must not look like a duplicate birth
+        boot = cfg["boot"] if cfg["boot"] is not None else int.from_bytes(os.urandom(4), "little")
         self.agent = Agent(cfg["device"], names, boot=boot, width=cfg["width"])
         self.prefix = "qf/%s/d/%s/" % (cfg["fleet"], cfg["device"])
         self.truth = open(cfg["ground_truth"], "a", buffering=1) if cfg["ground_truth"] else None
