@@ -154,34 +154,41 @@ def smallest_heap(mpy, lo=24, hi=96, step=2):
         return best
 
 
+def figures(quick=True, arm64=True):
+    """Rows for the bench report: per agent kind µs/sample and memory, then the smallest heap."""
+    n = 20000 if quick else 200000
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        mpy = compile_modules(os.path.join(tmp, "mpy"), [m for m in MODULES if m[0] != "qfboard.py"])
+        for kind, r in per_kind(n, mpy, arm64=arm64).items():
+            if "skipped" in r:
+                rows.append({"agent kind": kind, "samples": n, "filter_us": "-", "agent_us": "-",
+                             "target_filter_us": "-", "memory": "skipped: %s" % r["skipped"]})
+                continue
+            tgt = TARGETS["filter_us"].get(kind)
+            rows.append({"agent kind": kind, "samples": n, "filter_us": round(r["filter_us"], 2),
+                         "agent_us": round(r["agent_us"], 2), "target_filter_us": "≤ %g" % tgt if tgt else "-",
+                         "memory": ", ".join("%s=%s" % kv for kv in sorted(r["mem"].items()))})
+        heap, st = smallest_heap(mpy)
+        rows.append({"agent kind": "micropython smallest heap", "samples": "-", "filter_us": "-", "agent_us": "-",
+                     "target_filter_us": "≤ %d KB" % (TARGETS["heap"] // 1024),
+                     "memory": "failed even at 96 KB" if heap is None else
+                     "%d KB (live heap after collection %d B)" % (heap, st["heap_peak"])})
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m backend.bench_edge", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer samples")
     p.add_argument("--no-arm64", action="store_true", help="skip the QEMU ARM64 interpreter")
     a = p.parse_args(argv)
-    n = 20000 if a.quick else 200000
-    with tempfile.TemporaryDirectory() as tmp:
-        mpy = compile_modules(os.path.join(tmp, "mpy"), [m for m in MODULES if m[0] != "qfboard.py"])
-        kinds = per_kind(n, mpy, arm64=not a.no_arm64)
-        print("Edge cost per sample (%d samples of a random walk, width 4; agent = Agent.handle_sample)" % n)
-        print("| agent kind | filter core µs/sample | agent µs/sample | target (filter) | memory |")
-        print("|---|---:|---:|---:|---|")
-        for kind, r in kinds.items():
-            if "skipped" in r:
-                print("| %s | - | - | - | skipped: %s |" % (kind, r["skipped"]))
-                continue
-            tgt = TARGETS["filter_us"].get(kind)
-            mem = ", ".join("%s=%s" % kv for kv in sorted(r["mem"].items()))
-            print("| %s | %.2f | %.2f | %s | %s |" % (kind, r["filter_us"], r["agent_us"],
-                                                     "≤ %g" % tgt if tgt else "-", mem))
-        heap, st = smallest_heap(mpy)
-        print()
-        if heap is None:
-            print("MicroPython agent scenario failed even at 96 KB heap")
-        else:
-            print("Smallest MicroPython heap running the agent scenario (.mpy, unix port, 64-bit): %d KB "
-                  "(target ≤ %d KB); live heap after collection %d B, of which loaded agent code %d B"
-                  % (heap, TARGETS["heap"] // 1024, st["heap_peak"], kinds["micropython"]["mem"]["heap_agent_code"]))
+    rows = figures(quick=a.quick, arm64=not a.no_arm64)
+    print("Edge cost per sample (random walk, width 4; agent = Agent.handle_sample; 64-bit unix port)")
+    keys = list(rows[0])
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for r in rows:
+        print("| " + " | ".join(str(r[k]) for k in keys) + " |")
     return 0
 
 
