@@ -7,6 +7,16 @@ App. B for the burden targets T_j, ranks sources by deviation D_i = max(B_i − 
 (ties broken by a seeded RNG) and greedily gives each the largest growth ΔW_i = min_j slack_j/|K_ij|
 its constraints allow. Growth is a widening ``coord.assign_width`` (no ack, one downlink message).
 
+Two opt-in estimator/step-size refinements; the defaults ``smoothing=0, cap=None`` are the paper exactly.
+``smoothing`` = α replaces the per-period count N_i by its exponentially weighted average
+N̄_i ← α·N̄_i + (1−α)·N_i over past periods (B_i = C_i·N̄_i/(T·W_i)); at low report rates N_i is 0 or 1
+and the raw score is mostly noise, while N̄_i averages ≈ 1/(1−α) periods. ``cap`` = g bounds one
+object's growth in one period to g·W_i, so the greedy hands the freed slack to several overburdened
+objects instead of all of it to the top one (a sawtooth of widths costs more, the cost being ∝ 1/W²).
+With α = 0.98 (≈ 50 periods) and g = 0.2 (four times the equilibrium regrowth S/(1−S) at S = 0.05)
+uplink reports drop on low-rate random walks, but growth then goes to several objects per period, so
+downlink width messages rise (≈ 10× on the many-object multi-query workload): not the default.
+
 Constraints (``Rows``): a weighted AVG query gives Σ_i |K_ij|·W_i ≤ δ_j·|S_j|, a SUM query
 Σ_i |K_ij|·W_i ≤ δ_j, and a MIN/MAX query one single-object row W_i ≤ δ_j per object (App. A);
 COUNT is exact (plain count needs no bounds; count-in-range gets membership constraints).
@@ -121,8 +131,15 @@ class Adaptive(Protocol):
     name = "adaptive"
     shrinks = True
 
-    def __init__(self, cost=1.0, seed=0, immediate=True, rate=None, eps=1e-8):
+    def __init__(self, cost=1.0, seed=0, immediate=True, rate=None, eps=1e-8, smoothing=0.0, cap=None):
         self.cost = _per_key(cost, "cost")
+        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
+            raise ValueError("smoothing must be in [0, 1), got %r" % (smoothing,))
+        self.smoothing = float(smoothing)   # α of the report-count average; 0: per-period count (paper)
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
+            raise ValueError("cap must be a number > 0 or null, got %r" % (cap,))
+        self.cap = cap                      # largest growth per period as a fraction of W; None: paper
+        self.count = {}                     # key -> smoothed reports per period N̄_i
         self.rng = random.Random(seed)
         if not isinstance(immediate, bool):
             raise ValueError("immediate must be true or false, got %r" % (immediate,))
@@ -230,13 +247,16 @@ class Adaptive(Protocol):
         if not widths:
             return
         burden = {}
+        a = self.smoothing
         for key in rows.of:
             s = src.get(key)
-            if s is None or not s.reports:
+            n = s.reports if s is not None else 0
+            n = self.count[key] = a * self.count.get(key, n) + (1 - a) * n
+            if not n:
                 burden[key] = 0.0
                 continue
             floor = 1e-6 * rows.uniform(key) or 1.0
-            burden[key] = self.cost(key) * s.reports / (T * max(widths[key], floor))
+            burden[key] = self.cost(key) * n / (T * max(widths[key], floor))
         targets = burden_targets(rows, burden, self.targets, self.eps)
         self.targets = targets
         self.stats["solves"] += 1
@@ -256,6 +276,8 @@ class Adaptive(Protocol):
             if not s.reports and all(len(rows.coef[j]) == 1 for j, _ in of):
                 continue    # single-object rows only: regrow lazily, when the narrower bound cost a report
             dw = min(slack[j] / k for j, k in of) * (1 - _MARGIN)
+            if self.cap is not None:
+                dw = min(dw, self.cap * max(s.filt.width, 1e-6 * rows.uniform(key)))
             if dw <= _MARGIN * max(rows.budget[j] for j, _ in of):
                 continue
             for j, k in of:

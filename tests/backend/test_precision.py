@@ -120,6 +120,83 @@ def test_adaptive_beats_uniform_on_overlapping_queries():
     assert total(ada) < total(uni)
 
 
+def _single_avg_spec(params):
+    return {"seed": 3, "duration": 1500, "protocol": "adaptive", "params": dict(params, period=10.0, shrink=0.05),
+            "sources": {"generator": "random_walk", "count": 8, "step": [0.1, 2.0], "start": [0.0, 100.0]},
+            "queries": [{"id": "q", "kind": "avg", "sources": "all", "precision": 6.0}]}
+
+
+def _trace_periods(spec):
+    """Run ``spec``; per adjustment period: (report counts, widths in use, smoothed counts, widths grown)."""
+    sim = engine.Simulation(spec)
+    log = []
+    orig = sim.protocol.period
+
+    def period(coord, t):
+        p = sim.protocol
+        n = {k: s.reports for k, s in coord.cache.sources.items()}
+        before = {k: s.filt.width for k, s in coord.cache.sources.items()}
+        used = {k: p._width(s) for k, s in coord.cache.sources.items()}
+        orig(coord, t)
+        grown = [k for k, s in coord.cache.sources.items() if s.filt.width > before[k]]
+        log.append((n, used, dict(p.count), grown))
+    sim.protocol.period = period
+    return sim.run(), log
+
+
+def test_paper_setting_uses_per_period_counts_and_gives_all_slack_to_one_object():
+    # smoothing=0, cap=None is §3.2 as published: B_i = C·N_i/(T·W_i) from this period's count alone,
+    # and on a single AVG row the top-deviation object takes the whole slack: one growth per period.
+    res, log = _trace_periods(_single_avg_spec({}))      # the defaults are the paper's setting
+    assert res["violations"] == 0
+    assert all(c == n for n, _, c, _ in log)
+    assert max(len(g) for *_, g in log) == 1 and sum(len(g) for *_, g in log) > 0.9 * len(log)
+
+
+def test_smoothed_count_matches_the_exponentially_weighted_window():
+    # Oracle: N̄_t = α^t·N_0 + Σ_{k=1..t} (1−α)·α^(t−k)·N_k written out over the whole window of periods.
+    a = 0.9
+    res, log = _trace_periods(_single_avg_spec({"smoothing": a, "cap": 0.2}))
+    assert res["violations"] == 0
+    counts = [n for n, *_ in log]
+    for t in (0, 1, 5, len(log) // 2, len(log) - 1):
+        for key in counts[0]:
+            want = a ** t * counts[0][key] + sum((1 - a) * a ** (t - k) * counts[k][key] for k in range(1, t + 1))
+            assert log[t][2][key] == pytest.approx(want, rel=1e-9, abs=1e-12)
+    # capped growth: no object grows by more than cap·W in a period, so the slack is spread over several
+    assert max(len(g) for *_, g in log) > 1
+
+
+def test_capped_growth_never_exceeds_the_cap():
+    sim = engine.Simulation(_single_avg_spec({"smoothing": 0.98, "cap": 0.1}))
+    steps = []
+    orig, grow = sim.coord.assign_width, sim.protocol.period
+
+    def spy(key, w):
+        steps.append(w / sim.coord.cache.sources[key].filt.width)
+        return orig(key, w)
+
+    def period(coord, t):
+        coord.assign_width = spy
+        grow(coord, t)
+        coord.assign_width = orig
+    sim.protocol.period = period
+    assert sim.run()["violations"] == 0
+    assert steps and max(steps) <= 1.1 + 1e-9
+
+
+def test_smoothed_setting_sends_fewer_reports_than_the_paper_on_a_low_rate_random_walk():
+    # At low report rates (N_i mostly 0 or 1) the smoothed, capped setting sends fewer reports (uplink).
+    spec = {"seed": 1, "duration": 4000, "warmup": 1000,
+            "sources": {"generator": "random_walk", "count": 10, "step": [0.1, 2.0], "start": [0.0, 100.0],
+                        "steps": "normal"},
+            "queries": [{"id": "q", "kind": "avg", "sources": "all", "precision": 10.0}]}
+    paper = engine.run(dict(spec, protocol="adaptive", params={"smoothing": 0, "cap": None}))
+    smooth = engine.run(dict(spec, protocol="adaptive", params={"smoothing": 0.98, "cap": 0.2}))
+    assert paper["violations"] == smooth["violations"] == 0
+    assert smooth["messages"]["up"] < 0.95 * paper["messages"]["up"]
+
+
 def _events_workload(seed, protocol, delay, jitter, **kw):
     w = random_workload(seed, protocol, delay=delay, jitter=jitter, **kw)
     r = random.Random(seed)
@@ -244,7 +321,8 @@ def test_width_messages_carry_the_adjustment_period():
 
 @pytest.mark.parametrize("bad,msg", [
     ({"cost": -1}, "cost"), ({"immediate": "yes"}, "immediate"), ({"rate": {"s0": "x"}}, "rate"),
-    ({"eps": 2}, "eps"),
+    ({"eps": 2}, "eps"), ({"smoothing": 1.0}, "smoothing"), ({"smoothing": "x"}, "smoothing"),
+    ({"cap": 0}, "cap"), ({"cap": True}, "cap"),
 ])
 def test_bad_adaptive_params_are_explained(bad, msg):
     with pytest.raises(ValueError, match=msg):
@@ -269,7 +347,7 @@ def test_experiment_smoke(tmp_path):
     from backend.experiments import olston
     assert olston.main(str(tmp_path), smoke=True) == 0
     md = (tmp_path / "olston.md").read_text()
-    assert "adaptive/uniform" in md and "optimal static" in md
+    assert "adaptive (paper)/uniform" in md and "adaptive (smoothed)/uniform" in md and "optimal static" in md
     assert (tmp_path / "olston.csv").exists() and (tmp_path / "fig8_multiquery.png").exists()
     import csv
     rows = list(csv.DictReader(open(tmp_path / "olston.csv")))
