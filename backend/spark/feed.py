@@ -7,6 +7,7 @@ same records give the same calls, answers and downlink sequence numbers however 
 micro-batches and however often a batch is replayed after a crash. Idle time arrives as the
 bridge's tick records. Query specs (retained, from the ``spec`` topics) are JSON; an empty payload
 removes the query; a spec naming sources that have not been born yet waits until they are.
+Without an explicit ``t0`` the adjustment ticks start at the first record's arrival (whole seconds).
 """
 import json
 import math
@@ -17,11 +18,12 @@ from backend.coordinator.queries import QueryError
 
 
 class Feed:
-    def __init__(self, protocol="deadband", period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, **params):
+    def __init__(self, protocol="deadband", period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=None, **params):
         proto = make(protocol, **params)
         self.protocol = protocol
         self.coord = Coordinator(proto, period=period, shrink=shrink if proto.shrinks else 0.0,
-                                 latency=latency, beat=beat, t0=t0)
+                                 latency=latency, beat=beat, t0=t0 or 0.0)
+        self.t0 = t0
         self.now = -math.inf
         self.pending = {}        # query id -> spec waiting for its sources
         self.records = 0
@@ -31,6 +33,8 @@ class Feed:
         """Apply one spool record; return the coordinator's actions plus
         ``("error", query, message)`` for a refused spec and ``("retract", query)`` for a removal."""
         self.records += 1
+        if self.t0 is None:
+            self.t0 = self.coord.t0 = float(math.floor(arrival))
         if arrival > self.now:
             self.now = arrival
         now = self.now

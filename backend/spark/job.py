@@ -133,6 +133,7 @@ def session(master="local[*]", app="quietfleet-backend", partitions=1):
     spark = (SparkSession.builder.master(master).appName(app)
              .config("spark.sql.shuffle.partitions", str(partitions))
              .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.streaming.stateStore.providerClass",
                      "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
              .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
