@@ -307,11 +307,13 @@ class Sink:
         os.replace(path + ".tmp", path)
 
 
-def read_answers(out_dir):
-    """The answer table in (batch, seq) order as a list of answer dicts."""
+def read_answers(out_dir, upto=None):
+    """The answer table in (batch, seq) order as a list of answer dicts (batches <= ``upto``)."""
     import pyarrow.parquet as pq
     d = os.path.join(out_dir, "answers")
     parts = sorted(f for f in os.listdir(d) if f.endswith(".parquet")) if os.path.isdir(d) else []
+    if upto is not None:
+        parts = [f for f in parts if int(f[5:-8]) <= upto]
     out = []
     for f in parts:
         out += [json.loads(x) for x in pq.read_table(os.path.join(d, f), columns=["fields"]).column("fields").to_pylist()]
