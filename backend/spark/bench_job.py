@@ -60,7 +60,7 @@ def main(argv=None):
         g = status.get("bench", {})
         batches.append((published_at, g.get("records", 0), g.get("batch_records", 0)))
         if state["measure_from"] is not None:
-            lat.extend(published_at - a["time"] for a in answers if a["time"] >= state["measure_from"])
+            lat.extend(published_at - t for t in answers.column("time").to_pylist() if t >= state["measure_from"])
 
     pub = job.Publisher(broker.host, broker.port, "backend", broker.credentials("backend")[1], "qf-bench-job")
     spool = Spool(os.path.join(root, "spool"), fsync="never")

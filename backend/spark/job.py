@@ -32,9 +32,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OUTPUT_SCHEMA = "grp string, seq int, kind string, target string, payload binary, body string"
+OUTPUT_SCHEMA = ("grp string, seq int, kind string, target string, payload binary, body string, "
+                 "time double, lo double, hi double, degraded boolean, guarantee string")
 STATE_SCHEMA = "feed binary"
-ANSWER_COLUMNS = ("batch", "seq", "time", "query", "lo", "hi", "degraded", "guarantee", "fields")
 SETTING_KEYS = ("protocol", "period", "shrink", "latency", "beat", "t0", "params")
 
 
@@ -58,7 +58,7 @@ def _processor_class():
     import pandas as pd
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    from backend.spark.feed import summary
+    from backend.spark.feed import guarantee, summary
 
     class CoordinatorProcessor(StatefulProcessor):
         """One ``Feed`` per query group, pickled into the ValueState ``feed``."""
@@ -80,35 +80,36 @@ def _processor_class():
                     pdf["payload"].tolist(), pdf["retained"].tolist()):
                 out += feed.record(arrival, device, channel, payload, retained)
             self.state.update((pickle.dumps(feed, protocol=pickle.HIGHEST_PROTOCOL),))
-            kinds, targets, payloads, bodies = [], [], [], []
+            cols = {c: [] for c in ("kind", "target", "payload", "body", "time", "lo", "hi", "degraded", "guarantee")}
+
+            def row(kind, target=None, payload=None, body=None, a=None):
+                cols["kind"].append(kind)
+                cols["target"].append(target)
+                cols["payload"].append(payload)
+                cols["body"].append(body)
+                cols["time"].append(a["time"] if a else None)
+                cols["lo"].append(float(a["lo"]) if a and "lo" in a else None)
+                cols["hi"].append(float(a["hi"]) if a and "hi" in a else None)
+                cols["degraded"].append(bool(a["degraded"]) if a else None)
+                cols["guarantee"].append(guarantee(a) if a else None)
+
             for a in out:
-                kinds.append(a[0])
                 if a[0] == "down":
-                    targets.append(a[1])
-                    payloads.append(a[2])
-                    bodies.append(None)
+                    row("down", a[1], payload=a[2])
                 elif a[0] == "answer":
-                    targets.append(a[1]["query"])
-                    payloads.append(None)
-                    bodies.append(json.dumps(a[1]))
+                    row("answer", a[1]["query"], body=json.dumps(a[1]), a=a[1])
                 elif a[0] == "error":
-                    targets.append(a[1])
-                    payloads.append(None)
-                    bodies.append(json.dumps({"query": a[1], "error": a[2], "time": feed.now}))
+                    row("error", a[1], body=json.dumps({"query": a[1], "error": a[2], "time": feed.now}))
                 else:   # retract
-                    targets.append(a[1])
-                    payloads.append(None)
-                    bodies.append(None)
+                    row("retract", a[1])
             status = summary(feed.coord, self.status_sources)
             status.update(records=feed.records, pending=sorted(feed.pending), feed_stats=feed.stats,
                           protocol=feed.protocol, now=feed.now, batch_records=len(pdf),
                           last_arrival=float(pdf["arrival"].max()))
-            kinds.append("status")
-            targets.append(None)
-            payloads.append(None)
-            bodies.append(json.dumps(status))
-            yield pd.DataFrame({"grp": grp, "seq": range(len(kinds)), "kind": kinds, "target": targets,
-                                "payload": payloads, "body": bodies})
+            row("status", body=json.dumps(status))
+            cols["grp"] = grp
+            cols["seq"] = range(len(cols["kind"]))
+            yield pd.DataFrame(cols)
 
         def close(self):
             pass
@@ -227,7 +228,7 @@ class Sink:
         self.out_dir = out_dir
         self.fleet = fleet
         self.publisher = publisher
-        self.on_batch = on_batch          # callback(batch_id, status, answers, published_at)
+        self.on_batch = on_batch          # callback(batch_id, status, answers (Arrow table), published_at)
         self.answers_dir = os.path.join(out_dir, "answers")
         os.makedirs(self.answers_dir, exist_ok=True)
         self.marker = os.path.join(out_dir, "sink.committed")
@@ -240,32 +241,33 @@ class Sink:
             return -1
 
     def __call__(self, df, batch_id):
+        import pyarrow.compute as pc
         table = df.toArrow()
-        rows = sorted(zip(*(table.column(c).to_pylist() for c in ("grp", "seq", "kind", "target", "payload", "body"))),
-                      key=lambda r: (r[0], r[1]))
+        table = table.sort_by([("grp", "ascending"), ("seq", "ascending")])
         if batch_id <= self.committed():
             return                        # delivered in full before a restart
-        answers, latest, status = [], {}, {}
-        for grp, seq, kind, target, payload, body in rows:
-            if kind == "answer":
-                a = json.loads(body)
-                answers.append(a)
-                latest[target] = a
-            elif kind == "error":
-                latest[target] = json.loads(body)
+        kinds = table.column("kind").to_pylist()
+        targets = table.column("target").to_pylist()
+        bodies = table.column("body")
+        latest, status = {}, {}
+        for i, (kind, target) in enumerate(zip(kinds, targets)):
+            if kind == "answer" or kind == "error":
+                latest[target] = i
             elif kind == "retract":
                 latest[target] = None
             elif kind == "status":
-                status[grp] = json.loads(body)
+                status[table.column("grp")[i].as_py()] = json.loads(bodies[i].as_py())
+        answers = table.filter(pc.equal(table.column("kind"), "answer"))
         self.write_answers(batch_id, answers)
         if self.publisher is not None:
             prefix = "qf/%s/" % self.fleet
-            for grp, seq, kind, target, payload, body in rows:
+            payloads = table.column("payload")
+            for i, kind in enumerate(kinds):
                 if kind == "down":
-                    self.publisher.publish(prefix + "d/%s/ctl" % target, payload, qos=1)
-            for qid, a in sorted(latest.items()):
-                self.publisher.publish(prefix + "q/%s/answer" % qid, b"" if a is None else self.answer_json(a),
-                                       qos=0, retain=True)
+                    self.publisher.publish(prefix + "d/%s/ctl" % targets[i], payloads[i].as_py(), qos=1)
+            for qid, i in sorted(latest.items()):
+                body = b"" if i is None else self.answer_json(json.loads(bodies[i].as_py()))
+                self.publisher.publish(prefix + "q/%s/answer" % qid, body, qos=0, retain=True)
             self.publisher.flush()
         published_at = time.time()
         self._replace(os.path.join(self.out_dir, "status.json"),
@@ -284,20 +286,18 @@ class Sink:
 
     def write_answers(self, batch_id, answers):
         """Every answer change of the batch as ``answers/part-<batch>.parquet`` (atomic, replay-safe)."""
-        if not answers:
+        if answers.num_rows == 0:
             return
         import pyarrow as pa
         import pyarrow.parquet as pq
-        from backend.spark.feed import guarantee
-        cols = {"batch": [batch_id] * len(answers), "seq": list(range(len(answers))),
-                "time": [a["time"] for a in answers], "query": [a["query"] for a in answers],
-                "lo": [float(a["lo"]) if "lo" in a else None for a in answers],
-                "hi": [float(a["hi"]) if "hi" in a else None for a in answers],
-                "degraded": [bool(a["degraded"]) for a in answers],
-                "guarantee": [guarantee(a) for a in answers],
-                "fields": [json.dumps(a, sort_keys=True) for a in answers]}
+        n = answers.num_rows
+        out = pa.table({"batch": pa.array([batch_id] * n, pa.int64()), "seq": pa.array(range(n), pa.int32()),
+                        "time": answers.column("time"), "query": answers.column("target"),
+                        "lo": answers.column("lo"), "hi": answers.column("hi"),
+                        "degraded": answers.column("degraded"), "guarantee": answers.column("guarantee"),
+                        "fields": answers.column("body")})
         path = os.path.join(self.answers_dir, "part-%012d.parquet" % batch_id)
-        pq.write_table(pa.table(cols), path + ".tmp")
+        pq.write_table(out, path + ".tmp")
         os.replace(path + ".tmp", path)
 
     @staticmethod
