@@ -97,11 +97,8 @@ def main(argv=None):
                 nxt += step
                 time.sleep(max(0.0, nxt - time.time()))
 
-        feed(time.time() + 5.0)                              # warm-up, not measured
-        state["measure_from"] = time.time()
-        base_records = batches[-1][1]
-        base_fed = fed[0]
-        t0 = time.time()
+        state["measure_from"] = t0 = time.time()
+        base_records, base_fed = batches[-1][1], fed[0]
         feed(t0 + args.seconds)
         t1 = time.time()
         offered = fed[0] - base_fed
