@@ -61,6 +61,9 @@ def _abs_trace(w):
 
 
 def cmd_demo(args):
+    if not args.sim:
+        from backend.demo import main as live_demo
+        return live_demo(args)
     from backend.coordinator.protocols import PROTOCOLS
     from backend.sim.engine import run
     rows = []
@@ -105,6 +108,24 @@ def cmd_broker(args):
         devices = [d for d in devices.split(",") if d]
     args.devices = devices
     return broker_main(args)
+
+
+def cmd_backend(args):
+    from backend.spark.service import backend_main
+    return backend_main(args)
+
+
+def cmd_query(args):
+    from backend.queryctl import query_main
+    return query_main(args)
+
+
+def _broker_options(p):
+    p.add_argument("--broker-dir", help="the broker's folder (credentials.json from `quietfleet broker`)")
+    p.add_argument("--fleet", help="fleet name (default: the broker's)")
+    p.add_argument("--host", help="broker host")
+    p.add_argument("--port", type=int, help="broker port")
+    p.add_argument("--password", help="the backend user's password")
 
 
 def cmd_experiment(args):
@@ -178,8 +199,32 @@ def main(argv=None):
     s.add_argument("--seed", type=int, help="override the workload's seed")
     s.add_argument("--quiet", action="store_true", help="no progress output")
     s.set_defaults(fn=cmd_sim)
-    d = sub.add_parser("demo", help="run the demo and print messages saved and guarantees held")
+    d = sub.add_parser("demo", help="live demo: broker, Spark job and an emulated fleet; messages saved, guarantees held")
+    d.add_argument("--sim", action="store_true", help="the simulator-only demo instead (every protocol, no Spark)")
+    d.add_argument("--duration", type=float, default=75.0, help="seconds of live queries (default 75)")
+    d.add_argument("--cpython", type=int, default=6, help="CPython agents (default 6)")
+    d.add_argument("--micropython", type=int, default=3, help="MicroPython agents (default 3)")
+    d.add_argument("--protocol", help="coordinator protocol (default: adaptive when available, else deadband)")
+    d.add_argument("--latency", type=float, default=0.5, help="latency tolerance λ in seconds (default 0.5)")
+    d.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     d.set_defaults(fn=cmd_demo)
+    k = sub.add_parser("backend", help="run the Spark Structured Streaming backend (bridge + job) for a fleet")
+    _broker_options(k)
+    k.add_argument("--dir", default="backend-state", help="spool, checkpoint, answer table (Parquet), status.json")
+    k.add_argument("--protocol", default="deadband", help="coordinator protocol (see backend/coordinator/protocols.py)")
+    k.add_argument("--param", action="append", help="protocol parameter KEY=VALUE (repeatable)")
+    k.add_argument("--period", type=float, default=10.0, help="adjustment period T in seconds")
+    k.add_argument("--shrink", type=float, default=0.0, help="shrink fraction S per period (shrinking protocols)")
+    k.add_argument("--latency", type=float, default=0.5, help="latency tolerance λ in seconds")
+    k.add_argument("--trigger", type=float, default=0.25, help="micro-batch trigger interval in seconds")
+    k.add_argument("--master", default="local[*]", help="Spark master URL, e.g. spark://host:7077")
+    k.set_defaults(fn=cmd_backend)
+    qy = sub.add_parser("query", help="add, list or remove continuous queries (retained specs)")
+    qy.add_argument("action", choices=["add", "list", "remove"])
+    qy.add_argument("id", nargs="?", help="query id")
+    qy.add_argument("spec", nargs="?", help="JSON spec for add (default: read stdin)")
+    _broker_options(qy)
+    qy.set_defaults(fn=cmd_query)
     a = sub.add_parser("agent", help="run a CPython device agent (Raspberry Pi class) from device.toml")
     a.add_argument("--config", required=True, help="device.toml")
     a.set_defaults(fn=cmd_agent)

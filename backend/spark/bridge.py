@@ -9,6 +9,12 @@ removes such duplicates by (device, sequence number). Acks carry the connection 
 were received on and are not sent on a later connection, where the packet id may have been
 reused. Payloads are spooled undecoded (malformed ones too: the job counts them); a message too
 large for a spool record is acknowledged and counted as dropped.
+
+Two records carry more than the MQTT message: a message the broker delivered as retained (a stale
+birth or Last Will, or a query spec) is spooled under its topic plus ``RETAINED`` (``#`` cannot occur
+in a published topic), and while subscribed and idle for ``tick_seconds`` the bridge appends a
+``qf/<fleet>/tick`` record, so the passing of time is part of the spool and the job replays it
+identically after a restart.
 """
 import logging
 import threading
@@ -17,6 +23,7 @@ import time
 import paho.mqtt.client as mqtt
 
 from backend.spark.spool import MAX_RECORD
+from backend.spark.source import RETAINED
 
 log = logging.getLogger("quietfleet.bridge")
 
@@ -38,15 +45,17 @@ class Bridge:
     """
 
     def __init__(self, spool, fleet, host="127.0.0.1", port=1883, username="backend", password=None,
-                 client_id=None, batch_messages=1000, batch_seconds=0.005, keepalive=30):
+                 client_id=None, batch_messages=1000, batch_seconds=0.005, keepalive=30, tick_seconds=None):
         self.spool = spool
         self.fleet = fleet
         self.host, self.port, self.keepalive = host, port, keepalive
         self.batch_messages = batch_messages
         self.batch_seconds = batch_seconds
+        self.tick_seconds = tick_seconds
+        self.tick_topic = "qf/%s/tick" % fleet
         self.subscribed = threading.Event()
         self.stats = {"received": 0, "spooled": 0, "acked": 0, "oversized": 0, "batches": 0,
-                      "spool_errors": 0, "connects": 0, "resumed_sessions": 0}
+                      "spool_errors": 0, "connects": 0, "resumed_sessions": 0, "ticks": 0}
         self._cv = threading.Condition()
         self._pending = []       # (arrival, topic, payload or None if dropped, mid, qos, generation)
         self._since = 0.0        # monotonic time the first pending message arrived
@@ -117,6 +126,8 @@ class Bridge:
             topic = msg.topic
         except UnicodeDecodeError:
             topic = msg._topic.decode("utf-8", "replace")
+        if msg.retain:
+            topic += RETAINED
         payload = msg.payload
         if len(payload) + len(topic.encode()) + _OVERHEAD > MAX_RECORD:
             payload = None
@@ -132,7 +143,10 @@ class Bridge:
     def _flush_loop(self):
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._pending or self._stopping)
+                if not self._cv.wait_for(lambda: self._pending or self._stopping, timeout=self.tick_seconds):
+                    if self.subscribed.is_set():
+                        self._tick()
+                    continue
                 if not self._stopping:
                     left = self._since + self.batch_seconds - time.monotonic()
                     self._cv.wait_for(lambda: len(self._pending) >= self.batch_messages or self._stopping,
@@ -142,6 +156,16 @@ class Bridge:
                 return
             if self._stopping and not batch:
                 return
+
+    def _tick(self):
+        """Append a tick record (with ``_cv`` held, so it is ordered after every message before it).
+        A tick that cannot be written is skipped: the next record carries the time forward."""
+        try:
+            self.spool.append([(time.time(), self.tick_topic, b"")])
+            self.stats["ticks"] += 1
+        except OSError as e:
+            self.stats["spool_errors"] += 1
+            log.error("bridge: spool append of a tick failed (%s)", e)
 
     def _append(self, batch):
         """Append ``batch`` (retrying on I/O errors), then acknowledge it; False if stopped first."""

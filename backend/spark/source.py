@@ -18,22 +18,30 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 
 from backend.spark.spool import Spool, SpoolError
 
-SCHEMA = "offset long, arrival double, topic string, device string, channel string, payload binary"
+SCHEMA = ("offset long, arrival double, topic string, device string, channel string, payload binary, "
+          "retained boolean")
 ARROW_SCHEMA = pa.schema([("offset", pa.int64()), ("arrival", pa.float64()), ("topic", pa.string()),
-                          ("device", pa.string()), ("channel", pa.string()), ("payload", pa.binary())])
+                          ("device", pa.string()), ("channel", pa.string()), ("payload", pa.binary()),
+                          ("retained", pa.bool_())])
 BATCH_ROWS = 8192
 _CHANNELS = {("d", "up"), ("d", "state"), ("q", "spec")}
+RETAINED = "#retained"   # suffix the bridge gives the topic of a message delivered as retained
 
 
 def parse_topic(topic):
     """``qf/<fleet>/d/<device>/up|state`` or ``qf/<fleet>/q/<query>/spec`` -> ``(id, channel)``.
 
-    The id is the device for ``up``/``state`` and the query for ``spec``; anything else gives
-    ``(None, None)``.
+    The id is the device for ``up``/``state`` and the query for ``spec``; the bridge's clock record
+    ``qf/<fleet>/tick`` gives ``(None, "tick")``; anything else gives ``(None, None)``. A
+    ``RETAINED`` suffix is ignored here (see ``retained``).
     """
+    if topic.endswith(RETAINED):
+        topic = topic[:-len(RETAINED)]
     parts = topic.split("/")
     if len(parts) == 5 and parts[0] == "qf" and parts[3] and (parts[2], parts[4]) in _CHANNELS:
         return parts[3], parts[4]
+    if len(parts) == 3 and parts[0] == "qf" and parts[1] and parts[2] == "tick":
+        return None, "tick"
     return None, None
 
 
@@ -88,15 +96,16 @@ class SpoolStreamReader(DataSourceStreamReader):
         return [SpoolRange(a, b) for a, b in zip(cuts, cuts[1:])]
 
     def read(self, partition):
-        cols, count = ([], [], [], [], [], []), 0
+        cols, count = ([], [], [], [], [], [], []), 0
         for rec in Spool(self.path, readonly=True).scan(partition.start, partition.end):
             device, channel = parse_topic(rec.topic)
-            for col, value in zip(cols, (rec.offset, rec.arrival, rec.topic, device, channel, rec.payload)):
+            row = (rec.offset, rec.arrival, rec.topic, device, channel, rec.payload, rec.topic.endswith(RETAINED))
+            for col, value in zip(cols, row):
                 col.append(value)
             if len(cols[0]) == BATCH_ROWS:
                 count += BATCH_ROWS
                 yield _batch(cols)
-                cols = ([], [], [], [], [], [])
+                cols = ([], [], [], [], [], [], [])
         count += len(cols[0])
         if cols[0]:
             yield _batch(cols)

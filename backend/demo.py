@@ -1,0 +1,308 @@
+"""``quietfleet demo``: the live main job (DESIGN.md §1): broker, bridge, Spark job and an emulated fleet.
+
+Starts Mosquitto with per-device credentials, the backend (bridge + Spark Structured Streaming job,
+``local[*]``), CPython and MicroPython agents on random-walk temperature and humidity signals,
+registers example queries on their retained ``spec`` topics, shows the answers as they are
+published with their guarantees, and ends with the messages sent against send-everything and plain
+deadband (replayed offline over the very same readings) and the violations against the agents'
+ground-truth logs. Everything it starts is stopped and its temporary folder removed.
+"""
+import json
+import math
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import time
+
+from backend.broker import Broker, BrokerError, find_mosquitto
+from backend.coordinator import aggregate
+from backend.coordinator.protocols import PROTOCOLS
+from backend.coordinator.queries import parse_query
+from backend.emulated import Device, micropython_available, precompile
+from backend.sim import truth as truth_mod
+from edge.core.interval import IntervalFilter
+
+FLEET = "demo"
+
+
+def fleet_plan(cpython, micropython, seed=11):
+    """[(kind, device, sources)]: each device carries a temperature and a humidity source."""
+    plan = []
+    for i in range(cpython + micropython):
+        kind = "cpython" if i < cpython else "micropython"
+        name = "%s%d" % ("pi" if kind == "cpython" else "mcu", i)
+        plan.append((kind, name, [
+            ("t%d" % i, {"kind": "walk", "start": 19.0 + (i * 7 % 6), "step": 0.08, "seed": seed + 2 * i}),
+            ("h%d" % i, {"kind": "walk", "start": 45.0 + (i * 5 % 11), "step": 0.3, "seed": seed + 2 * i + 1})]))
+    return plan
+
+
+def example_queries(n):
+    temps, hums = ["t%d" % i for i in range(n)], ["h%d" % i for i in range(n)]
+    return [
+        {"id": "mean_temp", "kind": "avg", "sources": temps, "precision": 0.4},
+        {"id": "hottest", "kind": "max", "sources": temps, "precision": 0.8},
+        {"id": "total_humidity", "kind": "sum", "sources": hums, "precision": 4.0 * n ** 0.5},
+        {"id": "gradient", "kind": "sum", "sources": temps[:2], "weights": [1, -1], "precision": 0.4},
+        {"id": "comfortable", "kind": "count", "sources": hums, "range": [40, 60], "precision": 0},
+    ]
+
+
+def default_protocol():
+    return "adaptive" if "adaptive" in PROTOCOLS else "deadband"
+
+
+class Observer:
+    """A backend-side MQTT client that counts uplink/ctl messages and keeps the latest answers."""
+
+    def __init__(self, broker):
+        import paho.mqtt.client as mqtt
+        self.counts = {"up": 0, "ctl": 0, "state": 0, "answer": 0}
+        self.answers = {}
+        self.inbox = queue.Queue()
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="qf-demo-observer", protocol=mqtt.MQTTv311)
+        c.username_pw_set(*broker.credentials("backend"))
+        c.on_connect = lambda cl, u, f, rc, p: cl.subscribe("qf/%s/#" % broker.fleet, qos=1)
+        c.on_message = lambda cl, u, m: self.inbox.put((m.topic, m.payload))
+        c.connect(broker.host, broker.port, keepalive=30)
+        c.loop_start()
+        self.client = c
+
+    def pump(self):
+        while True:
+            try:
+                topic, payload = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            kind = topic.rsplit("/", 1)[-1]
+            if kind in self.counts:
+                self.counts[kind] += 1
+            if kind == "answer" and payload:
+                self.answers[topic.split("/")[3]] = json.loads(payload)
+
+    def publish_spec(self, spec):
+        body = {k: v for k, v in spec.items() if k != "id"}
+        return self.client.publish("qf/%s/q/%s/spec" % (FLEET, spec["id"]), json.dumps(body), qos=1, retain=True)
+
+    def close(self):
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def _fmt(a):
+    if a is None:
+        return "-"
+    if "error" in a:
+        return "(%s)" % a["error"]
+    lo, hi = a.get("lo"), a.get("hi")
+    g = a.get("guarantee", "")
+    if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+        return "[%.2f, %.2f] %s" % (lo, hi, g)
+    return "%s %s" % ({k: v for k, v in a.items() if k not in ("query", "time", "guarantee")}, g)
+
+
+def violations(queries, readings, answers, end):
+    """Check every answer change against the agents' ground truth; returns {query: (violations,
+    violation seconds, degraded seconds)}. ``readings``: [(t, source, value)] of every agent."""
+    sources = sorted({s for _, s, _ in readings})
+    truth = truth_mod.Truth(sources)
+    qs = [parse_query(q, set(sources)) for q in queries]
+    for q in qs:
+        truth.add_query(q, -math.inf)
+    index = truth.index
+    readings = sorted(readings)
+    i = 0
+    while i < len(readings):
+        t = readings[i][0]
+        while i < len(readings) and readings[i][0] == t:
+            truth.update(index[readings[i][1]], readings[i][2])
+            i += 1
+        truth.flush(t)
+    out = {}
+    for q in qs:
+        mine = [(a["time"], a["lo"], a["hi"], a["degraded"]) for a in answers if a["query"] == q.id and a["time"] <= end]
+        v, vt, _, dt = truth_mod.check(truth.tracks[q.id].timeline, mine, q.precision, end)
+        out[q.id] = (v, vt, dt)
+    return out
+
+
+def deadband_reports(queries, readings):
+    """Uplink reports plain deadband would send for the same readings: each source keeps the
+    narrowest uniform share of its queries (and their count ranges), replayed through the edge filter."""
+    sources = sorted({s for _, s, _ in readings})
+    qs = [parse_query(q, set(sources)) for q in queries]
+    width, cons = {s: math.inf for s in sources}, {s: [] for s in sources}
+    for q in qs:
+        for s in q.sources:
+            width[s] = min(width[s], aggregate.uniform_width(q))
+            if q.kind == "count" and q.range is not None and q.range not in cons[s]:
+                cons[s].append(q.range)
+    filt = {s: IntervalFilter(width[s], cons[s]) for s in sources}
+    n = 0
+    for _, s, v in sorted(readings):
+        if filt[s].check(v):
+            filt[s].recenter(v)
+            n += 1
+    return n
+
+
+def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=0.5, period=5.0, shrink=0.05,
+        trigger=0.25, master="local[*]", workdir=None, spark=None, out=print, show_every=5.0):
+    """Run the live demo; returns a result dict (messages, violations, answers, the work folder)."""
+    protocol = protocol or default_protocol()
+    find_mosquitto()
+    if micropython and not micropython_available():
+        out("MicroPython unix port not found: running CPython agents only")
+        cpython, micropython = cpython + micropython, 0
+    own = workdir is None
+    workdir = os.path.abspath(workdir or tempfile.mkdtemp(prefix="quietfleet-demo-"))
+    plan = fleet_plan(cpython, micropython)
+    devices, backend, broker, observer = [], None, None, None
+    from backend.spark.service import Backend
+    from backend.spark import job
+    try:
+        broker = Broker(os.path.join(workdir, "broker"), FLEET, [name for _, name, _ in plan]).start()
+        out("broker: mosquitto on %s:%d, %d device accounts, ACL per device" % (broker.host, broker.port, len(plan)))
+        observer = Observer(broker)
+        settings = {"protocol": protocol, "period": period, "shrink": shrink, "latency": latency, "params": {}}
+        out("backend: bridge -> spool -> Spark Structured Streaming (%s, transformWithStateInPandas, RocksDB), "
+            "protocol %s, latency tolerance %.2fs, trigger %.2fs" % (master, protocol, latency, trigger))
+        t0 = time.monotonic()
+        backend = Backend(os.path.join(workdir, "backend"), FLEET, broker.host, broker.port,
+                          broker.credentials("backend")[1], settings, master=master, trigger=trigger,
+                          spark=spark).start()
+        out("backend: Spark up in %.1fs" % (time.monotonic() - t0))
+        mpy = precompile(os.path.join(workdir, "mpy")) if micropython else None
+        for kind, name, sources in plan:
+            devices.append(Device(kind, name, sources, workdir, broker, mpy_dir=mpy))
+        out("fleet: %d CPython agents (paho) + %d MicroPython agents (umqtt, 64 KB heap), %d sources at 10 Hz"
+            % (cpython, micropython, 2 * len(plan)))
+        n_sources = 2 * len(plan)
+        deadline = time.monotonic() + 90
+        while True:
+            st = backend.status()
+            g = st and st["groups"].get(FLEET)
+            if g and g["sources_known"] >= n_sources:
+                break
+            backend.raise_if_failed()
+            dead = [d for d in devices if d.proc.poll() is not None]
+            if dead:
+                d = dead[0]
+                d.stop()
+                raise RuntimeError("agent %s exited: %s" % (d.name, d.stderr.strip()[-600:]))
+            if time.monotonic() > deadline:
+                raise RuntimeError("agents did not come up within 90s")
+            time.sleep(0.2)
+        queries = example_queries(len(plan))
+        observer.pump()
+        t_reg = time.time()
+        observer.counts = dict.fromkeys(observer.counts, 0)   # compare from registration on
+        for q in queries:
+            observer.publish_spec(q).wait_for_publish(5)
+        out("queries: %s registered on qf/%s/q/<id>/spec (retained)" % (", ".join(q["id"] for q in queries), FLEET))
+        start = time.monotonic()
+        next_show = start + show_every
+        while time.monotonic() - start < duration:
+            time.sleep(0.2)
+            backend.raise_if_failed()
+            observer.pump()
+            if time.monotonic() >= next_show:
+                next_show += show_every
+                st = backend.status() or {"groups": {}}
+                g = st["groups"].get(FLEET, {})
+                out("[%5.1fs] batch %s, %d records applied, uplink %d, ctl %d, late %s, online %s/%d" % (
+                    time.monotonic() - start, st.get("batch"), g.get("records", 0), observer.counts["up"],
+                    observer.counts["ctl"], g.get("stats", {}).get("late"), g.get("online"), n_sources))
+                for q in queries:
+                    out("    %-15s %s" % (q["id"], _fmt(observer.answers.get(q["id"]))))
+        out("stopping the fleet ...")
+        for d in devices:
+            d.stop()
+        backend.drain(30)
+        observer.pump()
+        readings = [r for d in devices for r in d.readings()]
+        window = [r for r in readings if r[0] >= t_reg]
+        answers = job.read_answers(backend.directory)
+        status = backend.status()["groups"][FLEET]
+        end = min(max(r[0] for r in d.readings()) for d in devices)
+        checked = violations(queries, readings, answers, end)
+        result = {"protocol": protocol, "dir": workdir, "samples": len(window), "uplink": observer.counts["up"],
+                  "ctl": observer.counts["ctl"], "deadband_reports": deadband_reports(queries, window),
+                  "violations": sum(v for v, _, _ in checked.values()), "per_query": checked,
+                  "late": status["stats"]["late"], "answers": len(answers), "queries": queries,
+                  "agents": {d.name: d.stats for d in devices}}
+        _table(result, out)
+        return result
+    finally:
+        for d in devices:
+            if d.proc.poll() is None:
+                d.stop()
+        if observer is not None:
+            observer.close()
+        if backend is not None:
+            backend.stop()
+            if spark is None and backend.spark is not None:
+                backend.spark.stop()
+        if broker is not None:
+            broker.stop()
+        if own:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _table(r, out):
+    out("")
+    out("Messages from query registration to the end of the run:")
+    out("| | uplink messages | vs send-everything | vs plain deadband |")
+    out("|---|---:|---:|---:|")
+    out("| send-everything (every reading) | %d | 1.000 | %.2f |" % (r["samples"], r["samples"] / max(r["deadband_reports"], 1)))
+    out("| plain deadband (same readings, replayed offline) | %d | %.3f | 1.00 |" % (
+        r["deadband_reports"], r["deadband_reports"] / max(r["samples"], 1)))
+    out("| QuietFleet %s, live over MQTT | %d | %.3f | %.2f |" % (
+        r["protocol"], r["uplink"], r["uplink"] / max(r["samples"], 1), r["uplink"] / max(r["deadband_reports"], 1)))
+    out("")
+    out("control messages sent by the backend %d, answer changes %d, late reports %d"
+        % (r["ctl"], r["answers"], r["late"]))
+    out("| query | violations | violation s | degraded s |")
+    out("|---|---:|---:|---:|")
+    for qid, (v, vt, dt) in r["per_query"].items():
+        out("| %s | %d | %.3f | %.1f |" % (qid, v, vt, dt))
+    out("Guarantees against the agents' ground truth: %s." % (
+        "all held (0 violations)" if r["violations"] == 0 else "%d VIOLATIONS" % r["violations"]))
+
+
+def main(args):
+    """Run the demo with Spark's own console chatter (its JVM and Python workers write to the
+    inherited stdout/stderr) sent to a log file that is kept only if something fails."""
+    console = os.fdopen(os.dup(1), "w", buffering=1)
+    saved_err = os.dup(2)
+    fd, log = tempfile.mkstemp(prefix="quietfleet-demo-spark-", suffix=".log")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    code = 1
+    try:
+        r = run(duration=args.duration, cpython=args.cpython, micropython=args.micropython,
+                protocol=args.protocol, latency=args.latency, master=args.master,
+                out=lambda line: console.write(line + "\n"))
+        code = 0 if r["violations"] == 0 else 1
+    except BrokerError as e:
+        console.write("quietfleet demo: %s\n" % e)
+        code = 2
+    except RuntimeError as e:
+        console.write("quietfleet demo: %s\n" % e)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(console.fileno(), 1)
+        os.dup2(saved_err, 2)
+        os.close(saved_err)
+        if code == 0:
+            os.remove(log)
+        else:
+            console.write("Spark and agent log: %s\n" % log)
+        console.close()
+    return code

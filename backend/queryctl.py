@@ -1,0 +1,91 @@
+"""``quietfleet query add|list|remove``: continuous queries as retained specs on ``qf/<fleet>/q/<id>/spec`` (DESIGN.md §3).
+
+A spec is the JSON of a workload query without its ``id`` (the topic names it), e.g.
+``quietfleet query add mean --broker-dir broker '{"kind": "avg", "sources": ["t0", "t1"], "precision": 0.5}'``.
+``remove`` publishes the empty retained spec; the backend drops the query and clears its answer.
+``list`` shows every retained spec with its latest retained answer.
+"""
+import json
+import sys
+import time
+
+import paho.mqtt.client as mqtt
+
+from backend.coordinator.queries import QueryError, parse_query
+
+
+def _client(host, port, password):
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="qf-query-%d" % time.monotonic_ns(),
+                    protocol=mqtt.MQTTv311)
+    c.username_pw_set("backend", password)
+    c.connect(host, port, keepalive=10)
+    c.loop_start()
+    return c
+
+
+def check_spec(qid, text):
+    """The spec as a dict, validated like the backend does except for which sources exist."""
+    try:
+        spec = json.loads(text)
+    except ValueError as e:
+        raise QueryError("spec is not JSON: %s" % e)
+    if not isinstance(spec, dict):
+        raise QueryError("spec must be a JSON object")
+    spec.pop("id", None)
+    srcs = spec.get("sources", "all")
+    parse_query(dict(spec, id=qid), set(srcs) if isinstance(srcs, list) and all(isinstance(s, str) for s in srcs)
+                else {"x"}, kinds=(spec.get("kind"),))
+    return spec
+
+
+def publish(host, port, password, topic, payload):
+    c = _client(host, port, password)
+    try:
+        c.publish(topic, payload, qos=1, retain=True).wait_for_publish(10)
+    finally:
+        c.disconnect()
+        c.loop_stop()
+
+
+def collect(host, port, password, fleet, wait=1.0):
+    """Retained specs and answers of ``fleet``: {query: {"spec": .., "answer": ..}}."""
+    got = {}
+
+    def on_message(cl, u, m):
+        parts = m.topic.split("/")
+        if len(parts) == 5 and m.payload:
+            try:
+                got.setdefault(parts[3], {})[parts[4]] = json.loads(m.payload)
+            except ValueError:
+                got.setdefault(parts[3], {})[parts[4]] = m.payload.decode(errors="replace")
+
+    c = _client(host, port, password)
+    c.on_message = on_message
+    c.subscribe([("qf/%s/q/+/spec" % fleet, 1), ("qf/%s/q/+/answer" % fleet, 0)])
+    time.sleep(wait)
+    c.disconnect()
+    c.loop_stop()
+    return got
+
+
+def query_main(args):
+    from backend.spark.service import connection
+    try:
+        host, port, password = connection(args)
+        if args.action in ("add", "remove") and not args.id:
+            raise ValueError("query %s needs a query id" % args.action)
+        if args.action == "add":
+            spec = check_spec(args.id, args.spec if args.spec else sys.stdin.read())
+            publish(host, port, password, "qf/%s/q/%s/spec" % (args.fleet, args.id), json.dumps(spec))
+            print("query %s registered" % args.id)
+        elif args.action == "remove":
+            publish(host, port, password, "qf/%s/q/%s/spec" % (args.fleet, args.id), b"")
+            print("query %s removed" % args.id)
+        else:
+            for qid, d in sorted(collect(host, port, password, args.fleet).items()):
+                if "spec" in d:
+                    print("%s  %s\n    answer: %s" % (qid, json.dumps(d["spec"]), json.dumps(d.get("answer"))))
+    except (QueryError, ValueError, OSError, KeyError) as e:
+        print("quietfleet query: %s" % e, file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,347 @@
+"""The PySpark Structured Streaming backend (DESIGN.md §6): spool -> coordinator per query group -> MQTT and Parquet.
+
+Plan of one micro-batch::
+
+    qfspool source (offset range)  ->  key = query group  ->  transformWithStateInPandas(CoordinatorProcessor,
+    RocksDB state store)  ->  foreachBatch(Sink): ctl downlinks (QoS 1), answers (retained QoS 0),
+    Parquet answer table, status.json
+
+``CoordinatorProcessor`` is a thin adapter: it loads the group's ``Feed`` (which owns the unchanged
+``Coordinator``) from one ``ValueState``, applies the batch's records in offset order and stores the
+``Feed`` back. The coordinator is pickled whole rather than decomposed into per-source state: its
+protocols keep cross-source state (allocations, queues, the serialising heap) that only the object
+itself knows how to keep consistent, and the ``Feed`` runs the very object the simulator runs.
+RocksDB versions the value per batch, so a batch that is replayed after a crash starts from the
+state of the batch before it; the ``Feed`` is deterministic in its records, so the replay produces
+the same actions, with the same downlink sequence numbers, which agents drop as duplicates.
+
+The sink is idempotent per batch id: the Parquet part of a batch is written atomically under a name
+holding the batch id (a replay overwrites it with the same rows), retained answers are
+last-writer-wins, and ``sink.committed`` records the last batch delivered in full so a replayed
+batch that was already delivered is not published again.
+
+Query groups: every record is keyed by its fleet (one group per fleet). Groups scale out by keying
+devices to connected components of the query/device graph instead (a routing table column), one
+``Feed`` per component, since a device's sequence numbers and downlink must have a single owner.
+"""
+import json
+import math
+import os
+import pickle
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUTPUT_SCHEMA = ("grp string, seq int, kind string, target string, payload binary, body string, "
+                 "time double, lo double, hi double, degraded boolean, guarantee string")
+STATE_SCHEMA = "feed binary"
+SETTING_KEYS = ("protocol", "period", "shrink", "latency", "beat", "t0", "params")
+
+
+def _settings(s):
+    s = dict(s)
+    for key in s:
+        if key not in SETTING_KEYS:
+            raise ValueError("unknown job setting %r (have: %s)" % (key, ", ".join(SETTING_KEYS)))
+    return s
+
+
+def new_feed(settings):
+    from backend.spark.feed import Feed
+    s = dict(settings)
+    params = s.pop("params", {}) or {}
+    return Feed(**s, **params)
+
+
+def _processor_class():
+    """The StatefulProcessor subclass (built lazily so importing this module needs no pyspark)."""
+    import pandas as pd
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    from backend.spark.feed import guarantee, summary
+
+    class CoordinatorProcessor(StatefulProcessor):
+        """One ``Feed`` per query group, pickled into the ValueState ``feed``."""
+
+        def __init__(self, settings, status_sources=False):
+            self.settings = settings
+            self.status_sources = status_sources
+
+        def init(self, handle):
+            self.state = handle.getValueState("feed", STATE_SCHEMA)
+
+        def handleInputRows(self, key, rows, timerValues):
+            grp = key[0]
+            pdf = pd.concat(list(rows), ignore_index=True).sort_values("offset", kind="stable")
+            feed = pickle.loads(self.state.get()[0]) if self.state.exists() else new_feed(self.settings)
+            out = []
+            for arrival, device, channel, payload, retained in zip(
+                    pdf["arrival"].tolist(), pdf["device"].tolist(), pdf["channel"].tolist(),
+                    pdf["payload"].tolist(), pdf["retained"].tolist()):
+                out += feed.record(arrival, device, channel, payload, retained)
+            self.state.update((pickle.dumps(feed, protocol=pickle.HIGHEST_PROTOCOL),))
+            cols = {c: [] for c in ("kind", "target", "payload", "body", "time", "lo", "hi", "degraded", "guarantee")}
+
+            def row(kind, target=None, payload=None, body=None, a=None):
+                cols["kind"].append(kind)
+                cols["target"].append(target)
+                cols["payload"].append(payload)
+                cols["body"].append(body)
+                cols["time"].append(a["time"] if a else None)
+                cols["lo"].append(float(a["lo"]) if a and "lo" in a else None)
+                cols["hi"].append(float(a["hi"]) if a and "hi" in a else None)
+                cols["degraded"].append(bool(a["degraded"]) if a else None)
+                cols["guarantee"].append(guarantee(a) if a else None)
+
+            for a in out:
+                if a[0] == "down":
+                    row("down", a[1], payload=a[2])
+                elif a[0] == "answer":
+                    row("answer", a[1]["query"], body=json.dumps(a[1]), a=a[1])
+                elif a[0] == "error":
+                    row("error", a[1], body=json.dumps({"query": a[1], "error": a[2], "time": feed.now}))
+                else:   # retract
+                    row("retract", a[1])
+            status = summary(feed.coord, self.status_sources)
+            status.update(records=feed.records, pending=sorted(feed.pending), feed_stats=feed.stats,
+                          protocol=feed.protocol, now=feed.now, batch_records=len(pdf),
+                          last_arrival=float(pdf["arrival"].max()))
+            row("status", body=json.dumps(status))
+            cols["grp"] = grp
+            cols["seq"] = range(len(cols["kind"]))
+            yield pd.DataFrame(cols)
+
+        def close(self):
+            pass
+
+    return CoordinatorProcessor
+
+
+def environment():
+    """What local Spark needs (DESIGN.md §9): loopback address, our interpreter, our packages."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    path = os.environ.get("PYTHONPATH", "")
+    if ROOT not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, path) if p)
+
+
+def session(master="local[*]", app="quietfleet-backend", partitions=1):
+    """A SparkSession configured for the job (RocksDB state store, changelog checkpointing)."""
+    environment()
+    from pyspark.sql import SparkSession
+    from backend.spark.source import SpoolDataSource
+    spark = (SparkSession.builder.master(master).appName(app)
+             .config("spark.sql.shuffle.partitions", str(partitions))
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.streaming.stateStore.providerClass",
+                     "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+             .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+             .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    if not master.startswith("local"):
+        spark.sparkContext.addPyFile(_package_zip())
+    spark.dataSource.register(SpoolDataSource)
+    return spark
+
+
+def _package_zip():
+    """``edge`` and ``backend`` zipped for a cluster's executors."""
+    import tempfile
+    import zipfile
+    path = os.path.join(tempfile.mkdtemp(prefix="qf-pyfiles-"), "quietfleet.zip")
+    with zipfile.ZipFile(path, "w") as z:
+        for pkg in ("edge", "backend"):
+            for base, _, files in os.walk(os.path.join(ROOT, pkg)):
+                for f in files:
+                    if f.endswith(".py"):
+                        full = os.path.join(base, f)
+                        z.write(full, os.path.relpath(full, ROOT))
+    return path
+
+
+def plan(spark, spool, fleet, settings, status_sources=False, source_options=None):
+    """The streaming DataFrame of actions for ``fleet`` read from the spool directory ``spool``."""
+    from pyspark.sql import functions as F
+    reader = spark.readStream.format("qfspool").option("path", str(spool))
+    for k, v in (source_options or {}).items():
+        reader = reader.option(k, str(v))
+    df = reader.load().withColumn("grp", F.lit(fleet))
+    processor = _processor_class()(_settings(settings), status_sources)
+    return (df.select("grp", "offset", "arrival", "device", "channel", "payload", "retained")
+            .groupBy("grp")
+            .transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "None"))
+
+
+def strict(x):
+    """JSON without NaN/Infinity: non-finite floats become the strings "inf", "-inf", "nan"."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if x != x else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [strict(v) for v in x]
+    return x
+
+
+class Publisher:
+    """The job's MQTT client (driver side): QoS 1 downlinks, retained answers; ``flush`` waits for acks."""
+
+    def __init__(self, host, port, username, password, client_id):
+        import paho.mqtt.client as mqtt
+        self.mqtt = mqtt
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
+                                  clean_session=True)
+        self.client.username_pw_set(username, password)
+        self.client.max_inflight_messages_set(1000)
+        self.client.max_queued_messages_set(0)
+        self.client.reconnect_delay_set(0.2, 5)
+        self.client.connect_async(host, port, keepalive=30)
+        self.client.loop_start()
+        self.infos = []
+
+    def publish(self, topic, payload, qos, retain=False):
+        self.infos.append(self.client.publish(topic, payload, qos=qos, retain=retain))
+
+    def flush(self, timeout=30.0):
+        """Wait until every QoS 1 message handed over since the last flush is acknowledged."""
+        deadline = time.monotonic() + timeout
+        for info in self.infos:
+            while not info.is_published():
+                if time.monotonic() > deadline:
+                    raise RuntimeError("MQTT broker did not acknowledge the job's messages within %.0fs" % timeout)
+                info.wait_for_publish(0.2)
+        self.infos = []
+
+    def close(self):
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+class Sink:
+    """foreachBatch target: publish a batch's actions and append its answers, once per batch id."""
+
+    def __init__(self, out_dir, fleet, publisher=None, on_batch=None):
+        self.out_dir = out_dir
+        self.fleet = fleet
+        self.publisher = publisher
+        self.on_batch = on_batch          # callback(batch_id, status, answers (Arrow table), published_at)
+        self.answers_dir = os.path.join(out_dir, "answers")
+        os.makedirs(self.answers_dir, exist_ok=True)
+        self.marker = os.path.join(out_dir, "sink.committed")
+
+    def committed(self):
+        try:
+            with open(self.marker) as f:
+                return int(f.read().strip())
+        except (FileNotFoundError, ValueError):
+            return -1
+
+    def __call__(self, df, batch_id):
+        import pyarrow.compute as pc
+        table = df.toArrow()
+        table = table.sort_by([("grp", "ascending"), ("seq", "ascending")])
+        if batch_id <= self.committed():
+            return                        # delivered in full before a restart
+        kinds = table.column("kind").to_pylist()
+        targets = table.column("target").to_pylist()
+        bodies = table.column("body")
+        latest, status = {}, {}
+        for i, (kind, target) in enumerate(zip(kinds, targets)):
+            if kind == "answer" or kind == "error":
+                latest[target] = i
+            elif kind == "retract":
+                latest[target] = None
+            elif kind == "status":
+                status[table.column("grp")[i].as_py()] = json.loads(bodies[i].as_py())
+        answers = table.filter(pc.equal(table.column("kind"), "answer"))
+        self.write_answers(batch_id, answers)
+        if self.publisher is not None:
+            prefix = "qf/%s/" % self.fleet
+            payloads = table.column("payload")
+            for i, kind in enumerate(kinds):
+                if kind == "down":
+                    self.publisher.publish(prefix + "d/%s/ctl" % targets[i], payloads[i].as_py(), qos=1)
+            for qid, i in sorted(latest.items()):
+                body = b"" if i is None else self.answer_json(json.loads(bodies[i].as_py()))
+                self.publisher.publish(prefix + "q/%s/answer" % qid, body, qos=0, retain=True)
+            self.publisher.flush()
+        published_at = time.time()
+        self._replace(os.path.join(self.out_dir, "status.json"),
+                      json.dumps(strict({"batch": batch_id, "published_at": published_at, "groups": status}),
+                                 indent=1).encode())
+        self._replace(self.marker, b"%d\n" % batch_id)
+        if self.on_batch is not None:
+            self.on_batch(batch_id, status, answers, published_at)
+
+    @staticmethod
+    def answer_json(a):
+        from backend.spark.feed import guarantee
+        if "error" not in a:
+            a = dict(a, guarantee=guarantee(a))
+        return json.dumps(strict(a), sort_keys=True).encode()
+
+    def write_answers(self, batch_id, answers):
+        """Every answer change of the batch as ``answers/part-<batch>.parquet`` (atomic, replay-safe)."""
+        if answers.num_rows == 0:
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        n = answers.num_rows
+        out = pa.table({"batch": pa.array([batch_id] * n, pa.int64()), "seq": pa.array(range(n), pa.int32()),
+                        "time": answers.column("time"), "query": answers.column("target"),
+                        "lo": answers.column("lo"), "hi": answers.column("hi"),
+                        "degraded": answers.column("degraded"), "guarantee": answers.column("guarantee"),
+                        "fields": answers.column("body")})
+        path = os.path.join(self.answers_dir, "part-%012d.parquet" % batch_id)
+        pq.write_table(out, path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+    @staticmethod
+    def _replace(path, data):
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+
+
+def read_answers(out_dir, upto=None):
+    """The answer table in (batch, seq) order as a list of answer dicts (batches <= ``upto``)."""
+    import pyarrow.parquet as pq
+    d = os.path.join(out_dir, "answers")
+    parts = sorted(f for f in os.listdir(d) if f.endswith(".parquet")) if os.path.isdir(d) else []
+    if upto is not None:
+        parts = [f for f in parts if int(f[5:-8]) <= upto]
+    out = []
+    for f in parts:
+        out += [json.loads(x) for x in pq.read_table(os.path.join(d, f), columns=["fields"]).column("fields").to_pylist()]
+    return out
+
+
+def check_settings(out_dir, settings):
+    """Refuse to resume a checkpoint under different coordinator settings (its state holds them)."""
+    path = os.path.join(out_dir, "settings.json")
+    settings = json.loads(json.dumps(_settings(settings)))
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        if old != settings:
+            raise ValueError("checkpoint in %s was made with settings %s, not %s: use a new --dir" % (out_dir, old, settings))
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(settings, f)
+
+
+def start(spark, spool, out_dir, fleet, settings, publisher=None, trigger=0.25, available_now=False,
+          status_sources=False, on_batch=None, sink=None, source_options=None):
+    """Start the streaming query; checkpoint and answer table live under ``out_dir``."""
+    check_settings(out_dir, settings)
+    sink = sink or Sink(out_dir, fleet, publisher, on_batch)
+    w = (plan(spark, spool, fleet, settings, status_sources, source_options).writeStream
+         .foreachBatch(sink).option("checkpointLocation", os.path.join(out_dir, "checkpoint"))
+         .queryName("quietfleet-%s" % fleet))
+    w = w.trigger(availableNow=True) if available_now else w.trigger(processingTime="%d milliseconds" % int(trigger * 1000))
+    return w.start()

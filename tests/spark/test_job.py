@@ -1,0 +1,179 @@
+"""The Spark job against a plain Coordinator fed the same recorded stream, across crashes and restarts."""
+import json
+import os
+import random
+import threading
+import time
+
+import pytest
+
+from backend.coordinator.protocols import PROTOCOLS
+from backend.spark import job
+from backend.spark.feed import Feed, summary
+from backend.spark.spool import Spool
+from edge.core import codec
+from recorded import FLEET, record
+
+
+class Crash(RuntimeError):
+    pass
+
+
+class FakePublisher:
+    """Keeps what the sink publishes; ``fail_after`` makes the n-th publish raise (a crash mid-batch)."""
+
+    def __init__(self):
+        self.sent = []
+        self.fail_after = None
+
+    def publish(self, topic, payload, qos, retain=False):
+        if self.fail_after is not None:
+            if self.fail_after == 0:
+                self.fail_after = None
+                raise Crash("injected crash while publishing")
+            self.fail_after -= 1
+        self.sent.append((topic, payload, qos, retain))
+
+    def flush(self):
+        pass
+
+
+class CrashingSink(job.Sink):
+    """Crashes once after delivering its ``crash_at``-th batch, before Spark could commit it."""
+    crash_at = None
+
+    def __call__(self, df, batch_id):
+        super().__call__(df, batch_id)
+        if self.crash_at is not None:
+            self.crash_at -= 1
+            if self.crash_at == 0:
+                self.crash_at = None
+                raise Crash("injected crash after delivery")
+
+
+def run_until_done(spark, spool, out, settings, sink, total, timeout=120):
+    """Run the job (re-starting it from its checkpoint after every crash) until it has applied
+    ``total`` records; returns the number of crashes."""
+    crashes = 0
+    deadline = time.monotonic() + timeout
+    status = os.path.join(out, "status.json")
+    while True:
+        q = job.start(spark, spool, out, FLEET, settings, trigger=0.2, status_sources=True, sink=sink)
+        try:
+            while q.isActive and time.monotonic() < deadline:
+                if os.path.exists(status):
+                    with open(status) as f:
+                        if json.load(f)["groups"].get(FLEET, {}).get("records") == total:
+                            return crashes
+                time.sleep(0.1)
+            assert time.monotonic() < deadline, "job did not finish"
+        finally:
+            q.stop()
+        assert "injected crash" in str(q.exception()), q.exception()
+        crashes += 1
+
+
+def downlinks(sent):
+    """ctl messages in publish order with replays removed (an agent drops a repeated sequence number)."""
+    seen, out = set(), []
+    for topic, payload, qos, retain in sent:
+        if topic.endswith("/ctl"):
+            device = topic.split("/")[3]
+            key = (device, codec.decode(payload)[1]["seq"])
+            if key not in seen:
+                seen.add(key)
+                out.append((device, payload))
+    return out
+
+
+def test_feed_pending_specs_errors_and_removal():
+    f = Feed("naive", period=5.0)
+    birth = codec.encode("birth", {"seq": 1, "t": 1.0, "boot": 3, "fw": "x", "caps": 0,
+                                   "sources": [{"name": "a", "epoch": 0, "width": 0.0, "v": 10.0}]})
+    out = f.record(1.0, "q1", "spec", json.dumps({"kind": "sum", "sources": ["a"], "precision": 2}).encode())
+    assert out == [("error", "q1", "waiting for sources a to be born")] and f.pending
+    out = f.record(2.0, "dev", "state", birth)
+    answers = [a[1] for a in out if a[0] == "answer"]
+    assert [(a["time"], a["query"], a["degraded"]) for a in answers] == [(2.0, "q1", False)] and not f.pending
+    assert answers[0]["lo"] == pytest.approx(10.0) and answers[0]["hi"] == pytest.approx(10.0)
+    assert f.record(3.0, "q2", "spec", b"{not json")[0][0] == "error"
+    assert f.record(3.0, "q2", "spec", b"[1]") == [("error", "q2", "query spec must be a JSON object")]
+    assert "kind" in f.record(3.0, "q2", "spec", b'{"kind": "median"}')[0][2]
+    assert f.record(3.0, "q3", "spec", b'{"id": "other", "kind": "sum"}')[0][0] == "error"
+    assert f.stats["bad_specs"] == 4
+    assert f.record(4.0, "q1", "spec", b"")[-1] == ("retract", "q1") and "q1" not in f.coord.queries
+    assert f.record(4.0, None, None, b"junk") == [] and f.stats["foreign"] == 1
+    # a retained (possibly stale) birth is not trusted: the device is asked for a fresh one
+    g = Feed("deadband")
+    out = g.record(5.0, "dev", "state", birth, retained=True)
+    assert [codec.decode(a[2])[0] for a in out] == ["rebirth"] and not g.coord.cache.sources
+
+
+def test_checker_sees_a_lost_record():
+    """The comparison below is not vacuous: dropping one report changes answers and state."""
+    records, ref = record(duration=10.0)
+    drop = next(i for i, r in enumerate(records) if r[1].endswith("/up") and codec.decode(r[2])[0] == "report" and i > 40)
+    f = Feed("deadband", period=5.0)
+    answers = []
+    for i, (t, topic, payload) in enumerate(records):
+        if i != drop:
+            parts = topic.split("/")
+            answers += [a[1] for a in f.record(t, parts[3] if len(parts) == 5 else None, parts[-1], payload)
+                        if a[0] == "answer"]
+    assert answers != ref["answers"] or summary(f.coord) != summary(ref["coord"])
+
+
+def compare(out, ref, total):
+    assert job.read_answers(out) == ref["answers"]
+    with open(os.path.join(out, "status.json")) as f:
+        status = json.load(f)["groups"][FLEET]
+    assert status["records"] == total
+    assert status["sources"] == job.strict(summary(ref["coord"])["sources"])
+    assert status["stats"] == ref["coord"].stats
+
+
+def test_crashes_and_restarts_lose_nothing_and_repeat_nothing(job_spark, tmp_path):
+    settings = {"protocol": "deadband", "period": 5.0}
+    records, ref = record(duration=30.0)
+    spool, out = str(tmp_path / "spool"), str(tmp_path / "out")
+    rng = random.Random(5)
+    pub = FakePublisher()
+    pub.fail_after = rng.randrange(1, 6)     # crash in the middle of publishing the first batch
+    sink = CrashingSink(out, FLEET, pub)
+    sink.crash_at = 1                        # then after delivering its replay, before Spark's commit
+    cuts = sorted(rng.sample(range(1, len(records)), 5)) + [len(records)]
+    with Spool(spool, fsync="never") as sp:
+        def feed():
+            done = 0
+            for cut in cuts:
+                sp.append(records[done:cut])
+                done = cut
+                time.sleep(rng.uniform(0.1, 0.8))
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        try:
+            crashes = run_until_done(job_spark, spool, out, settings, sink, len(records))
+        finally:
+            feeder.join()
+    assert crashes == 2
+    compare(out, ref, len(records))
+    assert downlinks(pub.sent) == ref["downs"]
+    last = {}
+    for topic, payload, qos, retain in pub.sent:
+        if topic.endswith("/answer"):
+            last[topic.split("/")[3]] = json.loads(payload)
+    for qid, fields in ref["coord"].last.items():
+        assert last[qid]["lo"] == fields["lo"] and last[qid]["hi"] == fields["hi"]
+        assert last[qid]["guarantee"] == "interval"
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_every_protocol_runs_through_the_job(job_spark, tmp_path, protocol):
+    records, ref = record(protocol=protocol, duration=15.0, seed=2)
+    with Spool(tmp_path / "spool", fsync="never") as sp:
+        sp.append(records)
+    q = job.start(job_spark, str(tmp_path / "spool"), str(tmp_path / "out"), FLEET,
+                  {"protocol": protocol, "period": 5.0}, available_now=True, status_sources=True)
+    q.awaitTermination(120)
+    assert q.exception() is None
+    compare(str(tmp_path / "out"), ref, len(records))
