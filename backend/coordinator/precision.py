@@ -40,18 +40,27 @@ INF = math.inf
 _MARGIN = 1e-9          # growth is applied with this relative margin so float sums stay within δ
 
 
+class _PerKey:
+    """A per-source lookup that pickles (the Spark job keeps protocols in its state store)."""
+    __slots__ = ("table", "default")
+
+    def __init__(self, table, default):
+        self.table, self.default = table, default
+
+    def __call__(self, key):
+        return self.table.get(key, self.default)
+
+
 def _per_key(value, what):
     """A number or {key: number} parameter, validated; returns a lookup function."""
     if isinstance(value, dict):
         for k, v in value.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError("%s[%r] must be a finite number >= 0, got %r" % (what, k, v))
-        table = {k: float(v) for k, v in value.items()}
-        return lambda key: table.get(key, 0.0)
+        return _PerKey({k: float(v) for k, v in value.items()}, 0.0)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValueError("%s must be a finite number >= 0 or {source: number}, got %r" % (what, value))
-    v = float(value)
-    return lambda key: v
+    return _PerKey({}, float(value))
 
 
 class Rows:
@@ -204,8 +213,8 @@ class Adaptive(Protocol):
         for key, s in coord.cache.sources.items():
             if key not in self.rows.of:
                 continue
-            w = s.filt.width
-            widths[key] = self.rows.uniform(key) if (w == INF or key in fresh) else self._width(s)
+            w = self._width(s)      # includes unconfirmed older mirrors, which may still be unbounded
+            widths[key] = self.rows.uniform(key) if (w == INF or key in fresh) else w
         self.rows.fit(widths, rows)
         for key in coord.cache.sources:
             self._install(coord, key, widths.get(key, INF))
