@@ -14,7 +14,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 
 from backend.broker import Broker
@@ -42,17 +41,11 @@ def percentile(xs, p):
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rate", type=int, default=TARGET_RATE, help="offered reports/s")
-    ap.add_argument("--seconds", type=float, default=30.0, help="measured feeding time")
-    ap.add_argument("--devices", type=int, default=2000)
-    ap.add_argument("--trigger", type=float, default=0.25, help="processing-time trigger in seconds")
-    ap.add_argument("--master", default="local[*]")
-    args = ap.parse_args(argv)
+def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="local[*]"):
+    """Feed ``rate`` reports/s for ``seconds`` through the job; return the figures as a dict."""
     root = tempfile.mkdtemp(prefix="qf-bench-job-")
     broker = Broker(os.path.join(root, "broker"), "bench", []).start()
-    spark = job.session(args.master, app="qf-bench-job")
+    spark = job.session(master, app="qf-bench-job")
     lat, batches = [], []
     state = {"measure_from": None}
 
@@ -66,27 +59,26 @@ def main(argv=None):
     spool = Spool(os.path.join(root, "spool"), fsync="never")
     q = None
     try:
-        spool.append(births(args.devices, time.time()))
+        spool.append(births(devices, time.time()))
         q = job.start(spark, spool.path, os.path.join(root, "out"), "bench",
                       {"protocol": "naive", "period": 10.0, "latency": 0.0}, publisher=pub,
-                      trigger=args.trigger, on_batch=on_batch,
+                      trigger=trigger, on_batch=on_batch,
                       source_options={"minPartitionRecords": 4096, "maxPartitions": 2})
         while not batches:                                   # wait for the first batch (start-up)
             time.sleep(0.1)
-        seq = [1] * args.devices
-        value = [100.0] * args.devices
-        stop = threading.Event()
+        seq = [1] * devices
+        value = [100.0] * devices
         fed = [0]
 
         def feed(until):
             step, k = 0.05, 0
-            per = max(1, int(args.rate * step))
+            per = max(1, int(rate * step))
             nxt = time.time()
-            while time.time() < until and not stop.is_set():
+            while time.time() < until:
                 now = time.time()
                 recs = []
                 for _ in range(per):
-                    d = k % args.devices
+                    d = k % devices
                     k += 1
                     seq[d] += 1
                     value[d] += 0.5 if (k * 2654435761) & 1024 else -0.5
@@ -99,28 +91,21 @@ def main(argv=None):
 
         state["measure_from"] = t0 = time.time()
         base_records, base_fed = batches[-1][1], fed[0]
-        feed(t0 + args.seconds)
+        feed(t0 + seconds)
         t1 = time.time()
         offered = fed[0] - base_fed
         target = spool.latest_offset()
         while batches[-1][1] < target and time.time() < t1 + 60:
             time.sleep(0.05)
         done_at = batches[-1][0]
-        drained = batches[-1][1] >= target
         applied = batches[-1][1] - base_records
         in_window = [b for b in batches if t0 <= b[0] <= t1]
-        print("workload: %d single-source devices, %d sum queries of 10 sources, protocol naive, lambda 0"
-              % (args.devices, args.devices // 10))
-        print("trigger interval: %.2f s, master %s, spark.sql.shuffle.partitions 1, RocksDB state store"
-              % (args.trigger, args.master))
-        print("offered: %d reports in %.1f s = %.0f reports/s" % (offered, t1 - t0, offered / (t1 - t0)))
-        print("applied and published: %d records by %.1f s after feeding started -> sustained %.0f reports/s "
-              "(target >= %d)%s" % (applied, done_at - t0, applied / max(done_at - t0, 1e-9), TARGET_RATE,
-                                    "" if drained else " [backlog not drained within 60 s]"))
-        print("micro-batches while feeding: %d, records per batch median %d"
-              % (len(in_window), percentile([b[2] for b in in_window], 0.5) if in_window else 0))
-        print("reading -> published answer latency over %d answer changes: p50 %.3f s, p99 %.3f s "
-              "(target p99 <= %.1f s)" % (len(lat), percentile(lat, 0.5), percentile(lat, 0.99), TARGET_P99))
+        return {"devices": devices, "queries": devices // 10, "protocol": "naive", "trigger_s": trigger,
+                "master": master, "offered_per_s": round(offered / (t1 - t0)),
+                "sustained_per_s": round(applied / max(done_at - t0, 1e-9)),
+                "drained": batches[-1][1] >= target, "batches": len(in_window),
+                "batch_median": percentile([b[2] for b in in_window], 0.5) if in_window else 0,
+                "answers": len(lat), "p50_s": round(percentile(lat, 0.5), 3), "p99_s": round(percentile(lat, 0.99), 3)}
     finally:
         if q is not None:
             q.stop()
@@ -129,6 +114,32 @@ def main(argv=None):
         spark.stop()
         broker.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def figures(quick=True):
+    """Rows for the bench report: the job at a moderate rate and at the DESIGN target rate."""
+    return [measure(rate=r, seconds=10.0 if quick else 30.0) for r in (5000, TARGET_RATE)]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rate", type=int, default=TARGET_RATE, help="offered reports/s")
+    ap.add_argument("--seconds", type=float, default=30.0, help="measured feeding time")
+    ap.add_argument("--devices", type=int, default=2000)
+    ap.add_argument("--trigger", type=float, default=0.25, help="processing-time trigger in seconds")
+    ap.add_argument("--master", default="local[*]")
+    args = ap.parse_args(argv)
+    f = measure(args.rate, args.seconds, args.devices, args.trigger, args.master)
+    print("workload: %d single-source devices, %d sum queries of 10 sources, protocol naive, lambda 0"
+          % (f["devices"], f["queries"]))
+    print("trigger interval: %.2f s, master %s, spark.sql.shuffle.partitions 1, RocksDB state store"
+          % (f["trigger_s"], f["master"]))
+    print("offered: %d reports/s" % f["offered_per_s"])
+    print("sustained: %d reports/s (target >= %d)%s" % (f["sustained_per_s"], TARGET_RATE,
+                                                         "" if f["drained"] else " [backlog not drained within 60 s]"))
+    print("micro-batches while feeding: %d, records per batch median %d" % (f["batches"], f["batch_median"]))
+    print("reading -> published answer latency over %d answer changes: p50 %.3f s, p99 %.3f s (target p99 <= %.1f s)"
+          % (f["answers"], f["p50_s"], f["p99_s"], TARGET_P99))
     return 0
 
 
