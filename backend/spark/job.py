@@ -7,7 +7,7 @@ Plan of one micro-batch::
     Parquet answer table, status.json
 
 ``CoordinatorProcessor`` is a thin adapter: it loads the group's ``Feed`` (which owns the unchanged
-``Coordinator``) from one ``ValueState``, applies the batch's records in offset order and stores the
+``Coordinator``) from one ``ListState`` (chunks), applies the batch's records in offset order and stores the
 ``Feed`` back. The coordinator is pickled whole rather than decomposed into per-source state: its
 protocols keep cross-source state (allocations, queues, the serialising heap) that only the object
 itself knows how to keep consistent, and the ``Feed`` runs the very object the simulator runs.
@@ -35,6 +35,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 OUTPUT_SCHEMA = ("grp string, seq int, kind string, target string, payload binary, body string, "
                  "time double, lo double, hi double, degraded boolean, guarantee string")
 STATE_SCHEMA = "feed binary"
+# The pickled Feed is kept as a list of chunks: ListState travels as Arrow, while a single large
+# ValueState update (hundreds of KB for thousands of sources) reached the JVM state server corrupted
+# ("invalid pickle opcode") in PySpark 4.0.1.
+CHUNK = 256 * 1024
 SETTING_KEYS = ("protocol", "period", "shrink", "latency", "beat", "t0", "params")
 
 
@@ -61,25 +65,27 @@ def _processor_class():
     from backend.spark.feed import guarantee, summary
 
     class CoordinatorProcessor(StatefulProcessor):
-        """One ``Feed`` per query group, pickled into the ValueState ``feed``."""
+        """One ``Feed`` per query group, pickled into the ListState ``feed`` in chunks."""
 
         def __init__(self, settings, status_sources=False):
             self.settings = settings
             self.status_sources = status_sources
 
         def init(self, handle):
-            self.state = handle.getValueState("feed", STATE_SCHEMA)
+            self.state = handle.getListState("feed", STATE_SCHEMA)
 
         def handleInputRows(self, key, rows, timerValues):
             grp = key[0]
             pdf = pd.concat(list(rows), ignore_index=True).sort_values("offset", kind="stable")
-            feed = pickle.loads(self.state.get()[0]) if self.state.exists() else new_feed(self.settings)
+            feed = pickle.loads(b"".join(r[0] for r in self.state.get())) if self.state.exists() \
+                else new_feed(self.settings)
             out = []
             for arrival, device, channel, payload, retained in zip(
                     pdf["arrival"].tolist(), pdf["device"].tolist(), pdf["channel"].tolist(),
                     pdf["payload"].tolist(), pdf["retained"].tolist()):
                 out += feed.record(arrival, device, channel, payload, retained)
-            self.state.update((pickle.dumps(feed, protocol=pickle.HIGHEST_PROTOCOL),))
+            blob = pickle.dumps(feed, protocol=pickle.HIGHEST_PROTOCOL)
+            self.state.put([(blob[i:i + CHUNK],) for i in range(0, len(blob), CHUNK)])
             cols = {c: [] for c in ("kind", "target", "payload", "body", "time", "lo", "hi", "degraded", "guarantee")}
 
             def row(kind, target=None, payload=None, body=None, a=None):
