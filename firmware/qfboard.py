@@ -9,6 +9,7 @@ and no WDT: both steps are skipped and said so.
 import time
 
 import qfagent
+from edge.runtime.sensors import Periodic
 
 
 def wifi(cfg, tries=8):
@@ -60,28 +61,18 @@ def watchdog(ms):
         return None
 
 
-class Adc:
+class Adc(Periodic):
     """``{"kind": "adc", "pin": 34, "scale": 1.0, "offset": 0.0, "period": 1.0}``: a scaled ADC reading."""
 
     def __init__(self, spec, t0, period):
         from machine import ADC, Pin
         self.adc = ADC(Pin(spec["pin"]))
-        self.source = spec["name"]
         self.scale = spec.get("scale", 1.0)
         self.offset = spec.get("offset", 0.0)
-        self.period = spec.get("period", period)
-        self.t = t0
+        Periodic.__init__(self, spec["name"], t0, spec.get("period", period))
 
-    def next_time(self):
-        return self.t
-
-    def poll(self, now):
-        if now < self.t:
-            return ()
-        self.t += self.period
-        if self.t <= now:
-            self.t = now + self.period
-        return ((self.source, self.adc.read_u16() * self.scale + self.offset),)
+    def read(self, now):
+        return self.adc.read_u16() * self.scale + self.offset
 
 
 def inputs(rest, now, period):

@@ -6,13 +6,33 @@ the walk uses its own xorshift32 so a seed gives the same stream on both interpr
 """
 
 
-class RandomWalk:
-    """One source stepping uniformly in [-step, step] every ``period`` seconds from ``start``."""
+class Periodic:
+    """A reading of ``source`` every ``period`` seconds from ``t0``; subclasses supply ``read(now)``
+    (None skips). After a stall the missed ticks are skipped and the grid is kept."""
 
-    def __init__(self, source, t0, period, start=0.0, step=1.0, seed=1):
+    def __init__(self, source, t0, period):
         self.source = source
         self.period = period
         self.t = t0
+
+    def next_time(self):
+        return self.t
+
+    def poll(self, now):
+        if now < self.t:
+            return ()
+        self.t += self.period
+        if self.t <= now:
+            self.t += ((now - self.t) // self.period + 1) * self.period
+        v = self.read(now)
+        return () if v is None else ((self.source, v),)
+
+
+class RandomWalk(Periodic):
+    """One source stepping uniformly in [-step, step] every ``period`` seconds from ``start``."""
+
+    def __init__(self, source, t0, period, start=0.0, step=1.0, seed=1):
+        Periodic.__init__(self, source, t0, period)
         self.value = float(start)
         self.step = step
         self.s = (seed * 2654435761 + 1) & 0xFFFFFFFF or 1
@@ -25,17 +45,9 @@ class RandomWalk:
         self.s = s
         return s / 4294967296.0
 
-    def next_time(self):
-        return self.t
-
-    def poll(self, now):
-        if now < self.t:
-            return ()
-        self.t += self.period
-        if self.t <= now:            # fell behind (a stall): skip the missed ticks, keep the grid
-            self.t += ((now - self.t) // self.period + 1) * self.period
+    def read(self, now):
         self.value += (2 * self._uniform() - 1) * self.step
-        return ((self.source, self.value),)
+        return self.value
 
 
 class CsvReplay:

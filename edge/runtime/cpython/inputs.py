@@ -37,27 +37,16 @@ class SerialLines:
         return out
 
 
-class Function:
+class Function(sensors.Periodic):
     """``call = "module:function"``: ``function(now)`` returns a reading (None skips) every period."""
 
     def __init__(self, source, call, t0, period):
         module, _, name = call.partition(":")
         self.fn = getattr(importlib.import_module(module), name)
-        self.source = source
-        self.period = period
-        self.t = t0
+        sensors.Periodic.__init__(self, source, t0, period)
 
-    def next_time(self):
-        return self.t
-
-    def poll(self, now):
-        if now < self.t:
-            return ()
-        self.t += self.period
-        if self.t <= now:
-            self.t = now + self.period
-        v = self.fn(now)
-        return () if v is None else ((self.source, v),)
+    def read(self, now):
+        return self.fn(now)
 
 
 def build(cfg, t0):
