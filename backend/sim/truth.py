@@ -152,6 +152,32 @@ class Truth:
         self.dirty.clear()
 
 
+def _contains(ans, tr):
+    """Whether answer ``(t, lo, hi, degraded)`` contains truth ``(t, exact, scale)`` up to float tolerance."""
+    _, x, scale = tr
+    tol = TOL * (1.0 + scale + abs(x))
+    return ans[1] - tol <= x <= ans[2] + tol
+
+
+def _instants(truth, answers):
+    """Merge two step functions: per distinct time t, after every change at t, yield
+    ``(t, truth now, answer before t, answer now, answer changed at t, next time or None)``."""
+    events = sorted([(t, 0, k) for k, (t, _, _) in enumerate(truth)] + [(t, 1, k) for k, (t, _, _, _) in enumerate(answers)])
+    cur_truth = cur_ans = None
+    i = 0
+    while i < len(events):
+        t = events[i][0]
+        prev, changed = cur_ans, False
+        while i < len(events) and events[i][0] == t:
+            _, kind, k = events[i]
+            if kind == 0:
+                cur_truth = truth[k]
+            else:
+                cur_ans, changed = answers[k], True
+            i += 1
+        yield t, cur_truth, prev, cur_ans, changed, events[i][0] if i < len(events) else None
+
+
 def check(truth, answers, precision, end):
     """Merge the truth and answer step functions of one query.
 
@@ -161,21 +187,10 @@ def check(truth, answers, precision, end):
     """
     steps = [(-math.inf, precision)] if isinstance(precision, (int, float)) else list(precision)
     p = 0
-    events = sorted([(t, 0, k) for k, (t, _, _) in enumerate(truth)] + [(t, 1, k) for k, (t, _, _, _) in enumerate(answers)])
-    cur_truth = cur_ans = None
     violations = misses = 0
     vtime = dtime = 0.0
     bad_since = deg_since = None
-    i = 0
-    while i < len(events):
-        t = events[i][0]
-        while i < len(events) and events[i][0] == t:
-            _, kind, k = events[i]
-            if kind == 0:
-                cur_truth = truth[k]
-            else:
-                cur_ans = answers[k]
-            i += 1
+    for t, cur_truth, _, cur_ans, _, _ in _instants(truth, answers):
         while p + 1 < len(steps) and steps[p + 1][0] <= t:
             p += 1
         precision = steps[p][1]
@@ -183,13 +198,12 @@ def check(truth, answers, precision, end):
         if cur_truth is not None and cur_ans is not None:
             _, x, scale = cur_truth
             _, lo, hi, degraded = cur_ans
-            tol = TOL * (1.0 + scale + abs(x))
             if degraded:
                 deg = True
-            elif not (lo - tol <= x <= hi + tol):
+            elif not _contains(cur_ans, cur_truth):
                 bad = True
                 violations += 1
-            if not degraded and hi - lo > precision + tol and math.isfinite(hi - lo):
+            if not degraded and hi - lo > precision + TOL * (1.0 + scale + abs(x)) and math.isfinite(hi - lo):
                 misses += 1
         if bad and bad_since is None:
             bad_since = t
@@ -216,39 +230,19 @@ def fidelity(truth, answers, end):
     still contained the truth at that instant (the paper's per-evaluation check), over ``checks``;
     ``degraded_fidelity``: the time fraction over degraded answers. None where nothing was measured.
     """
-    events = sorted([(t, 0, k) for k, (t, _, _) in enumerate(truth)] + [(t, 1, k) for k, (t, _, _, _) in enumerate(answers)])
-    cur_truth = cur_ans = None
     span = {False: 0.0, True: 0.0}
     inside = {False: 0.0, True: 0.0}
     checks = hits = 0
-    i = 0
-
-    def contains(ans, tr):
-        _, x, scale = tr
-        tol = TOL * (1.0 + scale + abs(x))
-        return ans[1] - tol <= x <= ans[2] + tol
-
-    while i < len(events):
-        t = events[i][0]
-        prev = cur_ans
-        changed = False
-        while i < len(events) and events[i][0] == t:
-            _, kind, k = events[i]
-            if kind == 0:
-                cur_truth = truth[k]
-            else:
-                cur_ans = answers[k]
-                changed = True
-            i += 1
+    for t, cur_truth, prev, cur_ans, changed, nxt in _instants(truth, answers):
         if changed and prev is not None and cur_truth is not None and not prev[3]:
             checks += 1
-            hits += contains(prev, cur_truth)
-        nxt = events[i][0] if i < len(events) else end
+            hits += _contains(prev, cur_truth)
+        nxt = end if nxt is None else nxt
         if cur_truth is not None and cur_ans is not None and nxt > t:
             d = min(nxt, end) - t
             if d > 0:
                 span[cur_ans[3]] += d
-                if contains(cur_ans, cur_truth):
+                if _contains(cur_ans, cur_truth):
                     inside[cur_ans[3]] += d
     return {"fidelity": inside[False] / span[False] if span[False] > 0 else None,
             "checks": checks, "check_fidelity": hits / checks if checks else None,
