@@ -198,8 +198,8 @@ def main(out_dir, quick=False, smoke=False, log=None):
     clair = clairvoyant_table(scale, log)
     log("[bench] simulator throughput")
     thr = throughput_table(sizes, log)
-    edge, edge_note = (None, "skipped in smoke runs") if smoke else _optional("backend.bench_edge", "figures", log, quick=True)
-    spark, spark_note = (None, "skipped in smoke runs") if smoke else _optional("backend.spark.bench_job", "figures", log, quick=True)
+    edge, edge_note = (None, "skipped in smoke runs") if smoke else _optional("backend.bench_edge", "figures", log, quick=quick)
+    spark, spark_note = (None, "skipped in smoke runs") if smoke else _optional("backend.spark.bench_job", "figures", log, quick=quick)
     for name, rows in (("protocols", proto), ("clairvoyant", clair), ("throughput", thr)):
         _write_csv(os.path.join(out_dir, name + ".csv"), rows)
     plots = _plots(out_dir, proto, thr)
