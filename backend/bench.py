@@ -119,6 +119,33 @@ def throughput_table(sizes, log):
     return rows
 
 
+def state_table(sizes, log):
+    """Backend state per 1000 sources: the pickled coordinator the Spark job keeps per query group."""
+    import pickle
+    from backend.coordinator.coordinator import Coordinator
+    from backend.coordinator.protocols import make
+    from edge.agent import Agent
+    rows = []
+    for n in sizes:
+        for proto in ("deadband", "adaptive"):
+            coord = Coordinator(make(proto), period=10.0, shrink=0.05)
+            ids = ["s%d" % i for i in range(n)]
+            coord.declare_sources(ids)
+            coord.add_query({"id": "avg", "kind": "avg", "sources": "all", "precision": 5.0}, 0.0)
+            for d in range(0, n, 4):
+                a = Agent("d%d" % d, ids[d:d + 4], boot=1)
+                for _, p in a.start(0.0):
+                    coord.handle_uplink(0.0, a.device, p)
+                for j in range(len(a.names)):
+                    for _, p in a.handle_sample(0.0, j, 100.0 + j):
+                        coord.handle_uplink(0.0, a.device, p)
+            size = len(pickle.dumps(coord, protocol=pickle.HIGHEST_PROTOCOL))
+            log("  state %d sources %s: %d bytes" % (n, proto, size))
+            rows.append({"sources": n, "protocol": proto, "state_bytes": size,
+                         "bytes_per_1000_sources": int(size * 1000 / n)})
+    return rows
+
+
 def _optional(module, fn, log, **kw):
     """Figures from another part of the product, if it is installed here; else a note why not."""
     try:
@@ -198,9 +225,11 @@ def main(out_dir, quick=False, smoke=False, log=None):
     clair = clairvoyant_table(scale, log)
     log("[bench] simulator throughput")
     thr = throughput_table(sizes, log)
+    log("[bench] backend state size")
+    state = state_table(sizes, log)
     edge, edge_note = (None, "skipped in smoke runs") if smoke else _optional("backend.bench_edge", "figures", log, quick=quick)
     spark, spark_note = (None, "skipped in smoke runs") if smoke else _optional("backend.spark.bench_job", "figures", log, quick=quick)
-    for name, rows in (("protocols", proto), ("clairvoyant", clair), ("throughput", thr)):
+    for name, rows in (("protocols", proto), ("clairvoyant", clair), ("throughput", thr), ("state", state)):
         _write_csv(os.path.join(out_dir, name + ".csv"), rows)
     plots = _plots(out_dir, proto, thr)
     viol = sum(r["violations"] for r in proto + clair + thr)
@@ -221,7 +250,10 @@ def main(out_dir, quick=False, smoke=False, log=None):
              "## Simulator throughput as the fleet grows", "",
              "Deadband, one AVG over all sources, ~400k samples per run; the scalar path runs every reading "
              "through the agent objects, the vectorised path screens in-bound readings with numpy and is "
-             "cross-checked against the scalar path in the tests.", "", _md(thr), "![throughput](throughput.png)", ""]
+             "cross-checked against the scalar path in the tests.", "", _md(thr), "![throughput](throughput.png)", "",
+             "## Backend state as the fleet grows", "",
+             "Pickled coordinator (bound cache, queries, protocol state) that the Spark job keeps per query "
+             "group, after every source's birth and first report; one AVG over all sources.", "", _md(state)]
     for title, data, note in (("Edge cost", edge, edge_note), ("Spark backend", spark, spark_note)):
         lines += ["## " + title, ""]
         if data:
