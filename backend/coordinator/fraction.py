@@ -7,9 +7,12 @@ filter (−∞, ∞) and stay in the answer silently; of the streams outside, E_
 Fix Error, which probes one FP stream and, unless it is still inside, one FN stream, and gives them
 [l, u]. Which streams get FP/FN filters (and which one Fix Error probes) is ``choice``: "boundary"
 (nearest the range boundary) or "random". When no FP/FN filter is left, initialisation runs again
-(it needs no probes: every membership is then exact). As a safety net beyond the paper's proof
-(whose special cases are in its technical report) Fix Error also runs whenever the worst case
-|P| > ε+|A| or |N| > ε−(|A| − |P| + |N|) could be reached, P and N being the FP and FN streams.
+(it needs no probes: every membership is then exact). Fix Error runs exactly when the worst case over
+the silent streams, |P| > ε+|A| or |N| > ε−(|A| − |P| + |N|) (P, N the FP and FN streams), breaks the
+tolerance: after any update (a safety net for the special cases the paper leaves to its technical
+report) and, for a removal at count 0, only then rather than always. Figure 7's count rule assumes
+n+, n− still equal E_max+(t_c), E_max−(t_c); once Fix Error has used some of them up the bound usually
+still holds, and an unconditional Fix Error would spend 3-6 messages to give away a filter for nothing.
 ZT-NRP is the same protocol with zero tolerance: every stream carries [l, u].
 
 FT-RP (§5.2) views a k-NN query as the range R that encloses the k nearest values (R halfway between
@@ -80,7 +83,7 @@ class _RangeState(QueryState):
             self.A.discard(key)
             if self.count > 0:
                 self.count -= 1
-            else:
+            elif self.exposed():
                 self.fix_error(coord)
                 return
         self.check(coord)
@@ -117,6 +120,10 @@ class _RangeState(QueryState):
             self.A.add(z)
         self.constrain(coord, z, self.c)
         self.check(coord)
+
+    def exposed(self):
+        """Whether a removal at count 0 needs Fix Error: only if the worst case no longer meets the tolerance."""
+        return not self.holds()
 
     def holds(self):
         """The worst case over the silent streams meets the tolerance (Eqs. 3, 4)."""
@@ -166,6 +173,9 @@ class _KnnState(_RangeState):
         ep, en = self.eps
         return (p <= ep * a + _EPS and a * (1 - ep) <= k - n + _EPS and n <= en * k + _EPS
                 and a + _EPS >= k * (1 - en) + p)
+
+    def exposed(self):
+        return True                     # Figure 7: every removal at count 0 runs Fix Error on R
 
     def check(self, coord):
         if not self.provable():

@@ -72,6 +72,18 @@ def test_tolerance_saves_messages_and_is_used():
     assert zt["by_kind"]["probe"] == zt["by_kind"]["reply"] > 0
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ft_nrp_spends_no_fix_error_the_bound_does_not_need(seed):
+    # a removal at count 0 used to run Fix Error even when the worst case still held, so at small
+    # tolerance FT-NRP gave its filters away for probes and sent more messages than ZT-NRP
+    q = {"kind": "range", "range": [400, 600]}
+    zt = engine.run(wl("zt-nrp", q, seed=seed, count=300, duration=300))
+    ft = engine.run(wl("ft-nrp", dict(q, fp_tolerance=0.1, fn_tolerance=0.1), seed=seed, count=300, duration=300))
+    assert zt["violations"] == ft["violations"] == 0
+    assert ft["messages"]["up"] + ft["messages"]["down"] < zt["messages"]["up"] + zt["messages"]["down"]
+    assert ft["by_kind"]["probe"] <= 5
+
+
 class _Greedy(fraction._RangeState):
     def quota(self):      # three times the false-positive/negative filters the tolerance allows
         a = len(self.A)
