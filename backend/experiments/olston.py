@@ -23,6 +23,7 @@ import itertools
 import math
 import os
 import random
+import sys
 import tempfile
 import time
 
@@ -113,11 +114,20 @@ def _run(spec):
     return engine.run(spec)
 
 
+def _say(msg):
+    print("olston: " + msg, file=sys.stderr, flush=True)
+
+
 def _run_all(specs):
-    """Run independent simulations on every core; results in order."""
+    """Run independent simulations on every core; results in order, progress on stderr."""
     from multiprocessing import get_context
+    out = []
     with get_context("fork").Pool(min(len(specs), os.cpu_count() or 1)) as pool:
-        return pool.map(_run, specs, chunksize=1)
+        for i, res in enumerate(pool.imap(_run, specs, chunksize=1), 1):
+            out.append(res)
+            if i % 20 == 0 or i == len(specs):
+                _say("random walks %d/%d runs" % (i, len(specs)))
+    return out
 
 
 def lattice_gap(seed, delta):
@@ -164,6 +174,7 @@ def _experiments(tmp, quick, smoke):
     rows = []
     seed = 1
     # -- §5.2 multi-query workload: adaptive vs uniform ----------------------------------------
+    _say("multi-query workload (uniform, adaptive, adaptive (paper))")
     dur, warm = (300, 100) if smoke else (2400, 400) if quick else (7200, 1200)
     deltas = [4.0] if quick or smoke else [1.0, 2.0, 4.0, 10.0]
     for stationary in (False, True):
@@ -196,6 +207,7 @@ def _experiments(tmp, quick, smoke):
                          "%s steps U[0.1,2]%s" % ("N(0,s²)" if "binary" not in wl else "±s",
                                                   "; query sets U[2,5], delta_j U[0,delta]" if "5q" in wl else "")))
     # -- effect of T and S (single AVG random walk, delta 5; multi-query delta 4 in full mode) ---
+    _say("effect of T and S")
     grid = [(5.0, 0.05), (10.0, 0.01), (10.0, 0.02), (10.0, 0.05), (10.0, 0.1), (20.0, 0.05)]
     for T, S in grid[:1] if smoke else grid:
         params = {"period": T, "shrink": S}
@@ -215,6 +227,7 @@ def _experiments(tmp, quick, smoke):
                         "sources": {"trace": path, "per_device": 31}, "queries": qs, "params": params})
             rows.append(_row("T_S", "multiquery", seed, "adaptive", params, res, 4.0, "dQ1,Q3,Q4=delta/100"))
     # -- §4 latency: serialising queue vs §4.1 padding, delays changing while running ----------
+    _say("latency: queue vs padding while delays change")
     step_hi = 2.0
     for proto, params, label in (
             ("adaptive", {"period": 10.0, "shrink": 0.05}, "queue lambda=1.5"),
@@ -239,11 +252,12 @@ def _pick(rows, key, **match):
     return None
 
 
-def _vs_static(rows, wl, proto):
-    """adaptive/optimal-static uplink ratios of ``proto`` on ``wl``, one per (seed, δ)."""
+def _vs_static(rows, wl, proto, delta=None):
+    """adaptive/optimal-static uplink ratios of ``proto`` on ``wl`` (at ``delta``), one per (seed, δ)."""
     out = []
     for r in rows:
-        if (r["experiment"], r["workload"], r["protocol"]) == ("random_walk", wl, proto):
+        if (r["experiment"], r["workload"], r["protocol"]) == ("random_walk", wl, proto) and \
+                delta in (None, r["delta"]):
             base = _pick(rows, "stream_per_s", experiment="random_walk", workload=wl, protocol="optimal_static",
                          seed=r["seed"], delta=r["delta"])
             if base:
@@ -274,6 +288,18 @@ def _write(out_dir, rows, quick, elapsed):
             if rs:
                 lines.append("| %s: %s / optimal static uplink (idealized), worst [mean] over %d seed×δ | %.3f [%.3f] "
                              "| on par | ≤ 1.10 |" % (wl, label, len(rs), max(rs), sum(rs) / len(rs)))
+    deltas = sorted({r["delta"] for r in rows if r["experiment"] == "random_walk"})
+    lines += ["", "## Random walks: adaptive / optimal static uplink by δ, worst [mean] over seeds", "",
+              "| workload | protocol | " + " | ".join("δ=%g" % d for d in deltas) + " |",
+              "|---|---|" + "---|" * len(deltas)]
+    for wl in ("randomwalk-1q", "randomwalk-5q", "randomwalk-1q-binary"):
+        for label, _ in ADAPTIVE:
+            cells = []
+            for d in deltas:
+                rs = _vs_static(rows, wl, label, d)
+                cells.append("%.3f [%.3f]" % (max(rs), sum(rs) / len(rs)) if rs else "")
+            lines.append("| %s | %s | %s |" % (wl, label, " | ".join(cells)))
+    lines += ["", "| figure | measured | paper | target |", "|---|---|---|---|"]
     bad = sum(r["violations"] for r in rows)
     lines.append("| guarantee violations, all runs | %d | — | 0 |" % bad)
     seeds = sorted({r["seed"] for r in rows if r["workload"] == "randomwalk-1q-binary"})
