@@ -19,10 +19,12 @@ reports than the offline optimum at δ = 5–10.
   busy objects keep a one-period window, quiet ones pool enough reports to rank reliably.
 - ``cap`` = g: one object grows by at most g·W_i in a period, so the freed slack goes to several
   overburdened objects; what is left after that pass goes, uncapped, to the objects already grown.
-- ``growth_cost`` = c: a growth message costs c·C_i. Beyond the first (most deviating) object, an
-  object gets one only if the reports it saves over the shrink horizon T/S,
-  r_i·(T/S)·(1 − (W_i/(W_i+ΔW_i))²) with r_i its estimated report rate, pay for it; objects
-  that report rarely (most of the §5 network objects) are left to the greedy rule, busy ones spread.
+- ``growth_cost`` = c: a growth message costs c·C_i. The most deviating object of each row grows
+  as in the paper; another object gets a message only if it pays: the reports it saves over the shrink horizon T/S,
+  r_i·(T/S)·(1 − (W_i/(W_i+ΔW_i))²) with r_i its estimated report rate, minus what the same slack
+  would save at the row's first grower (which gets it otherwise), must be at least c·C_i. Objects
+  that report rarely (most of the §5 network objects) are left to the greedy rule; busy ones spread.
+  With c = 0 (growth free, the paper's idealized §3.3 setting) growth always spreads.
 
 Constraints (``Rows``): a weighted AVG query gives Σ_i |K_ij|·W_i ≤ δ_j·|S_j|, a SUM query
 Σ_i |K_ij|·W_i ≤ δ_j, and a MIN/MAX query one single-object row W_i ≤ δ_j per object (App. A);
@@ -296,7 +298,7 @@ class Adaptive(Protocol):
             dev[key] = d if d > 0 else 0.0
         order.sort(key=lambda k: -dev[k])
         slack = [b - u for b, u in zip(rows.budget, rows.used(widths))]
-        grown = {}
+        grown, first = {}, {}
         for spread in (True, False):    # capped pass; then the leftover to the objects already grown
             for key in order:
                 s = src[key]
@@ -311,10 +313,16 @@ class Adaptive(Protocol):
                     dw = min(dw, self.cap * max(w, 1e-6 * rows.uniform(key)))
                 if dw <= _MARGIN * max(rows.budget[j] for j, _ in of):
                     continue
-                if grown and key not in grown and not self._pays(key, rate.get(key, 0.0), w, dw, coord):
-                    continue
+                if key not in grown and all(j in first for j, _ in of):
+                    # every row of key has a grower already, which gets this slack in the leftover pass
+                    g = first[of[0][0]]
+                    room = min(dw, max(0.0, min(slack[j] / k for j, k in rows.of[g])))
+                    if not self._pays(key, rate.get(key, 0.0), w, dw, coord,
+                                      (rate.get(g, 0.0), src[g].filt.width, grown[g], room)):
+                        continue
                 for j, k in of:
                     slack[j] -= k * dw
+                    first.setdefault(j, key)
                 grown[key] = w + dw
             if self.cap is None:
                 break
@@ -336,9 +344,16 @@ class Adaptive(Protocol):
         del h[:cut]                 # later windows start later, so they never reach further back
         return total_n, total_e
 
-    def _pays(self, key, rate, width, dw, coord):
-        """Whether growing ``key`` by dw saves at least a growth message's cost in reports over T/S."""
+    def _pays(self, key, rate, width, dw, coord, other=None):
+        """Whether growing ``key`` by dw saves a growth message's cost in reports over T/S.
+
+        Saved reports follow the App. E model (rate ∝ 1/W²). ``other`` = (rate, width, grown width, room)
+        of the object that would otherwise get ``room`` (<= dw) of this slack; its saving is subtracted.
+        """
         if not self.growth_cost or not coord.shrink:
             return True
-        saved = rate * coord.period / coord.shrink * (1 - (width / (width + dw)) ** 2)
-        return saved >= self.growth_cost * self.cost(key)
+        saved = rate * (1 - (width / (width + dw)) ** 2)
+        if other:
+            r, w0, w1, room = other
+            saved -= r * w0 * w0 * (1 / (w1 * w1) - 1 / ((w1 + room) * (w1 + room)))
+        return saved * coord.period / coord.shrink >= self.growth_cost * self.cost(key)

@@ -225,6 +225,12 @@ def test_priced_growth_pays_for_itself():
     assert not p._pays("b", 0.001, 1.0, 1.0, Coord)             # 0.15 reports < 2 × cost 1
     # threshold for "a": 2 × 0.5 = 1 report, i.e. r = 1/150
     assert p._pays("a", 1.001 / 150, 1.0, 1.0, Coord) and not p._pays("a", 0.999 / 150, 1.0, 1.0, Coord)
+    # against the alternative: the slack would otherwise go to an object that saves more with it
+    assert p._pays("b", 0.02, 1.0, 1.0, Coord)                                # 3 reports alone
+    assert not p._pays("b", 0.02, 1.0, 1.0, Coord, (0.1, 1.0, 1.0, 1.0))      # 3 − 15 < 2
+    assert p._pays("b", 0.02, 1.0, 1.0, Coord, (0.1, 1.0, 1.0, 0.0))          # the other has no room
+    assert p._pays("b", 0.1, 1.0, 1.0, Coord, (0.1, 1.0, 2.0, 1.0))           # 15 − 0.1·(1/4 − 1/9)·200
+    assert not p._pays("b", 0.1, 1.0, 1.0, Coord, (0.1, 1.0, 0.7, 1.0))
     # an unaffordable price leaves only the most deviating object to grow, even with a cap
     res, log = _trace_periods(_single_avg_spec({"cap": 0.1, "growth_cost": 1e9}))
     assert res["violations"] == 0 and max(len(_grown(e)) for e in log) == 1
