@@ -149,7 +149,7 @@ class Adaptive(Protocol):
     name = "adaptive"
     shrinks = True
 
-    def __init__(self, cost=1.0, seed=0, immediate=True, rate=None, eps=1e-8, reports=20, memory=100, cap=0.2,
+    def __init__(self, cost=1.0, seed=0, immediate=True, rate=None, eps=1e-8, reports=20, memory=50, cap=0.2,
                  growth_cost=1.0):
         self.cost = _per_key(cost, "cost")
         for name, v in (("reports", reports), ("memory", memory)):
