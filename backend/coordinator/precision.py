@@ -20,9 +20,10 @@ reports than the offline optimum at δ = 5–10.
 - ``cap`` = g: one object grows by at most g·W_i in a period, so the freed slack goes to several
   overburdened objects; what is left after that pass goes, uncapped, to the objects already grown.
 - ``growth_cost`` = c: a growth message costs c·C_i. The most deviating object of each row grows
-  as in the paper; another object gets a message only if it pays: the reports it saves over the shrink horizon T/S,
-  r_i·(T/S)·(1 − (W_i/(W_i+ΔW_i))²) with r_i its estimated report rate, minus what the same slack
-  would save at the row's first grower (which gets it otherwise), must be at least c·C_i. Objects
+  as in the paper; another object gets a message only if it pays: the reports it saves over the
+  shrink horizon T/S, r_i·(T/S)·(1 − (W_i/(W_i+ΔW_i))²) with r_i its estimated report rate, minus
+  what the same slack would save at the row's first grower (which gets it otherwise, as far as its
+  other rows leave room), must be at least c·C_i. Objects
   that report rarely (most of the §5 network objects) are left to the greedy rule; busy ones spread.
   With c = 0 (growth free, the paper's idealized §3.3 setting) growth always spreads.
 
@@ -88,6 +89,7 @@ class Rows:
             elif q.kind in ("min", "max"):
                 for s in q.sources:
                     self._add(qid, {s: 1.0}, q.precision - phi(s))
+        self.share = [b / math.fsum(c.values()) for b, c in zip(self.budget, self.coef)]   # equal width per row
         self.of = {}            # key -> [(row, |K|)]
         for j, c in enumerate(self.coef):
             for s, k in c.items():
@@ -100,7 +102,7 @@ class Rows:
 
     def uniform(self, key):
         """Uniform allocation (§1.2): the smallest equal share b_j/Σ_i|K_ij| over key's rows."""
-        return min(self.budget[j] / math.fsum(self.coef[j].values()) for j, _ in self.of[key])
+        return min(self.share[j] for j, _ in self.of[key])
 
     def used(self, widths):
         return [math.fsum(k * widths.get(s, 0.0) for s, k in c.items()) for c in self.coef]
@@ -152,9 +154,9 @@ class Adaptive(Protocol):
     def __init__(self, cost=1.0, seed=0, immediate=True, rate=None, eps=1e-8, reports=20, memory=50, cap=0.2,
                  growth_cost=1.0):
         self.cost = _per_key(cost, "cost")
-        for name, v in (("reports", reports), ("memory", memory)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "reports" else 1):
-                raise ValueError("%s must be an integer >= %d, got %r" % (name, name == "memory", v))
+        for name, v, least in (("reports", reports, 0), ("memory", memory, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise ValueError("%s must be an integer >= %d, got %r" % (name, least, v))
         self.reports, self.memory = reports, memory     # K reports per burden estimate (0: one period, paper)
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
             raise ValueError("cap must be a number > 0 or null, got %r" % (cap,))
@@ -317,8 +319,7 @@ class Adaptive(Protocol):
                     # every row of key has a grower already, which gets this slack in the leftover pass
                     g = first[of[0][0]]
                     room = min(dw, max(0.0, min(slack[j] / k for j, k in rows.of[g])))
-                    if not self._pays(key, rate.get(key, 0.0), w, dw, coord,
-                                      (rate.get(g, 0.0), src[g].filt.width, grown[g], room)):
+                    if not self._pays(key, rate[key], w, dw, coord, (rate[g], src[g].filt.width, grown[g], room)):
                         continue
                 for j, k in of:
                     slack[j] -= k * dw

@@ -143,12 +143,13 @@ def lattice_gap(seed, delta):
     from backend.coordinator import optimal
     from backend.coordinator.precision import Rows
     from backend.coordinator.queries import parse_query
-    keys = ["s%d" % i for i in range(10)]
-    rng = np.random.default_rng(seed)
-    rng.uniform(0.0, 100.0, size=10)            # the generator draws the starts, then the step sizes
-    step = rng.uniform(0.1, 2.0, size=10)
-    rows = Rows({"avg": parse_query(random_walk_queries(seed, delta, False)[0], keys)})
-    widths = optimal.solve(rows, {k: step[i] ** 2 for i, k in enumerate(keys)}, lambda k: 1.0)
+    from backend.sim.workload import load, samples
+    w = load(dict(_rw_spec(seed, delta, False, "binary"), protocol="uniform", duration=10))
+    keys = list(w.source_ids)
+    var = optimal.step_variance(keys, *samples(w))     # a ±s walk: every squared step is s² exactly
+    step = [var[k] ** 0.5 for k in keys]
+    rows = Rows({"avg": parse_query(w.queries[0], keys)})
+    widths = optimal.solve(rows, var, lambda k: 1.0)
     model = sum(1.0 / (math.floor(widths[k] / (2 * step[i])) + 1) ** 2 for i, k in enumerate(keys))
     m, used = [1] * len(keys), 0.0            # width 2s(m-1) makes the walk exit after m steps out
     while True:
@@ -256,16 +257,16 @@ def _pick(rows, key, **match):
     return None
 
 
-def _vs_static(rows, wl, proto, delta=None):
-    """adaptive/optimal-static uplink ratios of ``proto`` on ``wl`` (at ``delta``), one per (seed, δ)."""
-    out = []
-    for r in rows:
-        if (r["experiment"], r["workload"], r["protocol"]) == ("random_walk", wl, proto) and \
-                delta in (None, r["delta"]):
-            base = _pick(rows, "stream_per_s", experiment="random_walk", workload=wl, protocol="optimal_static",
-                         seed=r["seed"], delta=r["delta"])
-            if base:
-                out.append(r["stream_per_s"] / base)
+def _vs_static(rows):
+    """{(workload, protocol, δ): [uplink ratio to optimal static, one per seed]} over the random walks."""
+    walks = [r for r in rows if r["experiment"] == "random_walk"]
+    base = {(r["workload"], r["seed"], r["delta"]): r["stream_per_s"] for r in walks
+            if r["protocol"] == "optimal_static"}
+    out = {}
+    for r in walks:
+        b = base.get((r["workload"], r["seed"], r["delta"]))
+        if r["protocol"].startswith("adaptive") and b:
+            out.setdefault((r["workload"], r["protocol"], r["delta"]), []).append(r["stream_per_s"] / b)
     return out
 
 
@@ -286,25 +287,24 @@ def _write(out_dir, rows, quick, elapsed):
             lines.append("| %s δ=4: %s/uniform total msgs/s (%.2f / %.2f) | %.3f | %.2f (1.6/5.4) | ≤ 0.25 |"
                          % (r["workload"], r["protocol"], r["total_per_s"], uni, r["total_per_s"] / uni,
                             PAPER["multi_adaptive"] / PAPER["multi_uniform"]))
-    for wl in ("randomwalk-1q", "randomwalk-5q", "randomwalk-1q-binary"):
+    ratios = _vs_static(rows)
+    deltas = sorted({d for _, _, d in ratios})
+    walks = ("randomwalk-1q", "randomwalk-5q", "randomwalk-1q-binary")
+    for wl in walks:
         for label, _ in ADAPTIVE:
-            rs = _vs_static(rows, wl, label)
+            rs = [x for d in deltas for x in ratios.get((wl, label, d), [])]
             if rs:
-                lines.append("| %s: %s / optimal static uplink (idealized), worst [mean] over %d seed×δ | %.3f [%.3f] "
-                             "| on par | ≤ 1.10 |" % (wl, label, len(rs), max(rs), sum(rs) / len(rs)))
-    deltas = sorted({r["delta"] for r in rows if r["experiment"] == "random_walk"})
+                lines.append("| %s: %s / optimal static uplink (idealized), worst [mean] over %d seed×δ "
+                             "| %.3f [%.3f] | on par | ≤ 1.10 |" % (wl, label, len(rs), max(rs), sum(rs) / len(rs)))
     lines += ["", "## Random walks: adaptive / optimal static uplink by δ, worst [mean] over seeds", "",
               "| workload | protocol | " + " | ".join("δ=%g" % d for d in deltas) + " |",
               "|---|---|" + "---|" * len(deltas)]
-    for wl in ("randomwalk-1q", "randomwalk-5q", "randomwalk-1q-binary"):
+    for wl in walks:
         for label, _ in ADAPTIVE + (LOW_RATE,):
-            if not _vs_static(rows, wl, label):
-                continue
-            cells = []
-            for d in deltas:
-                rs = _vs_static(rows, wl, label, d)
-                cells.append("%.3f [%.3f]" % (max(rs), sum(rs) / len(rs)) if rs else "")
-            lines.append("| %s | %s | %s |" % (wl, label, " | ".join(cells)))
+            cells = [ratios.get((wl, label, d)) for d in deltas]
+            if any(cells):
+                lines.append("| %s | %s | %s |" % (wl, label, " | ".join(
+                    "%.3f [%.3f]" % (max(rs), sum(rs) / len(rs)) if rs else "" for rs in cells)))
     lines += ["", "| figure | measured | paper | target |", "|---|---|---|---|"]
     bad = sum(r["violations"] for r in rows)
     lines.append("| guarantee violations, all runs | %d | — | 0 |" % bad)
@@ -312,7 +312,8 @@ def _write(out_dir, rows, quick, elapsed):
     deltas = sorted({r["delta"] for r in rows if r["workload"] == "randomwalk-1q-binary"})
     if seeds:
         lines += ["", "## ±s steps: the App. F widths against an exact-lattice static allocation", "",
-                  "Expected reports per time unit of a ±s walk with width W are 1/m², m = ⌊W/2s⌋+1, not (2s/W)². "
+                  "Expected reports per time unit of a ±s walk with width W are 1/m², m = ⌊W/2s⌋+1, "
+                  "not (2s/W)². "
                   "`model` is the App. F optimum's real rate, `lattice` a static allocation chosen on the exact "
                   "rate; their ratio is how much a static allocation can gain from the lattice alone.", "",
                   "| seed | δ | App. F widths | lattice widths | ratio |", "|---|---|---|---|---|"]

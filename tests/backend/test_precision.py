@@ -414,10 +414,10 @@ def test_experiment_smoke(tmp_path):
     assert olston.main(str(tmp_path), smoke=True) == 0
     md = (tmp_path / "olston.md").read_text()
     assert "adaptive (paper)/uniform" in md and "adaptive/uniform" in md and "optimal static" in md
-    assert "lattice widths" in md and {"randomwalk-1q", "randomwalk-1q-binary"} <= set(r["workload"] for r in csv.DictReader(open(tmp_path / "olston.csv")))
-    assert (tmp_path / "olston.csv").exists() and (tmp_path / "fig8_multiquery.png").exists()
+    assert "lattice widths" in md and (tmp_path / "fig8_multiquery.png").exists()
     rows = list(csv.DictReader(open(tmp_path / "olston.csv")))
     assert rows and all(r["violations"] == "0" for r in rows)
+    assert {"randomwalk-1q", "randomwalk-1q-binary"} <= {r["workload"] for r in rows}
 
 
 def test_padded_answers_keep_the_original_precision():
