@@ -16,7 +16,7 @@ request, decache notice) costs w = 1, per tree hop. Everything here is sans-IO a
 import math
 
 from edge.core import codec
-from edge.core.swat import Swat, TAG, pack_segments
+from edge.core.swat import Swat, TAG, pack_segments, weighted
 
 
 def segment_of(i):
@@ -94,17 +94,7 @@ def phase_tests(source, fringe, reads, writes, subs, interested, stale):
 
 def combine(positions, weights, rows, seg_of=segment_of):
     """(estimate, lo, hi) of sum w_i d_i from per-segment rows (lo, hi, mean)."""
-    est = lo = hi = 0.0
-    for i, w in zip(positions, weights):
-        r = rows[seg_of(i)]
-        est += w * r[2]
-        if w >= 0:
-            lo += w * r[0]
-            hi += w * r[1]
-        else:
-            lo += w * r[1]
-            hi += w * r[0]
-    return est, lo, hi
+    return weighted(weights, [(r[2], r[0], r[1]) for r in (rows[seg_of(i)] for i in positions)])
 
 
 class SwatAsr:

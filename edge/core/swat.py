@@ -44,6 +44,20 @@ def haar(xs):
     return cur + details
 
 
+def weighted(weights, points):
+    """(estimate, lo, hi) of sum w_j*x_j from per-term (estimate, lo, hi) bounds on each x_j."""
+    est = lo = hi = 0.0
+    for w, p in zip(weights, points):
+        est += w * p[0]
+        if w >= 0:
+            lo += w * p[1]
+            hi += w * p[2]
+        else:
+            lo += w * p[2]
+            hi += w * p[1]
+    return est, lo, hi
+
+
 class Swat:
     def __init__(self, window, k=1):
         n = _log2(window) if isinstance(window, int) else -1
@@ -158,20 +172,13 @@ class Swat:
         """Inner product query (I, W): (estimate, lo, hi) with lo <= sum W[j]*d[I[j]] <= hi."""
         if len(positions) != len(weights) or not positions:
             raise ValueError("an inner product query needs equally long, non-empty positions and weights")
-        est = lo = hi = 0.0
-        for j in range(len(positions)):
-            p = self.point(positions[j], min_level)
+        points = []
+        for i in positions:
+            p = self.point(i, min_level)
             if p is None:
                 return None
-            w = weights[j]
-            est += w * p[0]
-            if w >= 0:
-                lo += w * p[1]
-                hi += w * p[2]
-            else:
-                lo += w * p[2]
-                hi += w * p[1]
-        return est, lo, hi
+            points.append(p)
+        return weighted(weights, points)
 
     def range_query(self, value, radius, first, last, min_level=0):
         """Positions in [first, last] whose reading lies in [value-radius, value+radius] (§2.4):
