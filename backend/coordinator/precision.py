@@ -7,8 +7,8 @@ App. B for the burden targets T_j, ranks sources by deviation D_i = max(B_i − 
 (ties broken by a seeded RNG) and greedily gives each the largest growth ΔW_i = min_j slack_j/|K_ij|
 its constraints allow. Growth is a widening ``coord.assign_width`` (no ack, one downlink message).
 
-Three refinements are on by default; ``reports=0, cap=None, growth_cost=0`` is §3.2 exactly (the
-experiment runs both). Why: on a random walk whose sources report about once per period, the paper's
+Three opt-in refinements (``REFINED``: reports=20, cap=0.2, growth_cost=1); the defaults are §3.2
+exactly (the experiment runs both). Why: on a random walk whose sources report about once per period, the paper's
 per-period count N_i is 0 or 1, so the burden ranking is mostly noise, and the top object taking the
 whole slack swings its width in a sawtooth (the cost ∝ 1/W² is convex); both cost 10–20 % more
 reports than the offline optimum at δ = 5–10.
@@ -146,13 +146,16 @@ def burden_targets(rows, burden, x0=None, eps=1e-8):
     return lsmr(M, rhs, atol=eps, btol=eps, x0=x0, maxiter=max(100, 20 * shape[1]))[0]
 
 
+REFINED = {"reports": 20, "memory": 50, "cap": 0.2, "growth_cost": 1.0}
+
+
 class Adaptive(Protocol):
     """Olston's adaptive filters: periodic shrink S every T, burden-driven greedy regrowth."""
     name = "adaptive"
     shrinks = True
 
-    def __init__(self, cost=1.0, seed=0, immediate=True, rate=None, eps=1e-8, reports=20, memory=50, cap=0.2,
-                 growth_cost=1.0):
+    def __init__(self, cost=1.0, seed=0, immediate=True, rate=None, eps=1e-8, reports=0, memory=50, cap=None,
+                 growth_cost=0.0):
         self.cost = _per_key(cost, "cost")
         for name, v, least in (("reports", reports, 0), ("memory", memory, 1)):
             if isinstance(v, bool) or not isinstance(v, int) or v < least:

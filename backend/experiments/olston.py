@@ -29,15 +29,16 @@ import time
 
 import numpy as np
 
+from backend.coordinator.precision import REFINED
 from backend.sim import engine
 
 PAPER = {"multi_adaptive": 1.6, "multi_uniform": 5.4}
 # The protocol as shipped (pooled burden estimate, capped growth, growth messages priced) and the
 # paper's §3.2 exactly (per-period counts, the top object takes all the slack): see ``precision.Adaptive``.
-ADAPTIVE = (("adaptive", {}), ("adaptive (paper)", {"reports": 0, "cap": None, "growth_cost": 0.0}))
+ADAPTIVE = (("adaptive", REFINED), ("adaptive (paper)", {"reports": 0, "cap": None, "growth_cost": 0.0}))
 SEEDS = (1, 2, 3, 4, 5)
 # At δ=20 a source reports ~0.07 times per period; there the paper's S=0.05 shrink itself costs reports.
-LOW_RATE = ("adaptive (S=0.01)", {"shrink": 0.01})
+LOW_RATE = ("adaptive (S=0.01)", dict(REFINED, shrink=0.01))
 
 
 def _possible(g):
@@ -215,7 +216,7 @@ def _experiments(tmp, quick, smoke):
     _say("effect of T and S")
     grid = [(5.0, 0.05), (10.0, 0.01), (10.0, 0.02), (10.0, 0.05), (10.0, 0.1), (20.0, 0.05)]
     for T, S in grid[:1] if smoke else grid:
-        params = {"period": T, "shrink": S}
+        params = dict(REFINED, period=T, shrink=S)
         same = [dict(r, experiment="T_S") for r in rows if (r["experiment"], r["workload"], r["delta"], r["seed"],
                 r["protocol"], r["T"], r["S"]) == ("random_walk", "randomwalk-1q", 5.0, seed, "adaptive", T, S)]
         if same:
@@ -235,8 +236,8 @@ def _experiments(tmp, quick, smoke):
     _say("latency: queue vs padding while delays change")
     step_hi = 2.0
     for proto, params, label in (
-            ("adaptive", {"period": 10.0, "shrink": 0.05}, "queue lambda=1.5"),
-            ("adaptive", {"period": 10.0, "shrink": 0.05, "rate": step_hi}, "padding R=2 lambda=1.5"),
+            ("adaptive", dict(REFINED, period=10.0, shrink=0.05), "queue lambda=1.5"),
+            ("adaptive", dict(REFINED, period=10.0, shrink=0.05, rate=step_hi), "padding R=2 lambda=1.5"),
             ("uniform", {}, "queue lambda=1.5")):
         spec = {"name": "randomwalk-1q-delay", "seed": seed, "duration": rdur, "warmup": rwarm, "protocol": proto,
                 "sources": {"generator": "random_walk", "count": 10, "step": [0.1, step_hi], "start": [0.0, 100.0]},

@@ -191,7 +191,7 @@ def test_pooled_burden_uses_the_newest_periods_holding_enough_reports():
 
 
 def test_widths_in_force_are_those_left_by_the_previous_adjustment():
-    spec = _single_avg_spec({})
+    spec = _single_avg_spec(precision.REFINED)
     sim = engine.Simulation(spec)
     seen, after = [], []
     pooled, orig = sim.protocol._pooled, sim.protocol.period
@@ -209,7 +209,7 @@ def test_widths_in_force_are_those_left_by_the_previous_adjustment():
 
 
 def test_capped_growth_spreads_and_only_the_leftover_exceeds_the_cap():
-    res, log = _trace_periods(_single_avg_spec({"cap": 0.1, "growth_cost": 0}))
+    res, log = _trace_periods(_single_avg_spec(dict(precision.REFINED, cap=0.1, growth_cost=0)))
     assert res["violations"] == 0
     assert max(len(_grown(e)) for e in log) > 1                    # the slack went to several objects
     for e in log:
@@ -232,7 +232,7 @@ def test_priced_growth_pays_for_itself():
     assert p._pays("b", 0.1, 1.0, 1.0, Coord, (0.1, 1.0, 2.0, 1.0))           # 15 − 0.1·(1/4 − 1/9)·200
     assert not p._pays("b", 0.1, 1.0, 1.0, Coord, (0.1, 1.0, 0.7, 1.0))
     # an unaffordable price leaves only the most deviating object to grow, even with a cap
-    res, log = _trace_periods(_single_avg_spec({"cap": 0.1, "growth_cost": 1e9}))
+    res, log = _trace_periods(_single_avg_spec(dict(precision.REFINED, cap=0.1, growth_cost=1e9)))
     assert res["violations"] == 0 and max(len(_grown(e)) for e in log) == 1
 
 
@@ -246,7 +246,7 @@ def _gaussian_walk(delta, duration=4000):
 def test_default_sends_fewer_reports_than_the_paper_setting_on_a_low_rate_random_walk():
     spec = _gaussian_walk(10.0)
     paper = engine.run(dict(spec, protocol="adaptive", params=PAPER))
-    ours = engine.run(dict(spec, protocol="adaptive"))
+    ours = engine.run(dict(spec, protocol="adaptive", params=precision.REFINED))
     assert paper["violations"] == ours["violations"] == 0
     assert ours["messages"]["up"] < 0.95 * paper["messages"]["up"]
 
@@ -256,7 +256,7 @@ def test_default_is_within_ten_percent_of_optimal_static_on_a_random_walk(delta)
     # §3.3 idealized (growth messages free): the offline optimum knows the step sizes, adaptive does not.
     spec = _gaussian_walk(delta, 6000)
     static = engine.run(dict(spec, protocol="optimal_static"))
-    ours = engine.run(dict(spec, protocol="adaptive"))
+    ours = engine.run(dict(spec, protocol="adaptive", params=precision.REFINED))
     assert static["violations"] == ours["violations"] == 0
     assert ours["messages"]["up"] <= 1.10 * static["messages"]["up"]
 
