@@ -122,7 +122,7 @@ def throughput_table(sizes, log):
 def state_table(sizes, log):
     """Backend state per 1000 sources: the pickled coordinator the Spark job keeps per query group."""
     import pickle
-    from backend.coordinator.coordinator import Coordinator
+    from backend.coordinator.core.coordinator import Coordinator
     from backend.coordinator.protocols import make
     from edge.agent import Agent
     rows = []

@@ -17,9 +17,9 @@ import tempfile
 import time
 
 from backend.broker import Broker, BrokerError, find_mosquitto
-from backend.coordinator import aggregate
+from backend.coordinator.core import aggregate
 from backend.coordinator.protocols import PROTOCOLS
-from backend.coordinator.queries import parse_query
+from backend.coordinator.core.queries import parse_query
 from backend.emulated import Device, micropython_available, precompile
 from backend.sim import truth as truth_mod
 from edge.core.interval import IntervalFilter

@@ -201,7 +201,7 @@ def coordinator_main(args):
     strings and/or topics ``qf/<fleet>/q/<id>/spec``."""
     import signal
     import sys
-    from backend.coordinator.coordinator import Coordinator
+    from backend.coordinator.core.coordinator import Coordinator
     from backend.coordinator.protocols import make
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

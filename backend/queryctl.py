@@ -11,7 +11,7 @@ import time
 
 import paho.mqtt.client as mqtt
 
-from backend.coordinator.queries import QueryError, parse_query
+from backend.coordinator.core.queries import QueryError, parse_query
 
 
 def _client(host, port, password):

@@ -6,17 +6,11 @@ Sans-IO: every call takes ``now`` (the device clock) and returns a list of ``(ch
 where channel is ``"up"`` or ``"state"``. Bad samples and bad messages are counted, never raised.
 """
 from edge.core import codec
+from edge.core.codec import NO_VALUE, newer
 from edge.core.interval import IntervalFilter, INF
 
 FIRMWARE = "qf-0.1"
-NO_VALUE = INF          # value field of a birth/reply when a source has no reading yet
 _RECENT = 8             # downlink sequence numbers remembered for duplicate suppression
-
-
-def newer(a, b):
-    """Serial-number order of 16-bit epochs (RFC 1982): True when ``a`` is after ``b``."""
-    d = (a - b) & 0xFFFF
-    return 0 < d < 0x8000
 
 
 def _finite(v):

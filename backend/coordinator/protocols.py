@@ -1,9 +1,12 @@
 """Every protocol the simulator, the live coordinator and the Spark job can run, by name."""
-from backend.coordinator import baselines, brownian, entity, fraction, optimal, precision, rank, relay, replication
+from backend.coordinator.brownian import deferral
+from backend.coordinator.precision import adaptive, deadband, optimal
+from backend.coordinator.relay import central
+from backend.coordinator.swat import replication
+from backend.coordinator.tolerance import entity, fraction, rank
 
-PROTOCOLS = dict(baselines.PROTOCOLS)
-PROTOCOLS.update({"adaptive": precision.Adaptive, "optimal_static": optimal.OptimalStatic})
-for _module in (relay, brownian, entity, fraction, rank, replication):
+PROTOCOLS = {}
+for _module in (deadband, adaptive, optimal, central, deferral, entity, fraction, rank, replication):
     PROTOCOLS.update(_module.PROTOCOLS)
 
 

@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from backend.coordinator.precision import REFINED
+from backend.coordinator.precision.adaptive import REFINED
 from backend.sim import engine
 
 PAPER = {"multi_adaptive": 1.6, "multi_uniform": 5.4}
@@ -141,9 +141,9 @@ def lattice_gap(seed, delta):
     (greedy on the integer m_i by gain per unit of width) is a static allocation that exists, so the
     ratio is a lower bound on how far the model's optimum is from the real one when W is a few steps wide.
     """
-    from backend.coordinator import optimal
-    from backend.coordinator.precision import Rows
-    from backend.coordinator.queries import parse_query
+    from backend.coordinator.precision import optimal
+    from backend.coordinator.precision.adaptive import Rows
+    from backend.coordinator.core.queries import parse_query
     from backend.sim.workload import load, samples
     w = load(dict(_rw_spec(seed, delta, False, "binary"), protocol="uniform", duration=10))
     keys = list(w.source_ids)

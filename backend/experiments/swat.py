@@ -8,7 +8,7 @@ import os
 import random
 import time
 
-from backend.coordinator.histogram import approximate
+from backend.experiments.histogram import approximate
 from backend.sim.summary import run, stream, weights_for
 from edge.core.swat import Swat
 

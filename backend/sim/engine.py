@@ -13,8 +13,8 @@ import time as _time
 import numpy as np
 
 from backend.coordinator.protocols import make
-from backend.coordinator.coordinator import Coordinator
-from backend.coordinator.queries import parse_query
+from backend.coordinator.core.coordinator import Coordinator
+from backend.coordinator.core.queries import parse_query
 from backend.sim import entity_truth, summary_truth, truth as truth_mod
 from backend.sim.workload import load, outages, samples
 from edge.agent import Agent

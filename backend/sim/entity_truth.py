@@ -12,7 +12,8 @@ violation.
 """
 import bisect
 
-from backend.coordinator.entity import KINDS, keyfn, tolerances
+from backend.coordinator.core.queries import ENTITIES as KINDS
+from backend.coordinator.tolerance.entity import keyfn, tolerances
 
 TOL = 1e-9
 

@@ -17,9 +17,9 @@ import time as _time
 
 import numpy as np
 
-from backend.coordinator.coordinator import Coordinator
+from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.protocols import PROTOCOLS, make
-from backend.coordinator.queries import QueryError, parse_query
+from backend.coordinator.core.queries import QueryError, parse_query
 from backend.sim.workload import WorkloadError, _num, _read
 from edge.core import codec
 from edge.core.relay import RelayNode, TAG_RAW, encode_raw

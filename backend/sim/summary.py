@@ -19,7 +19,7 @@ per client; "range" queries also take ``value`` (default: the window mean) and `
 import math
 import random
 
-from backend.coordinator.swat import SYSTEMS, weights_for
+from backend.coordinator.swat.asr import SYSTEMS, weights_for
 
 TYPES = ("point", "range", "inner")
 WEIGHTS = ("linear", "exponential", "uniform")

@@ -7,7 +7,7 @@ counts every non-degraded answer whose [lo, hi] misses it as a violation.
 """
 import bisect
 
-from backend.coordinator.replication import evaluate, positions
+from backend.coordinator.swat.replication import evaluate, positions
 
 TOL = 1e-6      # segment ranges travel as float32 rounded outward; sums are compared with this slack
 

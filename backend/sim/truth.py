@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from backend.coordinator import aggregate
+from backend.coordinator.core import aggregate
 from backend.sim import entity_truth, summary_truth
 
 TOL = 1e-9   # relative tolerance for float summation in the checker

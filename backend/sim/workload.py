@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from backend.coordinator.queries import QueryError, parse_query
+from backend.coordinator.core.queries import QueryError, parse_query
 
 
 class WorkloadError(ValueError):

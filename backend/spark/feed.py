@@ -12,9 +12,9 @@ Without an explicit ``t0`` the adjustment ticks start at the first record's arri
 import json
 import math
 
-from backend.coordinator.coordinator import Coordinator
+from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.protocols import make
-from backend.coordinator.queries import QueryError
+from backend.coordinator.core.queries import QueryError
 
 
 class Feed:

@@ -14,6 +14,15 @@ MAX_LIST = 255
 MAX_BLOB = 3072
 
 
+NO_VALUE = float("inf")     # value field of a birth/reply when a source has no reading yet
+
+
+def newer(a, b):
+    """Serial-number order of 16-bit epochs (RFC 1982): True when ``a`` is after ``b``."""
+    d = (a - b) & 0xFFFF
+    return 0 < d < 0x8000
+
+
 class CodecError(ValueError):
     """The one error type the decoder (and encoder) raises for bad input."""
 

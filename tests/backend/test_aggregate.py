@@ -3,8 +3,8 @@ import itertools
 import math
 import random
 
-from backend.coordinator import aggregate
-from backend.coordinator.queries import QueryError, parse_query
+from backend.coordinator.core import aggregate
+from backend.coordinator.core.queries import QueryError, parse_query
 
 import pytest
 

@@ -3,8 +3,9 @@ import math
 
 import pytest
 
-from backend.coordinator import brownian, scheduling
-from backend.coordinator.coordinator import Coordinator
+from backend.coordinator.brownian import deferral as brownian
+from backend.coordinator.brownian import scheduling
+from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.protocols import PROTOCOLS, make
 from backend.sim import engine
 from backend.sim.workload import WorkloadError, load

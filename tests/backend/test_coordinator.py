@@ -2,7 +2,7 @@
 import math
 
 from backend.coordinator.protocols import make
-from backend.coordinator.coordinator import Coordinator
+from backend.coordinator.core.coordinator import Coordinator
 from edge.agent import Agent
 from edge.core import codec
 

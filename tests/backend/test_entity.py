@@ -5,8 +5,10 @@ import random
 
 import pytest
 
-from backend.coordinator import fraction, protocols, rank
-from backend.coordinator.queries import QueryError, parse_query
+from backend.coordinator.tolerance import fraction
+from backend.coordinator import protocols
+from backend.coordinator.tolerance import rank
+from backend.coordinator.core.queries import QueryError, parse_query
 from backend.experiments import cheng
 from backend.sim import engine
 from backend.sim.entity_truth import EntityTruth

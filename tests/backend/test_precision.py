@@ -5,8 +5,10 @@ import random
 import numpy as np
 import pytest
 
-from backend.coordinator import optimal, precision, protocols
-from backend.coordinator.queries import parse_query
+from backend.coordinator.precision import optimal
+from backend.coordinator.precision import adaptive
+from backend.coordinator import protocols
+from backend.coordinator.core.queries import parse_query
 from backend.sim import engine
 from backend.sim.workload import WorkloadError, load
 from tests.backend.test_sim import INTERVAL_PROTOCOLS, random_workload
@@ -25,9 +27,9 @@ def test_burden_targets_solve_the_papers_system():
         srcs = r.sample(ids, r.randint(2, 7))
         specs.append({"id": "q%d" % j, "kind": "avg", "sources": srcs, "precision": 1.0,
                       "weights": [r.choice([-2.0, 0.5, 1.0, 3.0]) for _ in srcs]})
-    rows = precision.Rows(_queries(specs, ids))
+    rows = adaptive.Rows(_queries(specs, ids))
     burden = {s: r.uniform(0, 5) for s in rows.of}
-    T = precision.burden_targets(rows, burden, eps=1e-12)
+    T = adaptive.burden_targets(rows, burden, eps=1e-12)
     m = len(rows.coef)
     A, b = np.zeros((m, m)), np.zeros(m)
     for j, cj in enumerate(rows.coef):
@@ -43,8 +45,8 @@ def test_burden_targets_solve_the_papers_system():
 
 def test_single_query_target_is_the_mean_burden():
     ids = ["a", "b", "c"]
-    rows = precision.Rows(_queries([{"id": "q", "kind": "avg", "sources": ids, "precision": 2.0}], ids))
-    T = precision.burden_targets(rows, {"a": 1.0, "b": 2.0, "c": 6.0})
+    rows = adaptive.Rows(_queries([{"id": "q", "kind": "avg", "sources": ids, "precision": 2.0}], ids))
+    T = adaptive.burden_targets(rows, {"a": 1.0, "b": 2.0, "c": 6.0})
     assert T[0] == pytest.approx(3.0)
 
 
@@ -54,7 +56,7 @@ def test_rows_follow_appendix_a_and_b():
                    {"id": "sum", "kind": "sum", "sources": ["a", "b"], "precision": 3.0},
                    {"id": "min", "kind": "min", "sources": ["b", "c"], "precision": 0.5},
                    {"id": "cnt", "kind": "count", "sources": ids, "precision": 0.0}], ids)
-    rows = precision.Rows(qs, phi=lambda k: 0.1)
+    rows = adaptive.Rows(qs, phi=lambda k: 0.1)
     got = sorted((r.query[j], sorted(r.coef[j].items()), round(r.budget[j], 9)) for r in [rows] for j in range(len(rows.coef)))
     assert got == [("avg", [("a", 1.0), ("b", 2.0), ("c", 1.0)], round(2.0 * 3 - 0.4, 9)),
                    ("min", [("b", 1.0)], 0.4), ("min", [("c", 1.0)], 0.4),
@@ -66,7 +68,7 @@ def test_rows_follow_appendix_a_and_b():
 def test_optimal_static_matches_the_closed_form_for_one_query():
     # One AVG query: Lagrange gives W_i ∝ (C_i·s_i²)^(1/3), scaled to use the whole budget.
     ids = ["s%d" % i for i in range(5)]
-    rows = precision.Rows(_queries([{"id": "q", "kind": "avg", "sources": ids, "precision": 4.0}], ids))
+    rows = adaptive.Rows(_queries([{"id": "q", "kind": "avg", "sources": ids, "precision": 4.0}], ids))
     var = {s: (0.2 * (i + 1)) ** 2 for i, s in enumerate(ids)}
     w = optimal.solve(rows, var, lambda k: 1.0)
     g = {s: var[s] ** (1 / 3) for s in ids}
@@ -191,7 +193,7 @@ def test_pooled_burden_uses_the_newest_periods_holding_enough_reports():
 
 
 def test_widths_in_force_are_those_left_by_the_previous_adjustment():
-    spec = _single_avg_spec(precision.REFINED)
+    spec = _single_avg_spec(adaptive.REFINED)
     sim = engine.Simulation(spec)
     seen, after = [], []
     pooled, orig = sim.protocol._pooled, sim.protocol.period
@@ -209,7 +211,7 @@ def test_widths_in_force_are_those_left_by_the_previous_adjustment():
 
 
 def test_capped_growth_spreads_and_only_the_leftover_exceeds_the_cap():
-    res, log = _trace_periods(_single_avg_spec(dict(precision.REFINED, cap=0.1, growth_cost=0)))
+    res, log = _trace_periods(_single_avg_spec(dict(adaptive.REFINED, cap=0.1, growth_cost=0)))
     assert res["violations"] == 0
     assert max(len(_grown(e)) for e in log) > 1                    # the slack went to several objects
     for e in log:
@@ -219,7 +221,7 @@ def test_capped_growth_spreads_and_only_the_leftover_exceeds_the_cap():
 def test_priced_growth_pays_for_itself():
     class Coord:
         period, shrink = 10.0, 0.05
-    p = precision.Adaptive(growth_cost=2.0, cost={"a": 0.5, "b": 1.0})
+    p = adaptive.Adaptive(growth_cost=2.0, cost={"a": 0.5, "b": 1.0})
     # saved = r·T/S·(1 − (W/(W+ΔW))²) = 0.1·200·(1 − 1/4) = 15 reports
     assert p._pays("a", 0.1, 1.0, 1.0, Coord) and p._pays("b", 0.1, 1.0, 1.0, Coord)
     assert not p._pays("b", 0.001, 1.0, 1.0, Coord)             # 0.15 reports < 2 × cost 1
@@ -232,7 +234,7 @@ def test_priced_growth_pays_for_itself():
     assert p._pays("b", 0.1, 1.0, 1.0, Coord, (0.1, 1.0, 2.0, 1.0))           # 15 − 0.1·(1/4 − 1/9)·200
     assert not p._pays("b", 0.1, 1.0, 1.0, Coord, (0.1, 1.0, 0.7, 1.0))
     # an unaffordable price leaves only the most deviating object to grow, even with a cap
-    res, log = _trace_periods(_single_avg_spec(dict(precision.REFINED, cap=0.1, growth_cost=1e9)))
+    res, log = _trace_periods(_single_avg_spec(dict(adaptive.REFINED, cap=0.1, growth_cost=1e9)))
     assert res["violations"] == 0 and max(len(_grown(e)) for e in log) == 1
 
 
@@ -246,7 +248,7 @@ def _gaussian_walk(delta, duration=4000):
 def test_default_sends_fewer_reports_than_the_paper_setting_on_a_low_rate_random_walk():
     spec = _gaussian_walk(10.0)
     paper = engine.run(dict(spec, protocol="adaptive", params=PAPER))
-    ours = engine.run(dict(spec, protocol="adaptive", params=precision.REFINED))
+    ours = engine.run(dict(spec, protocol="adaptive", params=adaptive.REFINED))
     assert paper["violations"] == ours["violations"] == 0
     assert ours["messages"]["up"] < 0.95 * paper["messages"]["up"]
 
@@ -256,7 +258,7 @@ def test_default_is_within_ten_percent_of_optimal_static_on_a_random_walk(delta)
     # §3.3 idealized (growth messages free): the offline optimum knows the step sizes, adaptive does not.
     spec = _gaussian_walk(delta, 6000)
     static = engine.run(dict(spec, protocol="optimal_static"))
-    ours = engine.run(dict(spec, protocol="adaptive", params=precision.REFINED))
+    ours = engine.run(dict(spec, protocol="adaptive", params=adaptive.REFINED))
     assert static["violations"] == ours["violations"] == 0
     assert ours["messages"]["up"] <= 1.10 * static["messages"]["up"]
 
@@ -334,13 +336,13 @@ def test_checker_catches_padding_that_is_too_small():
     assert res["late"] > 0 and res["violations"] > 0
 
 
-class _DoubleShrink(precision.Adaptive):
+class _DoubleShrink(adaptive.Adaptive):
     """Shrinks its mirror twice per period while devices shrink once: the mirror is too narrow."""
     name = "doubleshrink"
 
     def period(self, coord, t):
         coord.cache.shrink(coord.shrink)
-        precision.Adaptive.period(self, coord, t)
+        adaptive.Adaptive.period(self, coord, t)
 
 
 def test_checker_catches_a_mirror_that_drifts_from_the_device(monkeypatch):

@@ -1,8 +1,8 @@
 """Relay topology end to end: every central answer holds its bound against the exact items; messages are saved."""
 import pytest
 
-from backend.coordinator import relay as central
-from backend.coordinator.coordinator import Coordinator
+from backend.coordinator.relay import central
+from backend.coordinator.core.coordinator import Coordinator
 from backend.experiments import relay as experiment
 from backend.sim import relaysim
 from backend.sim.workload import WorkloadError

@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from backend.coordinator import baselines, protocols
+from backend.coordinator.precision import deadband
+from backend.coordinator import protocols
 from backend.sim import engine
 from backend.sim.workload import WorkloadError, load
 
@@ -66,7 +67,7 @@ def test_deadband_sends_far_fewer_messages_than_naive():
     assert naive["violations"] == dead["violations"] == 0
 
 
-class _Liar(baselines.Deadband):
+class _Liar(deadband.Deadband):
     """Claims half the width it gives the devices: the checker must notice."""
     name = "liar"
 
@@ -76,7 +77,7 @@ class _Liar(baselines.Deadband):
         return {"lo": mid - half, "hi": mid + half}
 
 
-class _Stale(baselines.Deadband):
+class _Stale(deadband.Deadband):
     """Forgets every report after the first: answers drift away from the truth."""
     name = "stale"
 

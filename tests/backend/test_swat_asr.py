@@ -4,8 +4,8 @@ import itertools
 import numpy as np
 import pytest
 
-from backend.coordinator import swat as asr
-from backend.coordinator.histogram import vopt
+from backend.coordinator.swat import asr
+from backend.experiments.histogram import vopt
 from backend.sim.summary import SummaryError, run
 
 

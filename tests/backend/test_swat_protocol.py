@@ -4,7 +4,9 @@ import random
 
 import pytest
 
-from backend.coordinator import protocols, replication
+from backend.coordinator import protocols
+from backend.coordinator.core.queries import SUMMARY_TYPES, SUMMARY_WEIGHTS
+from backend.coordinator.swat import replication
 from backend.sim import engine
 from backend.sim.workload import WorkloadError, load
 
@@ -14,12 +16,12 @@ def summary_workload(seed, protocol, duration=200):
     window = r.choice([8, 16, 32])
     queries = []
     for j in range(3):
-        t = r.choice(replication.TYPES)
+        t = r.choice(SUMMARY_TYPES)
         a = r.randrange(window)
         b = r.randrange(a, window)
         q = {"id": "q%d" % j, "kind": "summary", "sources": ["s%d" % j], "type": t,
              "window": r.choice(["random", [a, b]]) if t != "point" else [a, a],
-             "weights": r.choice(replication.WEIGHTS), "precision": round(r.uniform(1.0, 40.0), 2),
+             "weights": r.choice(SUMMARY_WEIGHTS), "precision": round(r.uniform(1.0, 40.0), 2),
              "every": r.choice([1, 2])}
         if t == "range":
             q.update({"value": 100.0, "radius": r.uniform(0.5, 5.0)})

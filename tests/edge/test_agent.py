@@ -1,5 +1,6 @@
 """Agent state machine through the codec: reports, shrink timer, controls, epochs, probes, bad input."""
-from edge.agent import Agent, newer, NO_VALUE
+from edge.agent import Agent
+from edge.core.codec import NO_VALUE, newer
 from edge.core import codec
 from edge.core.interval import IntervalFilter, INF
 from portable import Rng

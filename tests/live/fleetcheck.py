@@ -2,9 +2,9 @@
 import os
 import time
 
-from backend.coordinator.coordinator import Coordinator
+from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.protocols import make
-from backend.coordinator.queries import parse_query
+from backend.coordinator.core.queries import parse_query
 from backend.fleet import write_trace
 from backend.live import LiveCoordinator
 from backend.sim import truth as truth_mod

@@ -4,7 +4,7 @@ degrades them, bad specs and bad payloads are counted without stopping the loop.
 import json
 import time
 
-from backend.coordinator.coordinator import Coordinator
+from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.protocols import make
 from backend.live import LiveCoordinator
 from edge.agent import Agent

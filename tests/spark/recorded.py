@@ -7,7 +7,7 @@ answers, downlinks and final state are what the Spark job must reproduce from th
 """
 import json
 
-from backend.coordinator.coordinator import Coordinator
+from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.protocols import make
 from edge.agent import Agent
 from edge.core import codec

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from backend.broker import BrokerError, find_mosquitto
-from backend.coordinator.coordinator import Coordinator
+from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.protocols import make
 from backend.spark import job
 from backend.spark.source import RETAINED

@@ -2,7 +2,7 @@
 
 Shared machinery of the entity protocols (``fraction``, ``rank``) and the paper's no-filter baseline:
 
-* ``validate(q)`` checks a ``range`` or ``knn`` query and normalises its fields in ``q.extra``:
+* ``core.queries`` checks a ``range`` or ``knn`` query and normalises its fields in ``q.extra``:
   ``k``, ``point`` (a number, or ``"-inf"``/``"inf"`` for k-min/k-max), ``rank_tolerance`` (r),
   ``fp_tolerance`` (ε+) and ``fn_tolerance`` (ε−), each tolerance in [0, 0.5).
 * ``EntityProtocol`` keeps one state object per query, installs the union of the queries'
@@ -16,51 +16,13 @@ import bisect
 import math
 import random
 
-from backend.coordinator.baselines import Protocol
-from backend.coordinator.queries import QueryError
+from backend.coordinator.core.protocol import Protocol
+from backend.coordinator.core.queries import ENTITIES
 
 INF = math.inf
 FP_FILTER = (-INF, INF)     # always inside: the stream is silent and counted in the answer
 FN_FILTER = (INF, INF)      # never inside: the stream is silent and left out of the answer
-KINDS = ("range", "knn")
 
-
-def _tol(q, name):
-    v = q.extra.get(name, 0.0)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0.0 <= v < 0.5):
-        raise QueryError("query %s: %s must be a number in [0, 0.5), got %r" % (q.id, name, v))
-    return float(v)
-
-
-def validate(q):
-    """Check an entity query and normalise its fields in ``q.extra`` (raises QueryError)."""
-    x = q.extra
-    if q.kind == "range":
-        if q.range is None:
-            raise QueryError("query %s: a range query needs \"range\": [l, u]" % q.id)
-        for bad in ("k", "point", "rank_tolerance"):
-            if bad in x:
-                raise QueryError("query %s: %s applies to knn queries only" % (q.id, bad))
-    else:
-        k = x.get("k")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < len(q.sources):
-            raise QueryError("query %s: k must be an integer in 1..%d (fewer than the sources), got %r"
-                             % (q.id, len(q.sources) - 1, k))
-        p = x.get("point")
-        if isinstance(p, str) and p.strip().lower() in ("-inf", "inf", "+inf"):
-            p = -INF if p.strip().startswith("-") else INF
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or p != p:
-            raise QueryError("query %s: point must be a number, \"-inf\" (k-min) or \"inf\" (k-max), got %r"
-                             % (q.id, x.get("point")))
-        x["point"] = float(p)
-        r = x.get("rank_tolerance", 0)
-        if isinstance(r, bool) or not isinstance(r, int) or r < 0 or k + r >= len(q.sources):
-            raise QueryError("query %s: rank_tolerance must be an integer >= 0 with k + r < %d sources, got %r"
-                             % (q.id, len(q.sources), r))
-        if "rank_tolerance" in x and ("fp_tolerance" in x or "fn_tolerance" in x):
-            raise QueryError("query %s: state either rank_tolerance or fp/fn tolerances, not both" % q.id)
-    _tol(q, "fp_tolerance")
-    _tol(q, "fn_tolerance")
 
 
 def tolerances(q):
@@ -151,7 +113,7 @@ class QueryState:
 
 class EntityProtocol(Protocol):
     """Base of the entity protocols: per-query states, constraint union per source, probe routing."""
-    kinds = KINDS
+    kinds = ENTITIES
     State = QueryState
 
     def __init__(self, choice="boundary", seed=0):

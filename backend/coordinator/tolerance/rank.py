@@ -9,7 +9,7 @@ X while |X| < k+r, otherwise the members of X and the newcomer are probed and R 
 their exact values (case 3). When X−A is empty in case 2 the server re-initialises by probing every
 stream (the paper's step 5; its step 4, the expanding search with old scores, is not implemented).
 """
-from backend.coordinator.entity import EntityProtocol, QueryState, keyfn, region, inside
+from backend.coordinator.tolerance.entity import EntityProtocol, QueryState, keyfn, region, inside
 
 
 class _RtpState(QueryState):

@@ -7,7 +7,7 @@ epoch confirms that the device applied it; meanwhile ``known`` is the hull of bo
 """
 import math
 
-from edge.agent import newer
+from edge.core.codec import newer
 from edge.core.interval import IntervalFilter
 
 

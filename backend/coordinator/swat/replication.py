@@ -22,45 +22,13 @@ cache width (pad) they adapt, instead of per reading as in the paper.
 import math
 import random
 
-from backend.coordinator.baselines import Protocol
-from backend.coordinator.queries import QueryError
-from backend.coordinator.swat import (combine, count_read, divergence_width, need_of, phase_tests, resolve,
+from backend.coordinator.core.protocol import Protocol
+from backend.coordinator.core.queries import finite
+from backend.coordinator.swat.asr import (combine, count_read, divergence_width, need_of, phase_tests, resolve,
                                       segment_of, weights_for)
-from edge.core import codec
 from edge.core.swat import TAG, unpack_segments
 
-TYPES = ("point", "inner", "range")
-WEIGHTS = ("linear", "exponential", "uniform")
 INF = float("inf")
-
-
-def _num(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def validate(q):
-    """Check a summary query's own fields (QueryError names the one at fault)."""
-    x = q.extra
-    if len(q.sources) != 1:
-        raise QueryError("query %s: a summary query reads exactly one source" % q.id)
-    if x.get("type", "inner") not in TYPES:
-        raise QueryError("query %s: type must be one of %s" % (q.id, ", ".join(TYPES)))
-    w = x.get("window", "random")
-    if w != "random" and not (isinstance(w, list) and len(w) == 2 and all(isinstance(i, int) and not isinstance(i, bool)
-                                                                       for i in w) and 0 <= w[0] <= w[1]):
-        raise QueryError("query %s: window must be \"random\" or [first, last] positions, 0 <= first <= last" % q.id)
-    ws = x.get("weights", "linear")
-    if isinstance(ws, list):
-        if w == "random" or len(ws) != w[1] - w[0] + 1 or not all(_num(v) for v in ws):
-            raise QueryError("query %s: a weights list needs a fixed window and one number per position" % q.id)
-    elif ws not in WEIGHTS:
-        raise QueryError("query %s: weights must be one of %s or a list" % (q.id, ", ".join(WEIGHTS)))
-    if x.get("type", "inner") == "range" and not (_num(x.get("value")) and _num(x.get("radius", 1.0))
-                                                  and x.get("radius", 1.0) >= 0):
-        raise QueryError("query %s: a range summary needs a numeric value and radius >= 0" % q.id)
-    every = x.get("every", 1)
-    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-        raise QueryError("query %s: every must be an integer >= 1 (ticks between reads)" % q.id)
 
 
 def positions(q, first, last):
@@ -118,7 +86,7 @@ class SwatReplication(Protocol):
             raise ValueError("protocol %s: window must be a power of two in 4..32768, got %r" % (self.name, window))
         if not isinstance(k, int) or isinstance(k, bool) or k < 1 or k & (k - 1) or k > 128:
             raise ValueError("protocol %s: k must be a power of two in 1..128, got %r" % (self.name, k))
-        if not _num(phase) or phase <= 0:
+        if not finite(phase) or phase <= 0:
             raise ValueError("protocol %s: phase must be a positive number of seconds" % self.name)
         self.window, self.k, self.phase = window, k, float(phase)
         self.nseg = window.bit_length() - 1
@@ -340,7 +308,7 @@ class SwatAps(SwatReplication):
 
     def __init__(self, alpha=1.0, tau0=0.5, width0=1.0, **kw):
         SwatReplication.__init__(self, **kw)
-        if not all(_num(v) and v >= 0 for v in (alpha, tau0, width0)):
+        if not all(finite(v) and v >= 0 for v in (alpha, tau0, width0)):
             raise ValueError("protocol %s: alpha, tau0 and width0 must be numbers >= 0" % self.name)
         self.alpha, self.tau0, self.width0 = alpha, tau0, width0
 
@@ -377,7 +345,7 @@ class SwatDc(SwatReplication):
 
     def __init__(self, value_range=100.0, unit=1.0, history=23, w=1.0, **kw):
         SwatReplication.__init__(self, **kw)
-        if not (_num(value_range) and _num(unit) and value_range > 0 and unit > 0 and _num(w) and w >= 0):
+        if not (finite(value_range) and finite(unit) and value_range > 0 and unit > 0 and finite(w) and w >= 0):
             raise ValueError("protocol %s: value_range and unit must be > 0, w >= 0" % self.name)
         if not isinstance(history, int) or isinstance(history, bool) or history < 1:
             raise ValueError("protocol %s: history must be an integer >= 1" % self.name)

@@ -2,6 +2,9 @@
 import math
 
 AGGREGATES = ("sum", "avg", "min", "max", "count")
+ENTITIES = ("range", "knn")                       # Cheng et al. 2005 §2
+SUMMARY_TYPES = ("point", "inner", "range")          # Bulut & Singh 2003 §2.5
+SUMMARY_WEIGHTS = ("linear", "exponential", "uniform")
 
 
 class QueryError(ValueError):
@@ -91,9 +94,74 @@ def parse_query(spec, all_sources, kinds=AGGREGATES):
     extra = {k: v for k, v in spec.items() if k not in known}
     q = Query(qid, kind, srcs, weights, precision, rng, extra)
     if kind in ("range", "knn"):
-        from backend.coordinator.entity import validate
-        validate(q)
+        _check_entity(q)
     if kind == "summary":
-        from backend.coordinator.replication import validate
-        validate(q)
+        _check_summary(q)
     return q
+
+
+def _tol(q, name):
+    v = q.extra.get(name, 0.0)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0.0 <= v < 0.5):
+        raise QueryError("query %s: %s must be a number in [0, 0.5), got %r" % (q.id, name, v))
+    return float(v)
+
+
+def _check_entity(q):
+    """Check an entity query and normalise its fields in ``q.extra`` (raises QueryError)."""
+    x = q.extra
+    if q.kind == "range":
+        if q.range is None:
+            raise QueryError("query %s: a range query needs \"range\": [l, u]" % q.id)
+        for bad in ("k", "point", "rank_tolerance"):
+            if bad in x:
+                raise QueryError("query %s: %s applies to knn queries only" % (q.id, bad))
+    else:
+        k = x.get("k")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < len(q.sources):
+            raise QueryError("query %s: k must be an integer in 1..%d (fewer than the sources), got %r"
+                             % (q.id, len(q.sources) - 1, k))
+        p = x.get("point")
+        if isinstance(p, str) and p.strip().lower() in ("-inf", "inf", "+inf"):
+            p = -math.inf if p.strip().startswith("-") else math.inf
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or p != p:
+            raise QueryError("query %s: point must be a number, \"-inf\" (k-min) or \"inf\" (k-max), got %r"
+                             % (q.id, x.get("point")))
+        x["point"] = float(p)
+        r = x.get("rank_tolerance", 0)
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0 or k + r >= len(q.sources):
+            raise QueryError("query %s: rank_tolerance must be an integer >= 0 with k + r < %d sources, got %r"
+                             % (q.id, len(q.sources), r))
+        if "rank_tolerance" in x and ("fp_tolerance" in x or "fn_tolerance" in x):
+            raise QueryError("query %s: state either rank_tolerance or fp/fn tolerances, not both" % q.id)
+    _tol(q, "fp_tolerance")
+    _tol(q, "fn_tolerance")
+
+
+def finite(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_summary(q):
+    """Check a summary query's own fields (QueryError names the one at fault)."""
+    x = q.extra
+    if len(q.sources) != 1:
+        raise QueryError("query %s: a summary query reads exactly one source" % q.id)
+    if x.get("type", "inner") not in SUMMARY_TYPES:
+        raise QueryError("query %s: type must be one of %s" % (q.id, ", ".join(SUMMARY_TYPES)))
+    w = x.get("window", "random")
+    if w != "random" and not (isinstance(w, list) and len(w) == 2 and all(isinstance(i, int) and not isinstance(i, bool)
+                                                                       for i in w) and 0 <= w[0] <= w[1]):
+        raise QueryError("query %s: window must be \"random\" or [first, last] positions, 0 <= first <= last" % q.id)
+    ws = x.get("weights", "linear")
+    if isinstance(ws, list):
+        if w == "random" or len(ws) != w[1] - w[0] + 1 or not all(finite(v) for v in ws):
+            raise QueryError("query %s: a weights list needs a fixed window and one number per position" % q.id)
+    elif ws not in SUMMARY_WEIGHTS:
+        raise QueryError("query %s: weights must be one of %s or a list" % (q.id, ", ".join(SUMMARY_WEIGHTS)))
+    if x.get("type", "inner") == "range" and not (finite(x.get("value")) and finite(x.get("radius", 1.0))
+                                                  and x.get("radius", 1.0) >= 0):
+        raise QueryError("query %s: a range summary needs a numeric value and radius >= 0" % q.id)
+    every = x.get("every", 1)
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise QueryError("query %s: every must be an integer >= 1 (ticks between reads)" % q.id)

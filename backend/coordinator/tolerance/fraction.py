@@ -26,7 +26,7 @@ test when P and N are empty. ZT-RP is FT-RP with zero tolerance: any crossing of
 """
 import math
 
-from backend.coordinator.entity import (EntityProtocol, QueryState, FP_FILTER, FN_FILTER, keyfn, region,
+from backend.coordinator.tolerance.entity import (EntityProtocol, QueryState, FP_FILTER, FN_FILTER, keyfn, region,
                                         inside, tolerances)
 
 _EPS = 1e-9

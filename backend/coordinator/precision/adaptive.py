@@ -43,8 +43,8 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.linalg import lsmr
 
-from backend.coordinator import aggregate
-from backend.coordinator.baselines import Protocol, range_constraints
+from backend.coordinator.core import aggregate
+from backend.coordinator.core.protocol import Protocol, range_constraints
 
 INF = math.inf
 _MARGIN = 1e-9          # growth is applied with this relative margin so float sums stay within δ
@@ -361,3 +361,5 @@ class Adaptive(Protocol):
             r, w0, w1, room = other
             saved -= r * w0 * w0 * (1 / (w1 * w1) - 1 / ((w1 + room) * (w1 + room)))
         return saved * coord.period / coord.shrink >= self.growth_cost * self.cost(key)
+
+PROTOCOLS = {"adaptive": Adaptive}

@@ -19,8 +19,8 @@ import math
 
 from edge.core import codec
 from edge.core import relay as body
-from backend.coordinator.baselines import Protocol
-from backend.coordinator.queries import QueryError
+from backend.coordinator.core.protocol import Protocol
+from backend.coordinator.core.queries import QueryError
 
 INF = math.inf
 

@@ -12,8 +12,8 @@ import math
 import numpy as np
 from scipy.optimize import minimize
 
-from backend.coordinator.baselines import Protocol, range_constraints
-from backend.coordinator.precision import Rows, _per_key
+from backend.coordinator.core.protocol import Protocol, range_constraints
+from backend.coordinator.precision.adaptive import Rows, _per_key
 
 
 def step_variance(keys, times, sources, values):
@@ -83,3 +83,5 @@ class OptimalStatic(Protocol):
 
     def target(self, coord, key):
         return self.widths.get(key, math.inf), range_constraints(coord, key)
+
+PROTOCOLS = {"optimal_static": OptimalStatic}

@@ -8,12 +8,12 @@ Every call returns a list of actions: ``("down", device, payload)`` or ``("answe
 import heapq
 import math
 
-from edge.agent import NO_VALUE
+from edge.core.codec import NO_VALUE
 from edge.core import codec
-from backend.coordinator import aggregate
-from backend.coordinator.brownian import Models
-from backend.coordinator.boundcache import BoundCache
-from backend.coordinator.queries import parse_query
+from backend.coordinator.core import aggregate
+from backend.coordinator.brownian.interruption import Models
+from backend.coordinator.core.boundcache import BoundCache
+from backend.coordinator.core.queries import parse_query
 
 _TICK = 0      # event order within one timestamp: uplinks, then the adjustment tick
 _UP = -1
@@ -49,7 +49,7 @@ class Coordinator:
 
     # -- queries ----------------------------------------------------------------
     def add_query(self, spec, now=None):
-        q = parse_query(spec, self._all_sources(), self.protocol.kinds)
+        q = parse_query(spec, self.all_sources(), self.protocol.kinds)
         self.queries[q.id] = q
         for s in q.sources:
             self.by_source.setdefault(s, set()).add(q.id)
@@ -69,21 +69,21 @@ class Coordinator:
     def set_precision(self, qid, precision, now=None):
         spec = self.queries[qid].spec()
         spec["precision"] = precision
-        self.queries[qid] = parse_query(spec, self._all_sources(), self.protocol.kinds)
+        self.queries[qid] = parse_query(spec, self.all_sources(), self.protocol.kinds)
         self.dirty.add(qid)
         self.protocol.queries_changed(self, self._now(now))
         return self._flush(now)
 
-    _declared = ()
+    declared = ()
 
     def declare_sources(self, keys):
         """Sources (in order) that queries may name before their devices have been born."""
-        self._declared = tuple(keys)
+        self.declared = tuple(keys)
 
-    def _all_sources(self):
+    def all_sources(self):
         """Declared sources in their order, then any other born source in birth order."""
-        declared = set(self._declared)
-        return list(self._declared) + [k for k in self.cache.sources if k not in declared]
+        declared = set(self.declared)
+        return list(self.declared) + [k for k in self.cache.sources if k not in declared]
 
     def _now(self, now):
         return self.clock if now is None else now

@@ -1,13 +1,10 @@
-"""Protocol interface and the static baselines: send-everything and uniform deadband (Olston et al. 2003 §1.2).
+"""Protocol interface: the policy half of the coordinator (Olston et al. 2003 §1.2.3).
 
 A protocol is the policy half of the coordinator: it decides filters and answers, the coordinator
 does messaging, ordering and caching. Hooks get the coordinator and act through
 ``coord.assign_width``, ``coord.assign_filter`` and ``coord.probe``.
 """
-import math
-
-from backend.coordinator import aggregate
-from backend.coordinator.queries import AGGREGATES
+from backend.coordinator.core.queries import AGGREGATES
 
 
 class Protocol:
@@ -68,25 +65,3 @@ def range_constraints(coord, key):
         if q.kind == "count" and q.range is not None and q.range not in cons:
             cons.append(q.range)
     return cons
-
-
-class Naive(Protocol):
-    """Send every reading: width 0 everywhere, so every change is reported."""
-    name = "naive"
-
-    def target(self, coord, key):
-        return 0.0, []
-
-
-class Deadband(Protocol):
-    """Static uniform allocation: each source gets the narrowest uniform share of its queries."""
-    name = "deadband"
-
-    def target(self, coord, key):
-        width = math.inf
-        for qid in coord.by_source.get(key, ()):
-            width = min(width, aggregate.uniform_width(coord.queries[qid]))
-        return width, range_constraints(coord, key)
-
-
-PROTOCOLS = {"naive": Naive, "deadband": Deadband, "uniform": Deadband}

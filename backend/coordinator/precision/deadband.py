@@ -1,0 +1,27 @@
+"""Static baselines: send-everything and uniform deadband (Olston et al. 2003 §1.2)."""
+import math
+
+from backend.coordinator.core import aggregate
+from backend.coordinator.core.protocol import Protocol, range_constraints
+
+
+class Naive(Protocol):
+    """Send every reading: width 0 everywhere, so every change is reported."""
+    name = "naive"
+
+    def target(self, coord, key):
+        return 0.0, []
+
+
+class Deadband(Protocol):
+    """Static uniform allocation: each source gets the narrowest uniform share of its queries."""
+    name = "deadband"
+
+    def target(self, coord, key):
+        width = math.inf
+        for qid in coord.by_source.get(key, ()):
+            width = min(width, aggregate.uniform_width(coord.queries[qid]))
+        return width, range_constraints(coord, key)
+
+
+PROTOCOLS = {"naive": Naive, "deadband": Deadband, "uniform": Deadband}

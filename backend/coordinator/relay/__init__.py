@@ -1,0 +1,1 @@
+"""Central processing of relay bodies (Zhang et al. 2005 §5)."""

@@ -1,0 +1,258 @@
+"""The one adapter layer every driver uses (DESIGN.md §2, §3): settings, spec inbox, answers, dispatch.
+
+The simulator, the live coordinator and the Spark job each own I/O and time only; everything else
+between them and the sans-IO ``Coordinator`` lives here, once:
+
+* ``SETTINGS``/``build``: a coordinator from settings with one set of defaults;
+* ``Host``: a coordinator plus its spec inbox. Every input is a record ``(now, device-or-query,
+  channel, payload)`` as the broker or the spool delivers it; query changes take effect at event time
+  ``max(clock, now - λ)`` (as a Last Will does); a spec naming sources not born yet waits, and
+  ``"sources": "all"`` follows the fleet as devices are born;
+* ``answer_record``/``guarantee``: one serialisation of an answer with one guarantee vocabulary;
+* ``dispatch``: actions to a driver's sink.
+"""
+import json
+import math
+
+from backend.coordinator.core.coordinator import Coordinator
+from backend.coordinator.core.queries import QueryError
+from backend.coordinator.protocols import make
+
+# The settings every driver accepts, with the one set of defaults (T and S of Olston et al. §3.1).
+SETTINGS = {"protocol": "deadband", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": 0.0,
+            "t0": None, "params": None}
+
+# What an answer guarantees (DESIGN.md §4): the word every driver writes in "guarantee".
+GUARANTEES = {
+    "interval": "the exact aggregate lies in [lo, hi]",
+    "probabilistic": "the exact value lies in [lo, hi] with the stated confidence",
+    "tolerance": "the members are within the query's rank or fraction tolerance",
+    "degraded": "a source is offline or out of sync; see reason",
+    "none": "no guarantee yet (no model or no reading)",
+}
+
+
+def settings(given=None, **overrides):
+    """Complete settings: ``SETTINGS`` updated by ``given`` and ``overrides``; unknown keys are an error."""
+    s = dict(SETTINGS)
+    for src in (given or {}), overrides:
+        for key, value in src.items():
+            if key not in SETTINGS:
+                raise ValueError("unknown setting %r (have: %s)" % (key, ", ".join(SETTINGS)))
+            s[key] = value
+    return s
+
+
+def build(given=None, **overrides):
+    """A ``Coordinator`` running ``settings(given, **overrides)``."""
+    s = settings(given, **overrides)
+    protocol = make(s["protocol"], **(s["params"] or {}))
+    return Coordinator(protocol, period=s["period"], shrink=s["shrink"] if protocol.shrinks else 0.0,
+                       latency=s["latency"], beat=s["beat"], t0=s["t0"] or 0.0)
+
+
+def guarantee(fields):
+    """The guarantee word of an answer: ``degraded``, else the protocol's own, else by its shape."""
+    if fields.get("degraded"):
+        return "degraded"
+    return fields.get("guarantee") or ("tolerance" if "members" in fields else "interval")
+
+
+def answer_record(change):
+    """One answer change as every driver writes it (JSONL line, retained payload, table row)."""
+    rec = dict(change)
+    rec["guarantee"] = guarantee(change)
+    return rec
+
+
+def answer_json(change):
+    """``answer_record`` as JSON text; infinities become null (strict JSON), keys sorted."""
+    return json.dumps(_strict(answer_record(change)), sort_keys=True)
+
+
+def _strict(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    return x
+
+
+def dispatch(actions, sink):
+    """Hand each action to ``sink``: ``down(device, payload)``, ``answer(change)``,
+    ``error(query, message)``, ``retract(query)``."""
+    for a in actions:
+        kind = a[0]
+        if kind == "down":
+            sink.down(a[1], a[2])
+        elif kind == "answer":
+            sink.answer(a[1])
+        elif kind == "error":
+            sink.error(a[1], a[2])
+        else:
+            sink.retract(a[1])
+
+
+class Host:
+    """A ``Coordinator`` and its spec inbox, fed records by a driver; every call returns actions.
+
+    Actions: the coordinator's ``("down", device, payload)`` and ``("answer", change)``, plus
+    ``("error", query, message)`` for a refused or waiting spec and ``("retract", query)`` for a
+    removal. ``now`` is made monotone; without a ``t0`` the adjustment ticks start at the first
+    record's time (whole seconds)."""
+
+    def __init__(self, given=None, declared=(), **overrides):
+        self.settings = settings(given, **overrides)
+        self.coord = build(self.settings)
+        if declared:
+            self.coord.declare_sources(declared)
+        self.t0 = self.settings["t0"]
+        self.now = -math.inf
+        self.specs = {}          # query id -> spec as registered (``"all"`` kept, to follow the fleet)
+        self.pending = {}        # query id -> spec waiting for its sources to be born
+        self.records = 0
+        self.stats = {"foreign": 0, "bad_specs": 0}
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def record(self, now, name, channel, payload, retained=False):
+        """One broker message or spool record: ``channel`` is ``up``/``state`` (``name`` a device),
+        ``spec`` (``name`` a query id) or ``tick`` (time only)."""
+        now = self._clock(now)
+        if channel == "up" or channel == "state":
+            return self.uplink(now, name, payload, retained)
+        if channel == "tick":
+            return self.timer(now)
+        if channel == "spec":
+            return self.spec(now, name, payload)
+        self.stats["foreign"] += 1
+        return []
+
+    def uplink(self, now, device, payload, retained=False):
+        now = self._clock(now)
+        known = len(self.coord.cache.sources)
+        out = self.coord.handle_uplink(now, device, bytes(payload), retained=bool(retained))
+        return out + self._born(now) if len(self.coord.cache.sources) != known else out
+
+    def timer(self, now):
+        now = self._clock(now)
+        known = len(self.coord.cache.sources)
+        out = self.coord.handle_timer(now)
+        return out + self._born(now) if len(self.coord.cache.sources) != known else out
+
+    def next_deadline(self):
+        return self.coord.next_deadline()
+
+    def link_lost(self, now):
+        return self.coord.link_lost(self._clock(now))
+
+    def link_restored(self, now):
+        return self.coord.link_restored(self._clock(now))
+
+    def _clock(self, now):
+        self.records += 1
+        if self.t0 is None:
+            self.t0 = self.coord.t0 = float(math.floor(now))
+        if now > self.now:
+            self.now = now
+        return self.now
+
+    # -- query specs ----------------------------------------------------------------------------
+    def event_time(self, now):
+        """When a query change takes effect: ``now - λ``, never before the coordinator's clock."""
+        return max(self.coord.clock, now - self.coord.latency)
+
+    def spec(self, now, qid, spec):
+        """Register, replace or (empty ``spec``) remove query ``qid``; ``spec`` is a dict or JSON text."""
+        now = self._clock(now)
+        out = self._remove(now, qid)
+        if self._empty(spec):
+            return out + [("retract", qid)]
+        if not isinstance(spec, dict):
+            try:
+                spec = json.loads(spec)
+            except ValueError as e:
+                return out + self._bad(qid, "query spec is not JSON: %s" % e)
+        if not isinstance(spec, dict):
+            return out + self._bad(qid, "query spec must be a JSON object")
+        spec = dict(spec)
+        if spec.setdefault("id", qid) != qid:
+            return out + self._bad(qid, "spec id %r differs from its query id %r" % (spec["id"], qid))
+        return out + self._add(now, qid, spec)
+
+    def set_precision(self, now, qid, precision):
+        now = self._clock(now)
+        self.specs[qid]["precision"] = precision
+        return self.coord.set_precision(qid, precision, self.event_time(now))
+
+    @staticmethod
+    def _empty(spec):
+        if spec is None:
+            return True
+        if isinstance(spec, (bytes, bytearray)):
+            return not bytes(spec).strip()
+        if isinstance(spec, str):
+            return not spec.strip()
+        return False
+
+    def _remove(self, now, qid):
+        self.pending.pop(qid, None)
+        if self.specs.pop(qid, None) is not None and qid in self.coord.queries:
+            return self.coord.remove_query(qid, self.event_time(now))
+        return []
+
+    def _missing(self, spec):
+        """Sources of ``spec`` not born (nor declared) yet; ``["all"]`` while no source is known."""
+        srcs = spec.get("sources", "all")
+        known = set(self.coord.cache.sources).union(self.coord.declared)
+        if srcs == "all":
+            return [] if known else ["all"]
+        return [s for s in srcs if isinstance(s, str) and s not in known] if isinstance(srcs, list) else []
+
+    def _add(self, now, qid, spec):
+        missing = self._missing(spec)
+        if missing:
+            self.pending[qid] = spec
+            return [("error", qid, "waiting for sources %s to be born" % ", ".join(missing[:5]))]
+        try:
+            out = self.coord.add_query(spec, self.event_time(now))
+        except QueryError as e:
+            return self._bad(qid, str(e))
+        self.specs[qid] = spec
+        return out
+
+    def _bad(self, qid, message):
+        self.stats["bad_specs"] += 1
+        return [("error", qid, message)]
+
+    def _born(self, now):
+        """New sources: waiting specs may now register, and ``"all"`` queries take them in."""
+        out = []
+        everyone = len(self.coord.all_sources())
+        for qid, spec in sorted(self.specs.items()):
+            if spec.get("sources", "all") == "all" and len(self.coord.queries[qid].sources) != everyone:
+                out += self.coord.remove_query(qid, self.event_time(now))
+                del self.specs[qid]
+                out += self._add(now, qid, spec)
+        for qid, spec in sorted(self.pending.items()):
+            if not self._missing(spec):
+                del self.pending[qid]
+                out += self._add(now, qid, spec)
+        return out
+
+
+def digest(host, sources=True):
+    """A JSON-able digest of a host: clock, counters, latest answers and (optionally) every source's
+    mirrored filter. Two hosts that took the same records have equal digests."""
+    coord = host.coord
+    d = {"clock": coord.clock if math.isfinite(coord.clock) else None, "stats": dict(coord.stats),
+         "sources_known": len(coord.cache.sources),
+         "online": sum(1 for s in coord.cache.sources.values() if s.online),
+         "queries": {qid: coord.last.get(qid) for qid in sorted(coord.queries)},
+         "records": host.records, "pending": sorted(host.pending), "host_stats": dict(host.stats),
+         "protocol": host.settings["protocol"], "now": host.now if math.isfinite(host.now) else None}
+    if sources:
+        d["sources"] = {k: [s.device, s.value, s.filt.lo, s.filt.hi, s.filt.width, s.filt.epoch, s.online,
+                            s.last_t, len(s.old)] for k, s in sorted(coord.cache.sources.items())}
+    return d

@@ -1,0 +1,45 @@
+"""MQTT topic names of DESIGN.md §3, the one spelling both the devices and the backend use.
+
+``qf/<fleet>/d/<device>/{up,ctl,state}`` per device, ``qf/<fleet>/q/<query>/{spec,answer}`` per query,
+``qf/<fleet>/tick`` for the bridge's clock records. Portable: runs unchanged on MicroPython.
+"""
+ROOT = "qf"
+DEVICE_CHANNELS = ("up", "ctl", "state")
+QUERY_CHANNELS = ("spec", "answer")
+
+
+def device(fleet, dev, channel):
+    """``qf/<fleet>/d/<dev>/<channel>``; ``dev`` may be ``+`` (a subscription) or ``%u`` (an ACL pattern)."""
+    return "%s/%s/d/%s/%s" % (ROOT, fleet, dev, channel)
+
+
+def device_prefix(fleet, dev):
+    """``qf/<fleet>/d/<dev>/``: a device appends its channel."""
+    return "%s/%s/d/%s/" % (ROOT, fleet, dev)
+
+
+def query(fleet, qid, channel):
+    """``qf/<fleet>/q/<qid>/<channel>``; ``qid`` may be ``+``."""
+    return "%s/%s/q/%s/%s" % (ROOT, fleet, qid, channel)
+
+
+def tick(fleet):
+    return "%s/%s/tick" % (ROOT, fleet)
+
+
+def fleet_root(fleet):
+    """``qf/<fleet>/``: everything of one fleet lies below it."""
+    return "%s/%s/" % (ROOT, fleet)
+
+
+def parse(topic):
+    """``(fleet, scope, name, channel)`` for a QuietFleet topic, scope ``"d"``, ``"q"`` or ``"tick"``
+    (``name`` and ``channel`` None for a tick); None for anything else."""
+    parts = topic.split("/")
+    if len(parts) == 3 and parts[0] == ROOT and parts[2] == "tick":
+        return parts[1], "tick", None, None
+    if len(parts) != 5 or parts[0] != ROOT or not parts[3]:
+        return None
+    if parts[2] == "d" and parts[4] in DEVICE_CHANNELS or parts[2] == "q" and parts[4] in QUERY_CHANNELS:
+        return parts[1], parts[2], parts[3], parts[4]
+    return None
