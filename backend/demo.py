@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 
+from backend import host
 from backend.broker import Broker, BrokerError, find_mosquitto
 from backend.coordinator.core import aggregate
 from backend.coordinator.protocols import PROTOCOLS
@@ -148,7 +149,7 @@ def deadband_reports(queries, readings):
     return n
 
 
-def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=0.5, period=5.0, shrink=0.05,
+def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=host.LIVE_LATENCY, period=5.0, shrink=0.05,
         trigger=0.25, master="local[*]", workdir=None, spark=None, out=print, show_every=5.0):
     """Run the live demo; returns a result dict (messages, violations, answers, the work folder)."""
     protocol = protocol or default_protocol()
@@ -166,7 +167,7 @@ def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=0.5, per
         broker = Broker(os.path.join(workdir, "broker"), FLEET, [name for _, name, _ in plan]).start()
         out("broker: mosquitto on %s:%d, %d device accounts, ACL per device" % (broker.host, broker.port, len(plan)))
         observer = Observer(broker)
-        settings = {"protocol": protocol, "period": period, "shrink": shrink, "latency": latency, "params": {}}
+        settings = host.settings(protocol=protocol, period=period, shrink=shrink, latency=latency)
         out("backend: bridge -> spool -> Spark Structured Streaming (%s, transformWithStateInPandas, RocksDB), "
             "protocol %s, latency tolerance %.2fs, trigger %.2fs" % (master, protocol, latency, trigger))
         t0 = time.monotonic()
@@ -286,7 +287,8 @@ def main(args):
     code = 1
     try:
         r = run(duration=args.duration, cpython=args.cpython, micropython=args.micropython,
-                protocol=args.protocol, latency=args.latency, master=args.master,
+                protocol=args.protocol, latency=host.LIVE_LATENCY if args.latency is None else args.latency,
+                master=args.master,
                 out=lambda line: console.write(line + "\n"))
         code = 0 if r["violations"] == 0 else 1
     except BrokerError as e:

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 
+from backend import host
 from backend.broker import Broker
 from backend.spark import job
 from backend.spark.spool import Spool
@@ -61,7 +62,7 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
     try:
         spool.append(births(devices, time.time()))
         q = job.start(spark, spool.path, os.path.join(root, "out"), "bench",
-                      {"protocol": "naive", "period": 10.0, "latency": 0.0}, publisher=pub,
+                      host.settings(protocol="naive", period=10.0, latency=0.0), publisher=pub,
                       trigger=trigger, on_batch=on_batch,
                       source_options={"minPartitionRecords": 4096, "maxPartitions": 2})
         while not batches:                                   # wait for the first batch (start-up)
