@@ -24,6 +24,7 @@ from backend.coordinator.core.queries import parse_query
 from backend.emulated import Device, micropython_available, precompile
 from backend.sim import truth as truth_mod
 from edge.core.interval import IntervalFilter
+from edge.core import topics
 
 FLEET = "demo"
 
@@ -65,7 +66,7 @@ class Observer:
         self.inbox = queue.Queue()
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="qf-demo-observer", protocol=mqtt.MQTTv311)
         c.username_pw_set(*broker.credentials("backend"))
-        c.on_connect = lambda cl, u, f, rc, p: cl.subscribe("qf/%s/#" % broker.fleet, qos=1)
+        c.on_connect = lambda cl, u, f, rc, p: cl.subscribe(topics.fleet_all(broker.fleet), qos=1)
         c.on_message = lambda cl, u, m: self.inbox.put((m.topic, m.payload))
         c.connect(broker.host, broker.port, keepalive=30)
         c.loop_start()
@@ -77,15 +78,16 @@ class Observer:
                 topic, payload = self.inbox.get_nowait()
             except queue.Empty:
                 return
-            kind = topic.rsplit("/", 1)[-1]
+            t = topics.parse(topic)
+            kind = t[3] if t else None
             if kind in self.counts:
                 self.counts[kind] += 1
             if kind == "answer" and payload:
-                self.answers[topic.split("/")[3]] = json.loads(payload)
+                self.answers[t[2]] = json.loads(payload)
 
     def publish_spec(self, spec):
         body = {k: v for k, v in spec.items() if k != "id"}
-        return self.client.publish("qf/%s/q/%s/spec" % (FLEET, spec["id"]), json.dumps(body), qos=1, retain=True)
+        return self.client.publish(topics.query(FLEET, spec["id"], "spec"), json.dumps(body), qos=1, retain=True)
 
     def close(self):
         self.client.disconnect()
@@ -202,7 +204,8 @@ def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=host.LIV
         observer.counts = dict.fromkeys(observer.counts, 0)   # compare from registration on
         for q in queries:
             observer.publish_spec(q).wait_for_publish(5)
-        out("queries: %s registered on qf/%s/q/<id>/spec (retained)" % (", ".join(q["id"] for q in queries), FLEET))
+        out("queries: %s registered on %s (retained)" % (", ".join(q["id"] for q in queries),
+                                                          topics.query(FLEET, "<id>", "spec")))
         start = time.monotonic()
         next_show = start + show_every
         while time.monotonic() - start < duration:
