@@ -99,7 +99,7 @@ def _fmt(a):
         return "-"
     if "error" in a:
         return "(%s)" % a["error"]
-    lo, hi = a.get("lo"), a.get("hi")
+    lo, hi = (float(x) if x in ("inf", "-inf") else x for x in (a.get("lo"), a.get("hi")))    # strict JSON
     g = a.get("guarantee", "")
     if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
         return "[%.2f, %.2f] %s" % (lo, hi, g)

@@ -44,6 +44,13 @@ def settings(given=None, **overrides):
             if key not in SETTINGS:
                 raise ValueError("unknown setting %r (have: %s)" % (key, ", ".join(SETTINGS)))
             s[key] = value
+    for key in ("period", "shrink", "latency", "beat") + (("t0",) if s["t0"] is not None else ()):
+        v = s[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError("setting %s must be a finite number, got %r" % (key, v))
+    if not isinstance(s["protocol"], str) or not isinstance(s["params"] or {}, dict):
+        raise ValueError("setting protocol must be a name and params an object, got %r, %r"
+                         % (s["protocol"], s["params"]))
     return s
 
 

@@ -161,3 +161,11 @@ def test_members_say_tolerance_and_degraded_answers_give_a_reason(tmp_path, prot
     if protocol == "ft-nrp":
         assert fine["members"] == ["a", "c"]
     assert degraded["time"] == 4.0 and degraded["guarantee"] == "degraded" and degraded["reason"].startswith("offline: c")
+
+
+@pytest.mark.parametrize("bad", [{"period": "10"}, {"latency": math.nan}, {"shrink": True}, {"t0": "now"},
+                                 {"protocol": 3}, {"params": [1]}, {"colour": "red"},
+                                 {"protocol": "adaptive", "params": {"nonsense": 1}}, {"protocol": "nope"}])
+def test_bad_settings_are_a_clear_error(bad):
+    with pytest.raises(ValueError):
+        Host(bad)
