@@ -221,9 +221,8 @@ def coordinator_main(args):
         print("quietfleet coordinator: %s" % e, file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, lambda *_: live.stop())
-    print("coordinator for fleet %s on %s:%d (%s); answers on %s" % (
-        cred["fleet"], cred["host"], cred["port"], host.settings["protocol"], topics.query(cred["fleet"], "<id>", "answer")),
-        flush=True)
+    print("coordinator for fleet %s on %s:%d (%s); answers on %s" % (cred["fleet"], cred["host"], cred["port"],
+          host.settings["protocol"], topics.query(cred["fleet"], "<id>", "answer")), flush=True)
     try:
         stats = live.run()
     except KeyboardInterrupt:
