@@ -120,26 +120,24 @@ def throughput_table(sizes, log):
 
 
 def state_table(sizes, log):
-    """Backend state per 1000 sources: the pickled coordinator the Spark job keeps per query group."""
+    """Backend state per 1000 sources: the pickled host the Spark job keeps per query group."""
     import pickle
-    from backend.coordinator.core.coordinator import Coordinator
-    from backend.coordinator.protocols import make
+    from backend.host import Host
     from edge.agent import Agent
     rows = []
     for n in sizes:
         for proto in ("deadband", "adaptive"):
-            coord = Coordinator(make(proto), period=10.0, shrink=0.05)
             ids = ["s%d" % i for i in range(n)]
-            coord.declare_sources(ids)
-            coord.add_query({"id": "avg", "kind": "avg", "sources": "all", "precision": 5.0}, 0.0)
+            host = Host(protocol=proto, period=10.0, shrink=0.05, t0=0.0)
             for d in range(0, n, 4):
                 a = Agent("d%d" % d, ids[d:d + 4], boot=1)
                 for _, p in a.start(0.0):
-                    coord.handle_uplink(0.0, a.device, p)
+                    host.uplink(0.0, a.device, p)
                 for j in range(len(a.names)):
                     for _, p in a.handle_sample(0.0, j, 100.0 + j):
-                        coord.handle_uplink(0.0, a.device, p)
-            size = len(pickle.dumps(coord, protocol=pickle.HIGHEST_PROTOCOL))
+                        host.uplink(0.0, a.device, p)
+            host.spec(0.0, "avg", {"kind": "avg", "sources": "all", "precision": 5.0})
+            size = len(pickle.dumps(host, protocol=pickle.HIGHEST_PROTOCOL))
             log("  state %d sources %s: %d bytes" % (n, proto, size))
             rows.append({"sources": n, "protocol": proto, "state_bytes": size,
                          "bytes_per_1000_sources": int(size * 1000 / n)})

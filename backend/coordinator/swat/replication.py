@@ -183,7 +183,7 @@ class SwatReplication(Protocol):
             count_read(st.reads1, {}, {}, need, -1)
             info["local"] = True
             self.live[q.id] = info
-            coord.dirty.add(q.id)
+            coord.dirty[q.id] = None
             return
         self.stats["forwarded"] += 1
         count_read(st.reads0, st.interested0, {g: {1} for g in need if (st.subs >> g) & 1}, need, 1)
@@ -252,7 +252,7 @@ class SwatReplication(Protocol):
             else:
                 still.append((qid, info, segs))
         st.waiting = still
-        coord.dirty.update(coord.by_source.get(key, ()))
+        coord.dirty.update(coord.by_source.get(key, {}))
 
     # -- answers ------------------------------------------------------------------------------
     def answer(self, coord, q):
