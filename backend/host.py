@@ -160,8 +160,9 @@ class Host:
 
     # -- query specs ----------------------------------------------------------------------------
     def event_time(self, now):
-        """When a query change takes effect: ``now - λ``, never before the coordinator's clock."""
-        return max(self.coord.clock, now - self.coord.latency)
+        """When a query change takes effect: ``now - λ``, never before the coordinator's clock nor
+        before its time origin ``t0`` (a query registered with the first record holds from t0)."""
+        return max(self.coord.clock, now - self.coord.latency, self.coord.t0)
 
     def spec(self, now, qid, spec):
         """Register, replace or (empty ``spec``) remove query ``qid``; ``spec`` is a dict or JSON text."""
@@ -182,7 +183,13 @@ class Host:
         return out + self._add(now, qid, spec)
 
     def set_precision(self, now, qid, precision):
+        """Change query ``qid``'s precision δ (a waiting spec keeps it for when it registers)."""
         now = self._clock(now)
+        if qid in self.pending:
+            self.pending[qid]["precision"] = precision
+            return []
+        if qid not in self.specs:
+            return self._bad(qid, "no registered query %r to set the precision of" % qid)
         self.specs[qid]["precision"] = precision
         return self.coord.set_precision(qid, precision, self.event_time(now))
 

@@ -370,13 +370,13 @@ def test_width_messages_carry_the_adjustment_period():
     w = random_workload(5, "adaptive", count=4, duration=200, delay=0.3)
     sim = engine.Simulation(w)
     sent = []
-    orig = sim._send
+    orig = sim.send
 
-    def spy(now, direction, device, payload):
+    def spy(now, direction, device, payload, link=None):
         if direction == "down" and payload[1] == codec.SCHEMAS["width"][0]:
             sent.append((now, codec.decode(payload)[1]["period"]))
         orig(now, direction, device, payload)
-    sim._send = spy
+    sim.send = spy
     sim.run()
     T = w["params"]["period"]
     grown = [(now, p) for now, p in sent if now > T]

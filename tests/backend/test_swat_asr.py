@@ -4,9 +4,10 @@ import itertools
 import numpy as np
 import pytest
 
-from backend.coordinator.swat import asr
 from backend.experiments.histogram import vopt
-from backend.sim.summary import SummaryError, run
+from backend.sim import sites
+from backend.sim.engine import run
+from backend.sim.workload import WorkloadError
 
 
 def _wl(proto, **kw):
@@ -37,7 +38,7 @@ def test_swat_asr_saves_messages_when_reads_dominate():
 
 
 def test_replicas_follow_reads_and_contract_under_writes():
-    sys_ = asr.SwatAsr(16, sites=2)
+    sys_ = sites.SwatAsr(16, sites=2)
     t = 0.0
     for v in range(40):
         sys_.on_data(t, 50.0 + (v % 3))
@@ -55,16 +56,16 @@ def test_replicas_follow_reads_and_contract_under_writes():
 
 
 def test_checker_catches_stale_replicas():
-    class NoPush(asr.SwatAsr):
+    class NoPush(sites.SwatAsr):
         def _write(self, u, s, row):
             pass
-    asr.SYSTEMS["broken"] = NoPush
+    sites.SYSTEMS["broken"] = NoPush
     try:
         w = _wl("broken", data={"generator": "uniform", "interval": 1.0})
         w["queries"][0]["precision"] = 100.0
         assert run(w)["violations"] > 0
     finally:
-        del asr.SYSTEMS["broken"]
+        del sites.SYSTEMS["broken"]
 
 
 def test_vopt_matches_brute_force():
@@ -88,5 +89,5 @@ def test_vopt_matches_brute_force():
 def test_bad_workloads_are_refused(bad):
     w = _wl("swat-asr")
     w.update(bad)
-    with pytest.raises(SummaryError):
+    with pytest.raises(WorkloadError):
         run(w)

@@ -6,7 +6,7 @@ device: it keeps a replica row per subscribed segment (pushed by the device when
 range no longer encloses the new one), answers a read locally when its rows meet the precision, and
 otherwise forwards the read to the device, whose reply answers it. At each phase end the tests of
 Fig. 8b run for both sites (the device's on its behalf, from the reads forwarded and the pushes
-received) through the same functions as the multi-site ``SwatAsr`` of backend/coordinator/swat.py,
+received) through the same rules (backend/coordinator/swat/asr.py) as the multi-site ``SwatAsr`` of backend/sim/sites.py,
 and the device is sent the new subscription mask.
 
 Query (kind "summary", one source): ``type`` point | inner | range, ``window`` [first, last]
@@ -24,8 +24,8 @@ import random
 
 from backend.coordinator.core.protocol import Protocol
 from backend.coordinator.core.queries import finite
-from backend.coordinator.swat.asr import (combine, count_read, divergence_width, need_of, phase_tests, resolve,
-                                      segment_of, weights_for)
+from backend.coordinator.swat.asr import (aps_narrow, aps_widen, combine, count_read, dc_event, divergence_width,
+                                          need_of, phase_tests, resolve, segment_of, weights_for)
 from edge.core.swat import TAG, unpack_segments
 
 INF = float("inf")
@@ -327,13 +327,12 @@ class SwatAps(SwatReplication):
         pass                                        # no replication tests: APS caches everything
 
     def forwarded(self, st, need):
-        for g in need:
-            p = st.pads.get(g, self.width0 / 2) / (1 + self.alpha)
-            st.pads[g] = 0.0 if p < self.tau0 / 2 else p
+        for g in need:                              # pads are half widths
+            st.pads[g] = aps_narrow(st.pads.get(g, self.width0 / 2), self.alpha, self.tau0 / 2)
 
     def pushed(self, coord, key, st, segs, t):
         for g in segs:
-            st.pads[g] = max(st.pads.get(g, 0.0), self.tau0 / 2) * (1 + self.alpha)
+            st.pads[g] = aps_widen(st.pads.get(g, 0.0), self.alpha, self.tau0 / 2)
         self._control(coord, key)
 
 
@@ -355,12 +354,6 @@ class SwatDc(SwatReplication):
     def _phase_end(self, coord, key, t):
         pass
 
-    def _event(self, st, g, t, tol):
-        ev = st.events.setdefault(g, [])
-        ev.append((t, tol))
-        if len(ev) > self.history:
-            ev.pop(0)
-
     def _choose(self, st, g, t):
         k = divergence_width(st.events.get(g, []), t, self.M, self.w)
         if k >= self.M:
@@ -375,7 +368,7 @@ class SwatDc(SwatReplication):
     def note_read(self, st, need, q, ws, t):
         tol = int(q.precision / max(sum(abs(x) for x in ws), 1e-300) / self.unit)
         for g in need:
-            self._event(st, g, t, tol)
+            dc_event(st.events.setdefault(g, []), t, tol, self.history)
         self._t = t
 
     def forwarded(self, st, need):
@@ -384,7 +377,7 @@ class SwatDc(SwatReplication):
 
     def pushed(self, coord, key, st, segs, t):
         for g in segs:
-            self._event(st, g, t, None)
+            dc_event(st.events.setdefault(g, []), t, None, self.history)
             self._choose(st, g, t)
         self._control(coord, key)
 
