@@ -18,7 +18,7 @@ from backend.coordinator.core.queries import QueryError, parse_query
 from backend.coordinator.protocols import PROTOCOLS
 from backend.sim.loop import COORD, DOWN, TIMER, UP, Loop
 from backend.sim.network import Network
-from backend.sim.workload import WorkloadError, integer, keys, number, query_keys, seed
+from backend.sim.workload import Base, WorkloadError, integer, keys, number, query_keys
 from edge.core import codec
 from edge.core.relay import RelayNode, TAG_RAW, encode_raw
 
@@ -28,14 +28,11 @@ RELAY_KEYS = ("count", "h", "m", "support", "fdi", "delta", "span", "lag", "seed
 SOURCE_KEYS = ("generator", "items", "domain", "skew", "sensors", "rate", "drift")
 
 
-class RelayWorkload:
-    kind = "relay"
+class RelayWorkload(Base):
+    kind, KEYS, name = "relay", TOP, "relay"
 
     def __init__(self, raw):
-        keys(raw, TOP, "")
-        self.raw = raw
-        self.name = str(raw.get("name", "relay"))
-        self.seed = seed(raw)
+        Base.__init__(self, raw)
         self.protocol = raw.get("protocol", "relay")
         cls = PROTOCOLS.get(self.protocol)
         if getattr(cls, "topology", None) != "relay":

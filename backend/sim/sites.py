@@ -11,8 +11,8 @@ client, as the paper's baselines do. ``SYSTEMS`` names them for summary workload
 """
 import math
 
-from backend.coordinator.swat.asr import (aps_narrow, aps_snap, aps_widen, combine, count_read, dc_event,
-                                          divergence_width, need_of, phase_tests, resolve)
+from backend.coordinator.swat.asr import (Site, aps_narrow, aps_snap, aps_widen, combine, dc_event, divergence_width,
+                                          need_of, resolve)
 from edge.core import codec
 from edge.core.swat import Swat, TAG, pack_segments
 
@@ -33,7 +33,6 @@ def _encloses(old, new):
     return old is not None and old[0] <= new[0] and new[1] <= old[1]
 
 
-
 class SwatAsr:
     """The whole replication tree (§3.2, Fig. 8) for one stream: the device's SWAT tree plus ``sites - 1`` caches."""
     name = "swat-asr"
@@ -44,11 +43,7 @@ class SwatAsr:
         self.tree = Swat(window, k)
         self.nseg = self.tree.n
         self.sites = sites
-        self.rows = [dict() for _ in range(sites)]          # site -> seg -> (lo, hi, mean)
-        self.subscribed = [dict() for _ in range(sites)]    # site -> seg -> set(children)
-        self.interested = [dict() for _ in range(sites)]
-        self.reads = [dict() for _ in range(sites)]         # site -> seg -> {who: count}; who -1 = local
-        self.writes = [dict() for _ in range(sites)]
+        self.site = [Site() for _ in range(sites)]          # site 0's rows stay empty: it has ``cur``
         self.cur = [None] * self.nseg                       # the device's current segment ranges
         self.msgs = 0
         self.uplink = 0                                     # messages on the device-backend hop
@@ -72,7 +67,7 @@ class SwatAsr:
             self.uplink += 1
 
     def _push(self, u, v, s, row):
-        self.rows[v][s] = row
+        self.site[v].rows[s] = row
         self._ship(u, v, [(s,) + tuple(row)])
 
     # -- writes ---------------------------------------------------------------------
@@ -86,25 +81,25 @@ class SwatAsr:
             self._write(0, s, row)
 
     def _write(self, u, s, row):
-        subs = self.subscribed[u].get(s)
+        subs = self.site[u].subscribed.get(s)
         if not subs:
             return
         pushed = False
         for v in sorted(subs):
-            if not _encloses(self.rows[v].get(s), row):
+            if not _encloses(self.site[v].rows.get(s), row):
                 pushed = True
                 self._push(u, v, s, row)
                 self._received(v, s, row)
         if pushed and u == 0:
-            self.writes[0][s] = self.writes[0].get(s, 0) + 1
+            self.site[0].wrote(s)
 
     def _received(self, v, s, row):
-        self.writes[v][s] = self.writes[v].get(s, 0) + 1
+        self.site[v].wrote(s)
         self._write(v, s, row)
 
     # -- reads ----------------------------------------------------------------------------
     def _row(self, u, s):
-        return self.cur[s] if u == 0 else self.rows[u].get(s)
+        return self.cur[s] if u == 0 else self.site[u].rows.get(s)
 
     def on_query(self, now, client, positions, weights, precision):
         """Answer sum w_i d_i at ``client``: dict(estimate, lo, hi, error, local)."""
@@ -123,7 +118,7 @@ class SwatAsr:
             return None                 # not summarised yet
         if rows is not None:
             self._local = who == -1
-            count_read(self.reads[u], self.interested[u], self.subscribed[u], need, who)
+            self.site[u].read(need, who)
             return rows
         p = parent(u)
         self._control(u, p)
@@ -147,35 +142,30 @@ class SwatAsr:
         for u in range(self.sites):
             for s in range(self.nseg):
                 self._phase(u, s)
-        for u in range(self.sites):
-            self.reads[u].clear()
-            self.writes[u].clear()
+        for site in self.site:
+            site.new_phase()
 
     def _phase(self, u, s):
-        holds = u == 0 or s in self.rows[u]
-        if not holds:
+        site = self.site[u]
+        if u != 0 and s not in site.rows:
             return
-        writes = self.writes[u].get(s, 0)
-        reads = self.reads[u].get(s, {})
-        subs = self.subscribed[u].setdefault(s, set())
         mine = self._row(u, s)
-        decache, refresh, insert = phase_tests(u == 0, not subs, reads, writes, subs,
-                                               self.interested[u].get(s, ()), lambda v: self.rows[v].get(s) != mine)
+        decache, refresh, insert = site.tests(s, u == 0, lambda v: self.site[v].rows.get(s) != mine)
         if decache:
-            del self.rows[u][s]                             # contraction at an R-fringe site
-            self.subscribed[parent(u)].get(s, set()).discard(u)
+            del site.rows[s]                                # contraction at an R-fringe site
+            self.site[parent(u)].subscribed.get(s, set()).discard(u)
             self._control(u, parent(u))
             return
-        self.interested[u].pop(s, None)
+        site.interested.pop(s, None)
         for v in refresh:
             self._push(u, v, s, mine)                       # subscribed, but its copy was too coarse
         for v in insert:
-            subs.add(v)                                     # expansion towards the reading child
+            site.subscribed.setdefault(s, set()).add(v)     # expansion towards the reading child
             self._push(u, v, s, mine)
 
     def cached(self):
         """Approximations held by client sites (the O(M log N) of §5.1)."""
-        return sum(len(r) for r in self.rows[1:])
+        return sum(len(site.rows) for site in self.site[1:])
 
 
 class _PerItem:

@@ -24,7 +24,7 @@ from backend.coordinator.swat.asr import weights_for
 from backend.sim.loop import Loop
 from backend.sim.network import Network
 from backend.sim.sites import SYSTEMS
-from backend.sim.workload import WorkloadError, integer, keys, number, protocol_params, seed
+from backend.sim.workload import Base, WorkloadError, integer, keys, number, protocol_params
 
 TYPES = ("point", "range", "inner")
 WEIGHTS = ("linear", "exponential", "uniform")
@@ -55,13 +55,11 @@ def stream(generator, n, seed):
     return out
 
 
-class SummaryWorkload:
-    kind = "summary"
+class SummaryWorkload(Base):
+    kind, KEYS, name = "summary", TOP, "summary"
 
     def __init__(self, raw):
-        keys(raw, TOP, "")
-        self.raw = raw
-        self.name = str(raw.get("name", "summary"))
+        Base.__init__(self, raw)
         win = raw.get("window", 32)
         if not isinstance(win, int) or isinstance(win, bool) or win < 4 or win & (win - 1):
             raise WorkloadError("window must be a power of two >= 4, got %r" % (win,))
@@ -74,7 +72,6 @@ class SummaryWorkload:
             raise WorkloadError("duration (simulated seconds) is required")
         self.duration = number(raw, "duration", None, "workload", positive=True)
         self.phase = number(raw, "phase", 10.0, "workload", positive=True)
-        self.seed = seed(raw)
         data = keys(raw.get("data", {}), ("generator", "interval"), "data")
         self.generator = data.get("generator", "weather")
         if self.generator not in GENERATORS:

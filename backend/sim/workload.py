@@ -92,8 +92,16 @@ def read(path):
         raise WorkloadError("%s is not valid JSON: %s" % (path, e))
 
 
-def seed(raw):
-    return integer(raw, "seed", 0, "workload", lo=0)
+class Base:
+    """What every kind of workload has: its known top-level ``KEYS``, a name, a seed and the raw dict."""
+    kind = KEYS = None
+    name = "workload"
+
+    def __init__(self, raw):
+        keys(raw, self.KEYS, "")
+        self.raw = raw
+        self.name = str(raw.get("name", self.name))
+        self.seed = integer(raw, "seed", 0, "workload", lo=0)
 
 
 def protocol_params(cls, params, where="params", skip=()):
@@ -149,16 +157,13 @@ def load(source):
     return Workload(source, base)
 
 
-class Workload:
+class Workload(Base):
     """A validated fleet workload. ``raw`` keeps the dict it was made from."""
-    kind = "fleet"
+    kind, KEYS = "fleet", TOP
 
     def __init__(self, raw, base_dir="."):
-        keys(raw, TOP, "")
-        self.raw = raw
+        Base.__init__(self, raw)
         self.base_dir = base_dir
-        self.name = str(raw.get("name", "workload"))
-        self.seed = seed(raw)
         if "duration" not in raw:
             raise WorkloadError("workload.duration (simulated seconds) is required")
         self.duration = number(raw, "duration", None, "workload", positive=True)

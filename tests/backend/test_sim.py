@@ -1,5 +1,6 @@
 """Simulator: zero violations for every protocol on unseen random walks; the checker catches liars."""
 import json
+import os
 import random
 
 import pytest
@@ -8,6 +9,8 @@ from backend.coordinator.precision import deadband
 from backend.coordinator import protocols
 from backend.sim import engine
 from backend.sim.workload import WorkloadError, load
+
+EXAMPLES = os.path.join(os.path.dirname(engine.__file__), "examples")
 
 
 def random_workload(seed, protocol, count=12, duration=300, delay=0.0, jitter=0.0, per_device=None):
@@ -143,6 +146,58 @@ def test_bad_workloads_are_explained(patch, msg):
         del spec["duration"]
     with pytest.raises(WorkloadError, match=msg):
         load(spec)
+
+
+@pytest.mark.parametrize("patch,msg", [
+    ({"network": {"delay": 0.1, "loss": 0.05}}, r"unknown key network\.loss"),
+    ({"colour": "red"}, r"unknown key colour"),
+    ({"sources": {"generator": "random_walk", "count": 3, "outages": {"rate": 0.1, "mean_length": 1, "when": 2}}},
+     r"sources\.outages\.when"),
+    ({"sources": {"generator": "random_walk", "count": 3, "trace": "x.csv"}}, r"sources\.generator"),
+    ({"queries": [{"id": "x", "kind": "sum", "precison": 2}]}, r"queries\[0\]\.precison"),
+    ({"queries": [{"id": "x", "kind": "sum", "k": 2}]}, r"queries\[0\]\.k"),
+    ({"params": {"period": 5, "shrinkk": 0.1}}, r"params\.shrinkk"),
+    ({"events": [{"time": 1, "delay": {"delay": 0.1, "loss": 0.1}}]}, r"events\[0\]\.delay\.loss"),
+    ({"events": [{"time": 1, "set_precision": {"id": "x", "precision": 1}, "note": 1}]}, r"events\[0\]\.note"),
+])
+def test_unknown_workload_keys_are_named(patch, msg):
+    spec = {"seed": 0, "duration": 10, "sources": {"generator": "random_walk", "count": 3},
+            "queries": [{"id": "x", "kind": "sum", "precision": 1}]}
+    spec.update(patch)
+    with pytest.raises(WorkloadError, match=msg):
+        load(spec)
+
+
+def test_unknown_keys_are_named_in_relay_and_summary_workloads():
+    relay = json.loads(open(os.path.join(EXAMPLES, "relay.json")).read())
+    summary = json.loads(open(os.path.join(EXAMPLES, "summary.json")).read())
+    for spec, msg in ((dict(relay, network={"delay": 0.1, "loss": 0.05}), r"network\.loss"),
+                      (dict(relay, queries=[{"id": "c", "kind": "count", "eror": 0.1}]), r"queries\[0\]\.eror"),
+                      (dict(summary, data={"generator": "weather", "rate": 2}), r"data\.rate"),
+                      (dict(summary, params={"alpha": 2}), r"params\.alpha"),
+                      (dict(summary, protocol="aps", params={"alpha": 2, "beta": 1}), r"params\.beta"),
+                      (dict(summary, queries=[dict(summary["queries"][0], colour=1)]), r"queries\[0\]\.colour")):
+        with pytest.raises(WorkloadError, match=msg):
+            load(spec)
+    assert load(dict(summary, protocol="aps", params={"alpha": 2})).params == {"alpha": 2}
+
+
+@pytest.mark.parametrize("name,kind", [("fleet.yaml", "fleet"), ("relay.json", "relay"), ("summary.json", "summary")])
+def test_cli_sim_runs_every_kind_through_the_one_loop(tmp_path, name, kind):
+    from backend import cli, host
+    from backend.sim.loop import Loop
+    path = os.path.join(EXAMPLES, name)
+    assert isinstance(engine.simulation(path), Loop)
+    out, ans = tmp_path / "r.json", tmp_path / "a.jsonl"
+    assert cli.main(["sim", path, "--out", str(out), "--answers", str(ans), "--quiet"]) == 0
+    res = json.loads(out.read_text())
+    assert res["kind"] == kind and res["violations"] == 0
+    lines = [json.loads(x) for x in ans.read_text().splitlines()]
+    assert len(lines) > 10 and all(x["guarantee"] in host.GUARANTEES for x in lines)
+    for x in lines:             # relay and summary answers carry the exact value they were checked against
+        if "exact" in x and not x["degraded"]:
+            assert (x["lo"] is None or x["lo"] <= x["exact"] + 1e-6 * (1 + abs(x["exact"]))) and \
+                (x["hi"] is None or x["exact"] <= x["hi"] + 1e-6 * (1 + abs(x["exact"]))), x
 
 
 def test_bad_trace_rows_are_explained(tmp_path):

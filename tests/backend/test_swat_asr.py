@@ -47,12 +47,12 @@ def test_replicas_follow_reads_and_contract_under_writes():
         a = sys_.on_query(t, 1, [4, 5, 6], [1.0, 1.0, 1.0], 100.0)
         assert not a["local"] and a["lo"] <= a["estimate"] <= a["hi"]
     sys_.on_phase(t)                                    # expansion: reads 5 > writes 0
-    assert 2 in sys_.rows[1] and sys_.on_query(t, 1, [4], [1.0], 100.0)["local"]
+    assert 2 in sys_.site[1].rows and sys_.on_query(t, 1, [4], [1.0], 100.0)["local"]
     for v in range(200):                                # wild writes, no reads: contraction
         sys_.on_data(t, float((v * 37) % 101))
         t += 1
     sys_.on_phase(t)
-    assert 2 not in sys_.rows[1] and 1 not in sys_.subscribed[0].get(2, set())
+    assert 2 not in sys_.site[1].rows and 1 not in sys_.site[0].subscribed.get(2, set())
 
 
 def test_checker_catches_stale_replicas():

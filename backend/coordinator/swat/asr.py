@@ -51,24 +51,45 @@ def resolve(row, need, precision):
     return rows if width <= precision else None
 
 
-def count_read(reads, interested, subscribed, segs, who):
-    """Record a read of ``segs`` from ``who`` (-1 local) at a site; an unsubscribed child becomes interested."""
-    for s in segs:
-        cnt = reads.setdefault(s, {})
-        cnt[who] = cnt.get(who, 0) + 1
-        if who >= 0 and who not in subscribed.get(s, ()):
-            interested.setdefault(s, set()).add(who)
+class Site:
+    """One site's replication state (Fig. 8): per segment, the row it holds, the children subscribed
+    to it (pushed every write) or interested in it (reading it through this site), and the reads
+    (by child, -1 = local) and writes of the current phase."""
 
+    def __init__(self):
+        self.rows = {}              # segment -> (lo, hi, mean)
+        self.subscribed = {}        # segment -> set(children)
+        self.interested = {}        # segment -> set(children)
+        self.reads = {}             # segment -> {who: count}
+        self.writes = {}            # segment -> count
 
-def phase_tests(source, fringe, reads, writes, subs, interested, stale):
-    """Fig. 8b for one segment at one site: (decache, refresh, insert). A non-source R-fringe site
-    decaches when its reads fall below the writes; otherwise subscribed children that read more than
-    the writes and hold a ``stale(v)`` copy are refreshed, interested ones that did are inserted."""
-    if not source and fringe and sum(reads.values()) < writes:
-        return True, [], []
-    refresh = [v for v in sorted(subs) if writes < reads.get(v, 0) and stale(v)]
-    insert = [v for v in sorted(interested) if writes < reads.get(v, 0) and v not in subs]
-    return False, refresh, insert
+    def read(self, segs, who):
+        """Count a read of ``segs`` from ``who`` (-1 local); an unsubscribed child becomes interested."""
+        for s in segs:
+            cnt = self.reads.setdefault(s, {})
+            cnt[who] = cnt.get(who, 0) + 1
+            if who >= 0 and who not in self.subscribed.get(s, ()):
+                self.interested.setdefault(s, set()).add(who)
+
+    def wrote(self, s):
+        self.writes[s] = self.writes.get(s, 0) + 1
+
+    def tests(self, s, source, stale):
+        """Fig. 8b for segment ``s``: (decache, refresh, insert). A non-source R-fringe site (no
+        subscribed child) decaches when its reads fall below the writes; otherwise subscribed children
+        that read more than the writes and hold a ``stale(v)`` copy are refreshed, interested ones that
+        did are inserted."""
+        reads, writes = self.reads.get(s, {}), self.writes.get(s, 0)
+        subs = self.subscribed.get(s, ())
+        if not source and not subs and sum(reads.values()) < writes:
+            return True, [], []
+        refresh = [v for v in sorted(subs) if writes < reads.get(v, 0) and stale(v)]
+        insert = [v for v in sorted(self.interested.get(s, ())) if writes < reads.get(v, 0) and v not in subs]
+        return False, refresh, insert
+
+    def new_phase(self):
+        self.reads.clear()
+        self.writes.clear()
 
 
 def combine(positions, weights, rows, seg_of=segment_of):

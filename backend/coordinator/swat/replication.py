@@ -24,8 +24,8 @@ import random
 
 from backend.coordinator.core.protocol import Protocol
 from backend.coordinator.core.queries import finite
-from backend.coordinator.swat.asr import (aps_narrow, aps_widen, combine, count_read, dc_event, divergence_width,
-                                          need_of, phase_tests, resolve, segment_of, weights_for)
+from backend.coordinator.swat.asr import (Site, aps_narrow, aps_widen, combine, dc_event, divergence_width, need_of,
+                                          resolve, segment_of, weights_for)
 from edge.core.swat import TAG, unpack_segments
 
 INF = float("inf")
@@ -59,21 +59,36 @@ def evaluate(q, pos, ws, row):
 
 
 class _Source:
-    """Backend-side state of one summarised source: its replica (site 1) and the device's counters (site 0)."""
+    """Backend-side state of one summarised source: the backend's site (1, holding the replica) and,
+    kept on the device's behalf, the device's site (0, whose only child is the backend)."""
 
     def __init__(self):
-        self.subs = 0               # segments replicated here (the device's subscription list {backend})
-        self.rows = {}              # segment -> (lo, hi, mean), the replica
+        self.device, self.backend = Site(), Site()
+        self.rows = self.backend.rows           # segment -> (lo, hi, mean), the replica
         self.fresh, self.fresh_t = {}, None     # rows received at logical time fresh_t
         self.expect = set()         # segments whose next row answers a read or an insert, not a write
         self.waiting = []           # forwarded reads: (qid, info, segments)
         self.pads = {}
-        self.reads0, self.writes0, self.interested0 = {}, {}, {}
-        self.reads1, self.writes1 = {}, {}
         self.events = {}            # segment -> [(t, tolerance units | None)] (divergence caching)
 
-    def reset(self):
-        self.__init__()
+    def replicated(self, g):
+        """Whether the backend subscribes to segment ``g`` (the device pushes its writes)."""
+        return bool(self.device.subscribed.get(g))
+
+    def subscribe(self, g, on=True):
+        if on:
+            self.device.subscribed[g] = {1}
+        else:
+            self.device.subscribed.pop(g, None)
+
+    @property
+    def subs(self):
+        """The subscription as the device's bit mask."""
+        mask = 0
+        for g, children in self.device.subscribed.items():
+            if children:
+                mask |= 1 << g
+        return mask
 
 
 class SwatReplication(Protocol):
@@ -112,7 +127,7 @@ class SwatReplication(Protocol):
         coord.send(s.device, "summary", {"src": s.index, "window": self.window if window is None else window,
                                          "k": self.k, "subs": st.subs, "read": read,
                                          "pad": [{"seg": g, "w": p} for g, p in sorted(st.pads.items())
-                                                 if (st.subs >> g) & 1]})
+                                                 if st.replicated(g)]})
 
     def _sync(self, coord, key):
         on = self._summarised(coord, key)
@@ -180,13 +195,13 @@ class SwatReplication(Protocol):
         self.note_read(st, need, q, ws, t)
         if self.resolve(st, need, q.precision) is not None:
             self.stats["local"] += 1
-            count_read(st.reads1, {}, {}, need, -1)
+            st.backend.read(need, -1)
             info["local"] = True
             self.live[q.id] = info
             coord.dirty.add(q.id)
             return
         self.stats["forwarded"] += 1
-        count_read(st.reads0, st.interested0, {g: {1} for g in need if (st.subs >> g) & 1}, need, 1)
+        st.device.read(need, 1)
         self.forwarded(st, need)
         info["local"] = False
         st.waiting.append((q.id, info, set(need)))
@@ -231,14 +246,14 @@ class SwatReplication(Protocol):
         for g, lo, hi, mean in entries:
             row = (lo, hi, mean)
             st.fresh[g] = row
-            if (st.subs >> g) & 1:
+            if st.replicated(g):
                 st.rows[g] = row
                 if g in st.expect:
                     st.expect.discard(g)
                 else:
                     writes.append(g)
-                    st.writes0[g] = st.writes0.get(g, 0) + 1
-                    st.writes1[g] = st.writes1.get(g, 0) + 1
+                    st.device.wrote(g)
+                    st.backend.wrote(g)
             else:
                 st.expect.discard(g)
         self.stats["pushes"] += len(writes)
@@ -276,27 +291,23 @@ class SwatReplication(Protocol):
     # -- phase end (Fig. 8b) ----------------------------------------------------------------------
     def _phase_end(self, coord, key, t):
         st = self.src[key]
-        subs, read = st.subs, 0
+        before, read = st.subs, 0
         for g in range(self.nseg):
-            if (st.subs >> g) & 1:
-                decache, _, _ = phase_tests(False, True, st.reads1.get(g, {}), st.writes1.get(g, 0), (), (), None)
-                if decache:                                     # contraction at the backend
-                    subs &= ~(1 << g)
-                    st.rows.pop(g, None)
-                    continue
-            mine = {1} if (st.subs >> g) & 1 else set()
-            _, refresh, insert = phase_tests(True, False, st.reads0.get(g, {}), st.writes0.get(g, 0), mine,
-                                             st.interested0.get(g, ()), lambda v: True)
+            if st.replicated(g) and st.backend.tests(g, False, None)[0]:    # contraction at the backend
+                st.subscribe(g, False)
+                st.rows.pop(g, None)
+                continue
+            _, refresh, insert = st.device.tests(g, True, lambda v: True)
             if insert:                                          # expansion towards the backend
-                subs |= 1 << g
+                st.subscribe(g)
                 st.expect.add(g)
             if refresh:                                         # subscribed, but the copy was too coarse
                 read |= 1 << g
                 st.expect.add(g)
-        for d in (st.reads0, st.writes0, st.interested0, st.reads1, st.writes1):
-            d.clear()
-        if subs != st.subs or read:
-            st.subs = subs
+        st.device.new_phase()
+        st.device.interested.clear()
+        st.backend.new_phase()
+        if st.subs != before or read:
             self._control(coord, key, read=read)
 
 
@@ -319,7 +330,7 @@ class SwatAps(SwatReplication):
             w = q.extra.get("window", "random")
             segs = range(self.nseg) if w == "random" else {segment_of(min(i, self.window - 1)) for i in range(w[0], w[1] + 1)}
             for g in segs:
-                st.subs |= 1 << g
+                st.subscribe(g)
                 st.pads[g] = self.width0 / 2
                 st.expect.add(g)
 
@@ -357,12 +368,12 @@ class SwatDc(SwatReplication):
     def _choose(self, st, g, t):
         k = divergence_width(st.events.get(g, []), t, self.M, self.w)
         if k >= self.M:
-            st.subs &= ~(1 << g)
+            st.subscribe(g, False)
             st.rows.pop(g, None)
         else:
-            if not (st.subs >> g) & 1:
+            if not st.replicated(g):
                 st.expect.add(g)
-            st.subs |= 1 << g
+            st.subscribe(g)
             st.pads[g] = k * self.unit / 2
 
     def note_read(self, st, need, q, ws, t):
