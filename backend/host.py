@@ -13,6 +13,7 @@ between them and the sans-IO ``Coordinator`` lives here, once:
 """
 import json
 import math
+from itertools import islice
 
 from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.core.queries import QueryError
@@ -114,6 +115,8 @@ class Host:
         self.pending = {}        # query id -> spec waiting for its sources to be born
         self.records = 0
         self.stats = {"foreign": 0, "bad_specs": 0}
+        self._declared = frozenset(self.coord.declared)
+        self._seen = self._extra = 0     # births counted by _everyone, and how many were not declared
 
     # -- inputs ---------------------------------------------------------------------------------
     def record(self, now, name, channel, payload, retained=False):
@@ -183,13 +186,7 @@ class Host:
         return out + self._add(now, qid, spec)
 
     def set_precision(self, now, qid, precision):
-        """Change query ``qid``'s precision δ (a waiting spec keeps it for when it registers)."""
         now = self._clock(now)
-        if qid in self.pending:
-            self.pending[qid]["precision"] = precision
-            return []
-        if qid not in self.specs:
-            return self._bad(qid, "no registered query %r to set the precision of" % qid)
         self.specs[qid]["precision"] = precision
         return self.coord.set_precision(qid, precision, self.event_time(now))
 
@@ -236,7 +233,7 @@ class Host:
     def _born(self, now):
         """New sources: waiting specs may now register, and ``"all"`` queries take them in."""
         out = []
-        everyone = len(self.coord.all_sources())
+        everyone = self._everyone()
         for qid, spec in sorted(self.specs.items()):
             if spec.get("sources", "all") == "all" and len(self.coord.queries[qid].sources) != everyone:
                 out += self.coord.remove_query(qid, self.event_time(now))
@@ -247,6 +244,15 @@ class Host:
                 del self.pending[qid]
                 out += self._add(now, qid, spec)
         return out
+
+    def _everyone(self):
+        """How many sources ``"all"`` means now (declared or born), counted over the newest births
+        only: a fleet of n devices costs O(n) in all, not O(n) per birth."""
+        born = self.coord.cache.sources
+        for key in islice(reversed(born), len(born) - self._seen):
+            self._extra += key not in self._declared
+        self._seen = len(born)
+        return len(self._declared) + self._extra
 
 
 def digest(host, sources=True):

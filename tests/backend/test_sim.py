@@ -245,3 +245,18 @@ def test_real_temperature_dataset_runs_without_violations():
     assert 0 < res["messages"]["up"] < res["samples"]
     with pytest.raises(WorkloadError, match="dataset must be one of"):
         load(dict(spec, sources={"dataset": "nope"}))
+
+
+def test_host_follows_the_fleet_and_starts_queries_at_t0():
+    from backend import host
+    from edge.agent import Agent
+    h = host.Host({"protocol": "deadband", "latency": 0.5, "t0": 0.0}, declared=["s0", "s1"])
+    out = h.spec(0.0, "tot", {"kind": "sum", "sources": "all", "precision": 5})
+    assert [a[1]["time"] for a in out if a[0] == "answer"] == [0.0]          # not -λ: nothing precedes t0
+    for i in range(4):
+        a = Agent("d%d" % i, ["s%d" % (2 * i), "s%d" % (2 * i + 1)], boot=1)
+        for _, payload in a.start(1.0 + i):
+            h.uplink(1.0 + i, a.device, payload)
+        h.timer(2.0 + i)
+        assert h._everyone() == len(h.coord.all_sources()) == max(2, 2 * i + 2)
+        assert h.coord.queries["tot"].sources == h.coord.all_sources()
