@@ -26,8 +26,8 @@ UP, DOWN, TIMER, COORD = "up", "down", "timer", "coord"   # the kinds every topo
 class Loop:
     ORDER = {UP: 0, DOWN: 1, TIMER: 2, COORD: 3}
 
-    def __init__(self, network, host=None):
-        self.net = network
+    def __init__(self, network=None, host=None):
+        self.net = network                # None: a topology that sends nothing over a network
         self.host = host
         self.coord = host.coord if host is not None else None
         self.heap = []
@@ -35,7 +35,6 @@ class Loop:
         self.agents = {}
         self.timer_at = {}
         self.answers = []
-        self.errors = []
         self.now = 0.0
         self.end = math.inf           # events after this time are not run
         self.handlers = {UP: self.deliver_up, DOWN: self.deliver_down, TIMER: self.agent_timer,

@@ -22,7 +22,6 @@ import random
 
 from backend.coordinator.swat.asr import weights_for
 from backend.sim.loop import Loop
-from backend.sim.network import Network
 from backend.sim.sites import SYSTEMS
 from backend.sim.workload import Base, WorkloadError, integer, keys, number, protocol_params
 
@@ -113,7 +112,7 @@ class SummarySimulation(Loop):
     def __init__(self, workload):
         from backend.sim.workload import load
         self.w = w = workload if isinstance(workload, SummaryWorkload) else load(workload)
-        Loop.__init__(self, Network({}, None))
+        Loop.__init__(self)
         self.handlers.update({DATA: self.data, QUERY_EVENT: self.query, PHASE: self.phase_end})
         self.system = SYSTEMS[w.protocol](w.window, sites=w.clients + 1, **w.params)
         self.rng = random.Random(w.seed + 7)
