@@ -196,8 +196,10 @@ def test_cli_sim_runs_every_kind_through_the_one_loop(tmp_path, name, kind):
     assert len(lines) > 10 and all(x["guarantee"] in host.GUARANTEES for x in lines)
     for x in lines:             # relay and summary answers carry the exact value they were checked against
         if "exact" in x and not x["degraded"]:
-            assert (x["lo"] is None or x["lo"] <= x["exact"] + 1e-6 * (1 + abs(x["exact"]))) and \
-                (x["hi"] is None or x["exact"] <= x["hi"] + 1e-6 * (1 + abs(x["exact"]))), x
+            lo, hi = (float("-inf") if x["lo"] is None else float(x["lo"]),      # strict JSON: an infinite
+                      float("inf") if x["hi"] is None else float(x["hi"]))       # bound is not a number
+            tol = 1e-6 * (1 + abs(x["exact"]))
+            assert lo - tol <= x["exact"] <= hi + tol, x
 
 
 def test_bad_trace_rows_are_explained(tmp_path):
