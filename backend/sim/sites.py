@@ -110,7 +110,7 @@ class SwatAsr:
         if rows is None:
             return None
         est, lo, hi = combine(positions, weights, rows)
-        return {"estimate": est, "lo": lo, "hi": hi, "error": max(est - lo, hi - est), "local": self._local}
+        return {"estimate": est, "lo": lo, "hi": hi, "error_bound": max(est - lo, hi - est), "local": self._local}
 
     def _resolve(self, u, need, precision, who):
         rows = resolve(lambda s: self._row(u, s), need, math.inf if u == 0 else precision)
@@ -216,7 +216,7 @@ class _PerItem:
             hi += w * (b if w >= 0 else a)
         if missed:
             self._cost(client, 1 + missed)      # one request, one approximation per refreshed reading
-        return {"estimate": est, "lo": lo, "hi": hi, "error": max(est - lo, hi - est), "local": not missed}
+        return {"estimate": est, "lo": lo, "hi": hi, "error_bound": max(est - lo, hi - est), "local": not missed}
 
 
 

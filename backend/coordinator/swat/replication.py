@@ -6,15 +6,15 @@ device: it keeps a replica row per subscribed segment (pushed by the device when
 range no longer encloses the new one), answers a read locally when its rows meet the precision, and
 otherwise forwards the read to the device, whose reply answers it. At each phase end the tests of
 Fig. 8b run for both sites (the device's on its behalf, from the reads forwarded and the pushes
-received) through the same rules (backend/coordinator/swat/asr.py) as the multi-site ``SwatAsr`` of backend/sim/sites.py,
-and the device is sent the new subscription mask.
+received), each a ``Site`` of backend/coordinator/swat/asr.py as in the multi-site ``SwatAsr`` of
+backend/sim/sites.py, and the device is sent the new subscription mask.
 
 Query (kind "summary", one source): ``type`` point | inner | range, ``window`` [first, last]
 positions (0 = newest reading) or "random" (drawn per read), ``weights`` linear | exponential |
 uniform or a list, ``precision`` δ (maximum hi - lo; for range, the summed widths of the segment
 ranges used), range ``value`` and ``radius``, ``every`` (read every n coordinator ticks). Each read
-yields an answer {"estimate", "lo", "hi", "error", "read", "first", "last", "local"} whose [lo, hi]
-holds the exact value of the window at the answer's time (range: the count of readings within
+yields an answer {"estimate", "lo", "hi", "error_bound", "read", "first", "last", "local"} whose
+[lo, hi] holds the exact value of the window at the answer's time (range: the count of readings within
 value ± radius). Baselines: ``swat-aps`` (Adaptive Precision Setting, §4.2) and ``swat-dc``
 (Divergence Caching adapted to precision, §4.1), both replicating every queried segment with a
 cache width (pad) they adapt, instead of per reading as in the paper.
@@ -279,12 +279,13 @@ class SwatReplication(Protocol):
                 rows = {g: fresh.get(g, st.rows.get(g)) for g in info["need"]}
                 if None not in rows.values():
                     est, lo, hi = evaluate(q, info["pos"], info["ws"], lambda i: rows[segment_of(i)])
-                    self.results[q.id] = {"estimate": est, "lo": lo, "hi": hi, "error": max(est - lo, hi - est),
+                    self.results[q.id] = {"estimate": est, "lo": lo, "hi": hi,
+                                          "error_bound": max(est - lo, hi - est),
                                           "read": info["read"], "first": info["first"], "last": info["last"],
                                           "local": info["local"]}
         got = self.results.get(q.id)
         if got is None:
-            return {"estimate": None, "lo": -INF, "hi": INF, "error": INF, "read": 0, "first": 0, "last": 0,
+            return {"estimate": None, "lo": -INF, "hi": INF, "error_bound": INF, "read": 0, "first": 0, "last": 0,
                     "local": False, "degraded": True, "reason": "no read answered yet"}
         return dict(got)
 
