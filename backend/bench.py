@@ -16,7 +16,8 @@ import time
 from backend.coordinator.protocols import PROTOCOLS
 from backend.sim import engine
 from backend.sim.clairvoyant import minimum_reports
-from backend.sim.workload import load, samples
+from backend.sim.sources import samples
+from backend.sim.workload import load
 
 
 def workloads(scale):

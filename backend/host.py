@@ -14,6 +14,7 @@ between them and the sans-IO ``Coordinator`` lives here, once:
 """
 import json
 import math
+from itertools import islice
 
 from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.core.queries import QueryError
@@ -145,6 +146,8 @@ class Host:
         self.pending = {}        # query id -> spec waiting for its sources to be born
         self.records = 0
         self.stats = {"foreign": 0, "bad_specs": 0}
+        self._declared = frozenset(self.coord.declared)
+        self._seen = self._extra = 0     # births counted by _everyone, and how many were not declared
 
     # -- inputs ---------------------------------------------------------------------------------
     def record(self, now, name, channel, payload, retained=False):
@@ -192,8 +195,9 @@ class Host:
 
     # -- query specs ----------------------------------------------------------------------------
     def event_time(self, now):
-        """When a query change takes effect: ``now - λ``, never before the coordinator's clock."""
-        return max(self.coord.clock, now - self.coord.latency)
+        """When a query change takes effect: ``now - λ``, never before the coordinator's clock nor
+        before its time origin ``t0`` (a query registered with the first record holds from t0)."""
+        return max(self.coord.clock, now - self.coord.latency, self.coord.t0)
 
     def spec(self, now, qid, spec):
         """Register, replace or (empty ``spec``) remove query ``qid``; ``spec`` is a dict or JSON text."""
@@ -268,7 +272,7 @@ class Host:
         """New sources: waiting specs may now register, and ``"all"`` queries take them in (the
         query is registered again over the grown fleet, at the event time of the birth's release)."""
         out = []
-        everyone = len(self.coord.all_sources())
+        everyone = self._everyone()
         for qid, spec in sorted(self.specs.items()):
             if spec.get("sources", "all") == "all" and len(self.coord.queries[qid].sources) != everyone:
                 out += self._remove(now, qid)
@@ -278,6 +282,15 @@ class Host:
                 del self.pending[qid]
                 out += self._add(now, qid, spec)
         return out
+
+    def _everyone(self):
+        """How many sources ``"all"`` means now (declared or born), counted over the newest births
+        only: a fleet of n devices costs O(n) in all, not O(n) per birth."""
+        born = self.coord.cache.sources
+        for key in islice(reversed(born), len(born) - self._seen):
+            self._extra += key not in self._declared
+        self._seen = len(born)
+        return len(self._declared) + self._extra
 
 
 def digest(host, sources=True):
