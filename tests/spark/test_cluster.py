@@ -13,22 +13,22 @@ from backend.spark.cluster import Standalone
 from backend.spark.spool import Spool
 from recorded import FLEET, record
 
+SETTINGS = {"protocol": "adaptive", "period": 5.0, "shrink": 0.05}
 DRIVER = textwrap.dedent("""
     import json, sys
     from backend.spark import job
     url, spool, out = sys.argv[1:4]
     spark = job.session(url, app="qf-cluster-test", partitions=2)
-    q = job.start(spark, spool, out, %r, {"protocol": "deadband", "period": 5.0},
-                  available_now=True, status_sources=True)
+    q = job.start(spark, spool, out, %r, %r, available_now=True, status_sources=True)
     q.awaitTermination(240)
     print(json.dumps({"error": str(q.exception()) if q.exception() else None,
                       "executors": spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()}))
     spark.stop()
-""" % FLEET)
+""" % (FLEET, SETTINGS))
 
 
 def test_job_on_a_standalone_cluster_matches_the_reference(tmp_path):
-    records, ref = record(protocol="deadband", duration=15.0, seed=3)
+    records, ref = record(SETTINGS, duration=15.0, seed=3)
     spool, out = str(tmp_path / "spool"), str(tmp_path / "out")
     with Spool(spool, fsync="never") as sp:
         sp.append(records)
