@@ -180,6 +180,18 @@ def _plots(out_dir, rows, labels, cat, trace_dir, duration):
     return ["traces_ratio.png", "traces_data.png"]
 
 
+def _tick_cost(cat, trace_dir, limit, runs, log, name="nox-switzerland"):
+    """One sentence: deadband on a year of daily data with the default period versus period = span."""
+    c = next(x for x in cat if x["name"] == name)
+    log("  %s / deadband with the default period" % name)
+    r = run_limited(traces.workload(c, trace_dir, "deadband"), limit)
+    fast = next(x for x in runs if x["trace"] == name and x["column"] == "deadband")
+    got = ("%.1f s (%d samples/s)" % (r["runtime_s"], r["samples_per_s"])) if r else "more than %g s" % limit
+    return ("Idle ticks: deadband on %s (%s of daily data) with the default period of 10 s takes %s, with the "
+            "period set to the span %.2f s (%d samples/s); the messages are the same." % (
+                name, traces.human(c["span_s"]), got, fast.get("runtime_s", math.nan), fast.get("samples_per_s", 0)))
+
+
 def _write_csv(path, rows):
     keys = []
     for r in rows:
@@ -224,6 +236,8 @@ def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=
         lines.append("| %s | %s |" % (split, " | ".join(
             "%.3f (%d traces)" % got[lab + "/db"] if lab + "/db" in got else "–" for lab in labels)))
     lines += ["", "Every run's figures (samples/s, runtime, up/down, status) are in `traces_runs.csv`.", ""]
+    if not smoke:
+        lines += [_tick_cost(cat, trace_dir, limit, runs, log), ""]
     lines += ["![ratios](%s)" % plots[0], "", "![traces](%s)" % plots[1], "", "### Catalogue", "",
               traces.catalogue_md(cat)]
     return lines, viol
