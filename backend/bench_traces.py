@@ -20,16 +20,23 @@ from backend.sim import engine
 from backend.sim.clairvoyant import minimum_reports, minimum_segments
 from backend.sim.workload import load, samples
 
-# The protocol columns: (label, protocol, params, static). More columns (filter models, segment mode at
-# two lags) are appended here. ``static`` marks a fixed allocation whose messages cannot depend on the
-# adjustment period: it runs with the period set to the trace's span, which only skips the idle ticks the
-# coordinator makes today (results checked equal on the short traces in tests/backend/test_traces.py).
+# The protocol columns. More (filter models, segment mode at two lags) are appended here: ``params`` and
+# ``query`` may be dicts or functions of the catalogue entry, e.g. a segment column
+# {"label": "segment L=10", "protocol": ..., "query": lambda c: {"lag": 10 * c["interval_s"]}}.
+# ``static`` marks a fixed allocation whose messages cannot depend on the adjustment period: it runs with
+# the period set to the trace's span, which only skips the idle ticks the coordinator makes today
+# (checked equal on a short trace in tests/backend/test_traces.py).
 COLUMNS = [
-    ("deadband", "deadband", {}, True),
-    ("optimal_static", "optimal_static", {}, True),
-    ("adaptive", "adaptive", {}, False),
+    {"label": "deadband", "protocol": "deadband", "static": True},
+    {"label": "optimal_static", "protocol": "optimal_static", "static": True},
+    {"label": "adaptive", "protocol": "adaptive"},
 ]
 MINIMA = (("clairvoyant_pc", lambda t, v, w: minimum_reports(v, w)), ("clairvoyant_pl", minimum_segments))
+
+
+def _of(x, c):
+    """A column's ``params``/``query``: a dict, a function of the catalogue entry, or None."""
+    return (x(c) if callable(x) else x) or {}
 
 
 def _child(spec, conn):
@@ -82,11 +89,16 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
                "span": traces.human(duration if duration is not None else c["span_s"]),
                "interval": traces.human(c["interval_s"])}
         base = None
-        for label, proto, params, static in columns or COLUMNS:
+        for col in columns or COLUMNS:
+            label, proto = col["label"], col["protocol"]
             if proto not in PROTOCOLS:
                 continue
-            p = dict(params, period=c["span_s"] + 1.0) if static else params
+            p = dict(_of(col.get("params"), c))
+            if col.get("static"):
+                p["period"] = c["span_s"] + 1.0
             spec = traces.workload(c, trace_dir, proto, p, duration)
+            extra = _of(col.get("query"), c)
+            spec["queries"] = [dict(q, **extra) for q in spec["queries"]]
             log("  %s / %s" % (c["name"], label))
             r = run_limited(spec, limit)
             rec = {"trace": c["name"], "split": c["split"], "column": label, "protocol": proto,
@@ -106,7 +118,7 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
                     base = m
             runs.append(rec)
         row.update(minima(traces.workload(c, trace_dir, "deadband", duration=duration)))
-        for label in [col[0] for col in columns or COLUMNS] + [m[0] for m in MINIMA]:
+        for label in [col["label"] for col in columns or COLUMNS] + [m[0] for m in MINIMA]:
             if isinstance(row.get(label), int) and base:
                 row[label + "/db"] = round(row[label] / base, 4)
         rows.append(row)
@@ -212,7 +224,7 @@ def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=
     rows, runs = measure(cat, trace_dir, limit, duration=5.0 if smoke else None, log=log)
     _write_csv(os.path.join(out_dir, "traces.csv"), rows)
     _write_csv(os.path.join(out_dir, "traces_runs.csv"), runs)
-    protocols = [c[0] for c in COLUMNS if c[1] in PROTOCOLS]
+    protocols = [c["label"] for c in COLUMNS if c["protocol"] in PROTOCOLS]
     labels = protocols + [m[0] for m in MINIMA]
     plots = _plots(out_dir, rows, labels, cat, trace_dir, 5.0 if smoke else None)
     viol = sum(r.get("violations", 0) for r in runs)

@@ -98,3 +98,13 @@ def test_geometric_means_per_split():
     rows = [{"split": "dev", "a/db": 0.5}, {"split": "dev", "a/db": 2.0}, {"split": "held-out", "a/db": 0.25}]
     assert [(s, {k: (round(g, 9), n) for k, (g, n) in got.items()}) for s, got in bench_traces.geomeans(rows)] == [
         ("dev", {"a/db": (1.0, 2)}), ("held-out", {"a/db": (0.25, 1)})]
+
+
+def test_extra_columns_hook_changes_the_query(converted):
+    """A column's ``query`` hook reaches the simulator: twice the precision sends fewer messages."""
+    d, cat = converted
+    cols = bench_traces.COLUMNS[:1] + [{"label": "deadband-2x", "protocol": "deadband", "static": True,
+                                        "query": lambda c: {"precision": 2 * c["queries"][0]["precision"]}}]
+    rows, runs = bench_traces.measure([cat["seismic-rjob"]], d, 60, duration=5.0, columns=cols, log=lambda s: None)
+    assert [r["column"] for r in runs] == ["deadband", "deadband-2x"]
+    assert 0 < rows[0]["deadband-2x"] < rows[0]["deadband"]
