@@ -18,7 +18,8 @@ from backend.coordinator.core.queries import parse_query
 from backend.coordinator.protocols import PROTOCOLS
 from backend.sim import engine
 from backend.sim.clairvoyant import minimum_reports, minimum_segments
-from backend.sim.workload import load, samples
+from backend.sim.sources import samples
+from backend.sim.workload import load
 
 # The protocol columns. More (filter models, segment mode at two lags) are appended here: ``params`` and
 # ``query`` may be dicts or functions of the catalogue entry, e.g. a segment column

@@ -7,7 +7,8 @@ import pytest
 
 from backend import bench_traces, traces
 from backend.sim import engine
-from backend.sim.workload import load, samples
+from backend.sim.sources import samples
+from backend.sim.workload import load
 
 # (sources, samples) from each dataset's documentation: rows × columns less its missing values.
 EXPECTED = {
