@@ -2,7 +2,8 @@
 
 Every figure is a ratio or sits beside its baseline from the same run, with workload and seed.
 Sections: messages and bytes per protocol on shared workloads; the clairvoyant limit for one
-source; guarantee violations; simulator throughput as the fleet grows; and, where their modules are
+source; guarantee violations; simulator throughput as the fleet grows; the real-trace suite
+(``backend.bench_traces``); and, where their modules are
 present, edge cost and Spark backend figures. Writes ``REPORT.md``, CSV tables and PNG plots.
 """
 import csv
@@ -16,7 +17,8 @@ import time
 from backend.coordinator.protocols import PROTOCOLS
 from backend.sim import engine
 from backend.sim.clairvoyant import minimum_reports
-from backend.sim.workload import load, samples
+from backend.sim.sources import samples
+from backend.sim.workload import load
 
 
 def workloads(scale):
@@ -225,12 +227,15 @@ def main(out_dir, quick=False, smoke=False, log=None):
     thr = throughput_table(sizes, log)
     log("[bench] backend state size")
     state = state_table(sizes, log)
+    log("[bench] real traces")
+    from backend.bench_traces import section as traces_section
+    trace_lines, trace_viol = traces_section(out_dir, quick=quick, smoke=smoke, log=log)
     edge, edge_note = (None, "skipped in smoke runs") if smoke else _optional("backend.bench_edge", "figures", log, quick=quick)
     spark, spark_note = (None, "skipped in smoke runs") if smoke else _optional("backend.spark.bench_job", "figures", log, quick=quick)
     for name, rows in (("protocols", proto), ("clairvoyant", clair), ("throughput", thr), ("state", state)):
         _write_csv(os.path.join(out_dir, name + ".csv"), rows)
     plots = _plots(out_dir, proto, thr)
-    viol = sum(r["violations"] for r in proto + clair + thr)
+    viol = sum(r["violations"] for r in proto + clair + thr) + trace_viol
     lines = ["# QuietFleet benchmark report", "",
              "Command: `quietfleet bench%s` — %s, Python %s, %d cores, %s; took %.0f s." % (
                  " --smoke" if smoke else (" --quick" if quick else ""), platform.machine(),
@@ -252,6 +257,7 @@ def main(out_dir, quick=False, smoke=False, log=None):
              "## Backend state as the fleet grows", "",
              "Pickled coordinator (bound cache, queries, protocol state) that the Spark job keeps per query "
              "group, after every source's birth and first report; one AVG over all sources.", "", _md(state)]
+    lines += trace_lines
     for title, data, note in (("Edge cost", edge, edge_note), ("Spark backend", spark, spark_note)):
         lines += ["## " + title, ""]
         if data:

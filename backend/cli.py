@@ -31,30 +31,26 @@ def _progress(i, n):
 
 
 def cmd_sim(args):
-    from backend.sim.engine import run
+    """``quietfleet sim WORKLOAD``: a fleet, relay or summary workload through the one simulator loop."""
+    from backend.sim import engine, result
     from backend.sim.workload import WorkloadError, load
-    from backend.sim import relaysim
     try:
-        w = load(args.workload) if not relaysim.is_relay_workload(relaysim.raw(args.workload)) else None
+        w = load(args.workload)
+        if args.protocol or args.seed is not None:
+            raw = dict(w.raw)
+            if args.protocol:
+                raw["protocol"] = args.protocol
+            if args.seed is not None:
+                raw["seed"] = args.seed
+            if w.kind == "fleet":
+                raw["sources"] = _abs_trace(w)
+            w = load(raw)
     except WorkloadError as e:
         print("quietfleet sim: %s" % e, file=sys.stderr)
         return 2
-    if w is None:
-        return relaysim.cmd_sim(args)
-    try:
-        if args.protocol:
-            w.raw["protocol"] = args.protocol
-        if args.seed is not None:
-            w.raw["seed"] = args.seed
-        w = load(dict(w.raw, sources=_abs_trace(w)))
-    except WorkloadError as e:
-        print("quietfleet sim: %s" % e, file=sys.stderr)
-        return 2
-    res = run(w, out=args.out, answers=args.answers, progress=None if args.quiet else _progress)
-    print("%s: %d samples, %d up / %d down messages, %d violations (%.0f samples/s)" % (
-        res["protocol"], res["samples"], res["messages"]["up"], res["messages"]["down"],
-        res["violations"], res["samples_per_s"] or 0))
-    return 0 if res["violations"] == 0 else 1
+    res = engine.run(w, out=args.out, answers=args.answers, progress=None if args.quiet else _progress)
+    print(result.headline(res))
+    return 0 if res["violations"] == 0 and not res.get("theorem_misses") else 1
 
 
 def _abs_trace(w):

@@ -9,35 +9,32 @@ import subprocess
 import sys
 import textwrap
 
-from backend.coordinator.precision.adaptive import REFINED
 from backend.spark.cluster import Standalone
 from backend.spark.spool import Spool
 from recorded import FLEET, record
 
+SETTINGS = {"protocol": "adaptive", "period": 5.0, "shrink": 0.05}
 DRIVER = textwrap.dedent("""
     import json, sys
     from backend.spark import job
-    url, spool, out, settings = sys.argv[1:5]
+    url, spool, out = sys.argv[1:4]
     spark = job.session(url, app="qf-cluster-test", partitions=2)
-    q = job.start(spark, spool, out, %r, json.loads(settings),
-                  available_now=True, status_sources=True)
+    q = job.start(spark, spool, out, %r, %r, available_now=True, status_sources=True)
     q.awaitTermination(240)
     print(json.dumps({"error": str(q.exception()) if q.exception() else None,
                       "executors": spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()}))
     spark.stop()
-""" % FLEET)
+""" % (FLEET, SETTINGS))
 
 
 def test_job_on_a_standalone_cluster_matches_the_reference(tmp_path):
-    # the refined adaptive: its burden targets once differed by ulps between processes (now bit-reproducible)
-    settings = {"protocol": "adaptive", "period": 5.0, "params": REFINED}
-    records, ref = record(settings, duration=15.0, seed=3)
+    records, ref = record(SETTINGS, duration=15.0, seed=3)
     spool, out = str(tmp_path / "spool"), str(tmp_path / "out")
     with Spool(spool, fsync="never") as sp:
         sp.append(records)
     with Standalone(str(tmp_path / "cluster"), workers=1, cores=2) as cluster:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd()] + sys.path))
-        p = subprocess.run([sys.executable, "-c", DRIVER, cluster.url, spool, out, json.dumps(settings)], env=env,
+        p = subprocess.run([sys.executable, "-c", DRIVER, cluster.url, spool, out], env=env,
                            capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout.strip().splitlines()[-1])
