@@ -158,7 +158,7 @@ def _experiments():
 def _add_device_commands(sub):
     f = sub.add_parser("flash", help="deploy the agent to a MicroPython board (mpremote) or a Raspberry Pi (systemd)")
     f.add_argument("--port", help="serial port of the board, e.g. /dev/ttyUSB0 (default: the only one present)")
-    f.add_argument("--board", default="esp32", help="esp32 | rp2 | pico_w (checks the config's board)")
+    f.add_argument("--board", default="esp32", help="esp32 | rp2 | pico_w (checks the config's board) | microbit (the UART sensor agent)")
     f.add_argument("--config", help="board: device JSON (firmware/boards/*.json); --pi: device.toml")
     f.add_argument("--pi", metavar="USER@HOST", help="install the CPython agent as a systemd service on a Pi")
     f.add_argument("--out", help="build folder (default build/firmware, or pi-bundle with --pi)")

@@ -10,6 +10,8 @@ HEAP = os.environ.get("QF_HIL_HEAP", "64k")
 
 
 def target():
+    if REAL == "qemu-microbit":
+        return "QEMU micro:bit (test_microbit.py only)"
     if REAL:
         return "real board on %s" % REAL
     return "emulated board (MicroPython unix port, -X heapsize=%s, pty relay firmware/emulator.py)" % HEAP

@@ -4,8 +4,13 @@ import os
 import sys
 import time
 
+import pytest
+
 from edge.core import codec
 from hilboard import HEAP, REAL, finish, run_agent
+
+if REAL == "qemu-microbit" or os.environ.get("QF_BOARD_KIND") == "microbit":
+    pytest.skip("a micro:bit has no network: its scenarios are in test_microbit.py", allow_module_level=True)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "live"))
 from helpers import client, close, connected, expect, subscribe  # noqa: E402
