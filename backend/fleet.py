@@ -286,9 +286,10 @@ def write_trace(rows, path, base=0.0):
 
 
 def fleet_main(args):
-    """``quietfleet fleet``: a broker, a fleet and a live coordinator answering a SUM over every source and
-    an AVG over half of them; with ``--duration`` it stops by itself and ``--out`` gets the result:
-    agents per kind, messages up/down, violations against the devices' ground truth."""
+    """``quietfleet fleet``: a broker and a fleet (for a coordinator of your own: ``quietfleet coordinator``).
+    With ``--out`` it also runs a live coordinator answering a SUM over every source and an AVG over half of
+    them, and writes the result there: agents per kind, messages up/down, violations against the devices'
+    ground truth."""
     from backend.broker import Broker, BrokerError
     from backend.coordinator.protocols import make
     from backend.coordinator.core.coordinator import Coordinator
@@ -315,12 +316,13 @@ def fleet_main(args):
     sources = ["s_" + n for _, n in names]
     specs = [{"id": "total", "kind": "sum", "sources": sources, "precision": 4.0 * len(sources)},
              {"id": "mean", "kind": "avg", "sources": sources[:max(1, len(sources) // 2)], "precision": 4.0}]
-    coord = Coordinator(make("deadband"), period=2.0, latency=0.5, t0=time.time())
-    coord.declare_sources(sources)
-    answers = []
-    live = LiveCoordinator(coord, args.fleet, broker.host, broker.port, broker.credentials("backend")[1],
-                           queries=specs, answers=answers)
-    thread = live.start_thread()
+    answers, live, thread = [], None, None
+    if args.out:
+        coord = Coordinator(make("deadband"), period=2.0, latency=0.5, t0=time.time())
+        coord.declare_sources(sources)
+        live = LiveCoordinator(coord, args.fleet, broker.host, broker.port, broker.credentials("backend")[1],
+                               queries=specs, answers=answers, client_id="qf-%s-fleet-check" % args.fleet)
+        thread = live.start_thread()
     fleet = Fleet(broker, args.dir, heap=args.heap, period=args.period)
     t_start = time.time()
     code = 0
@@ -344,10 +346,15 @@ def fleet_main(args):
             code = 2
     finally:
         stats = fleet.stop_all()
-        time.sleep(1.0)                         # the last reports reach the coordinator
-        live.stop()
-        thread.join(5)
+        if live is not None:
+            time.sleep(1.0)                     # the last reports reach the coordinator
+            live.stop()
+            thread.join(5)
         broker.stop()
+    for name, st in stats.items():
+        print("%s: %s" % (name, json.dumps(st)))
+    if not args.out:
+        return code
     rows = fleet.truth_rows()
     last = [max((r[0] for r in d.readings()), default=t_start) for d in fleet.devices.values() if d.kind != "gateway"]
     checked = violations(specs, rows, answers, min(last) if last else t_start)
@@ -359,8 +366,7 @@ def fleet_main(args):
               "per_query": {q: {"violations": v, "violation_s": vt, "degraded_s": dt} for q, (v, vt, dt) in checked.items()},
               "microbit_min_free_heap": min((st["min_free"] for st in bits if st.get("min_free") is not None), default=None),
               "devices": stats}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1, default=str)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1, default=str)
     print(json.dumps({k: result[k] for k in ("agents", "messages", "samples", "violations", "microbit_min_free_heap")}))
     return code or (1 if result["violations"] else 0)
