@@ -168,6 +168,8 @@ def _add_device_commands(sub):
     g = sub.add_parser("fleet", help="run an emulated fleet: micro:bits (QEMU), MicroPython unix-port, CPython and "
                                      "ARM64 (QEMU) agents, with a live coordinator")
     g.add_argument("--microbit", type=int, default=0, help="BBC micro:bits under qemu-system-arm behind gateways")
+    g.add_argument("--gateway", choices=("cpython", "arm64"), default="cpython",
+                   help="run the micro:bits' gateways natively or on arm64 under qemu-user (Pi class)")
     g.add_argument("--micropython", type=int, default=0, help="heap-limited MicroPython unix-port agents")
     g.add_argument("--cpython", type=int, default=0, help="CPython agents")
     g.add_argument("--arm64", type=int, default=0, help="CPython agents on arm64 under qemu-user (Pi class)")

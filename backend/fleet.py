@@ -304,7 +304,7 @@ def fleet_main(args):
         return 2
     plan = gateway_plan(names)
     try:
-        if args.arm64:
+        if args.arm64 or getattr(args, "gateway", None) == "arm64":
             arm64_root(setup=True)
         broker = Broker(os.path.join(args.dir, "broker"), args.fleet, [n for k, n in names if k != "microbit"],
                         port=args.port, gateways=plan)
@@ -323,7 +323,7 @@ def fleet_main(args):
         live = LiveCoordinator(coord, args.fleet, broker.host, broker.port, broker.credentials("backend")[1],
                                queries=specs, answers=answers, client_id="qf-%s-fleet-check" % args.fleet)
         thread = live.start_thread()
-    fleet = Fleet(broker, args.dir, heap=args.heap, period=args.period)
+    fleet = Fleet(broker, args.dir, heap=args.heap, period=args.period, gateway=getattr(args, "gateway", "cpython"))
     t_start = time.time()
     code = 0
     try:

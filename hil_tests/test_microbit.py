@@ -15,7 +15,7 @@ import pytest
 from backend.broker import Broker
 from edge.core import codec
 from firmware import flash
-from hilboard import ROOT
+from hilboard import ROOT, reports_during
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "live"))
 from helpers import client, close, connected, expect, subscribe  # noqa: E402
@@ -77,11 +77,7 @@ def test_exit_shrink_shutdown_resume_probe_reconnect_and_heap(board):
             # shutdown (Cheng): the (inf, inf) constraint with infinite width silences the source
             inf = float("inf")
             ctl("filter", src=0, epoch=3, seq=5, width=inf, ack=0, cons=[{"l": inf, "u": inf}])
-            time.sleep(0.6)
-            while not be.inbox.empty():
-                be.inbox.get()
-            time.sleep(1.5)
-            ups = [m for m in list(be.inbox.queue) if m[0] == "qf/h/d/hil/up" and codec.decode(m[1])[0] == "report"]
+            ups = reports_during(be, "qf/h/d/hil/up", 0.6, 1.5)
             assert not ups, "reports while shut down: %r" % ups
             ctl("width", src=0, epoch=4, seq=6, period=0, width=1.0, ack=1)
             expect(be, lambda t, k, f: k == "report" and f["epoch"] == 4 and f["why"] == codec.WHY_ASSIGN)

@@ -7,6 +7,7 @@ class A:
     def __init__(s, tx):
         s.tx = tx
         s.c2 = None         # twice the bound centre
+        s.ex = 1            # the centre is exactly the backend's (a reported value), not a bound's rounded ends
         s.h = -1            # half width, -1 infinite
         s.lo = -BIG
         s.hi = BIG
@@ -29,10 +30,16 @@ class A:
         return m
 
     def place(s):
-        if s.c2 is None or s.h < 0:
+        h = s.h
+        if s.c2 is None or h < 0:
             s.lo, s.hi = -BIG, BIG
+            return
+        if not s.ex:
+            h -= 1          # a centre from a bound's ends is off by less than half a unit
+        if h < 0:
+            s.lo, s.hi = BIG, -BIG
         else:
-            s.lo, s.hi = (s.c2 - 2 * s.h + 1) // 2, (s.c2 + 2 * s.h) // 2
+            s.lo, s.hi = (s.c2 - 2 * h + 1) // 2, (s.c2 + 2 * h) // 2
 
     def out(s, v):
         return s.c2 is None or v < s.lo or v > s.hi or (s.cons and s.member(2 * v) != s.mask)
@@ -41,6 +48,7 @@ class A:
         # recentre on the current value (calls stay shallow: the board's stack is small)
         if s.v is not None:
             s.c2 = 2 * s.v
+            s.ex = 1
             s.mask = s.member(s.c2) if s.cons else 0
             s.place()
         if why >= 0:
@@ -87,6 +95,7 @@ class A:
                     s.place()
                 else:
                     s.c2 = s.lo + s.hi
+                    s.ex = 0
             else:
                 s.cons = [(a[i], a[i + 1]) for i in range(3, len(a), 2)]
                 if s.c2 is not None:

@@ -99,3 +99,27 @@ def test_reports_births_and_downlinks_translate():
     assert abs(codec.decode(acts[0][1])[1]["t"] - 11.0) < 1e-6
     # unsupported downlinks are counted, not crashed on
     assert b.from_backend(0, b"\x01\x63junk") == [] and b.stats["bad_messages"] == 1
+
+
+def test_shrinking_a_bound_with_fractional_ends_stays_inside_the_mirror():
+    """Every integer value the device would keep silent on lies in the backend's mirror, for bounds whose ends
+    fall between device units (the device's centre is then off by up to half a unit) and many shrinks."""
+    rnd = random.Random(11)
+    for trial in range(200):
+        out = []
+        dev = qff.A(out.append)
+        b = br.Bridge("s", 1)
+        shrink = rnd.choice([0.05, 0.2, 0.5])
+        dev.P, dev.Q = 1000, math.floor((1 - shrink) * 1024)
+        lo = rnd.uniform(-3, 3)
+        hi = lo + rnd.uniform(0.001, 4)
+        acts = b.from_backend(0, codec.encode("bound", {"src": 0, "epoch": 1, "seq": 1, "lo": lo, "hi": hi, "ack": 0}))
+        _apply(dev, acts[0][1], out, IntervalFilter(math.inf))
+        mirror = IntervalFilter(math.inf)
+        mirror.set_bound(lo, hi, 1)
+        for step in range(12):
+            for v in range(dev.lo - 3, dev.hi + 4):
+                if not dev.out(v):
+                    assert mirror.lo <= v / 1024 <= mirror.hi, (trial, step, v, lo, hi, dev.lo, dev.hi)
+            dev.shrink()
+            mirror.shrink(shrink)
