@@ -8,7 +8,6 @@ over the serial line with microfs, as for a real micro:bit. A value is an intege
 the reading; ``SCALE`` converts.
 """
 import os
-import re
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODULES = ("qff.py", "qfl.py")       # the filter, the link and loop; main.py holds the config
