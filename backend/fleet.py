@@ -361,6 +361,7 @@ def fleet_main(args):
     bits = [st for n, st in stats.items() if fleet.devices[n].kind == "microbit" and st]
     result = {"agents": {k: c for k, c in counts.items()}, "gateways": len(plan),
               "messages": {"up": live.stats["uplinks"], "down": live.stats["downlinks"]},
+              "late": live.coord.stats.get("late"),
               "samples": len(rows), "answers": len(answers),
               "violations": sum(v for v, _, _ in checked.values()),
               "per_query": {q: {"violations": v, "violation_s": vt, "degraded_s": dt} for q, (v, vt, dt) in checked.items()},
