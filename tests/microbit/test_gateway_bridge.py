@@ -123,3 +123,19 @@ def test_shrinking_a_bound_with_fractional_ends_stays_inside_the_mirror():
                     assert mirror.lo <= v / 1024 <= mirror.hi, (trial, step, v, lo, hi, dev.lo, dev.hi)
             dev.shrink()
             mirror.shrink(shrink)
+
+
+def test_time_mapping_follows_a_drifting_board_clock():
+    """A board clock 0.5 % slow, frames delayed by 0-80 ms: stamps stay within the delay of their arrival (the
+    coordinator would otherwise count every report late after a few minutes), and never go backwards."""
+    rnd = random.Random(3)
+    b = br.Bridge("s", 1)
+    last = None
+    for i in range(6000):                        # 10 minutes at 10 Hz
+        true_t = 1.7e9 + i * 0.1
+        tick = int(i * 100 * 0.995) % br.WRAP
+        now = true_t + rnd.uniform(0, 0.08)
+        t = b.wall(now, tick)
+        assert -0.001 <= now - t <= 0.2, (i, now - t)
+        assert last is None or t >= last
+        last = t

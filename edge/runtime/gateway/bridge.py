@@ -3,7 +3,7 @@
 The sensor (firmware/microbit) speaks framed lines ``BODY|FLETCHER16`` of integers: values in 1/1024
 units, time in 30-bit ``ticks_ms``. ``Bridge`` gives it an MQTT identity of its own: births, reports and
 probe replies become ``edge.core.codec`` messages with the sensor's sequence numbers, wall-clock stamps
-(ticks unwrapped and mapped once per boot) and values ``k/1024`` (exact in double); downlinks
+(ticks unwrapped and mapped by the least-delayed recent frame) and values ``k/1024`` (exact in double); downlinks
 (width, bound, filter, probe, config, rebirth) become device frames, sent one at a time until
 acknowledged. Conversions round toward the device: a bound ``[lo, hi]`` becomes ``[ceil, floor]`` of
 its ends in device units, a width ``W`` the half-width ``floor(W·512)``, so the device is never wider
@@ -19,6 +19,7 @@ FIRMWARE = "qf-microbit-0.1"
 SCALE = 1024
 BIG = 1 << 29               # the device's ±infinity
 WRAP = 1 << 30              # ticks_ms period on the board
+WINDOW = 10.0               # s over which the least-delayed frame sets the tick-to-wall offset
 RESEND = 0.3                # s without an acknowledgement before a frame is sent again
 _RECENT = 8
 _MAX_FRAME = 110
@@ -79,7 +80,8 @@ class Bridge:
         self.sent_at = None
         self.recent = []
         self.offset = None          # wall seconds at tick 0 (this boot)
-        self.base = None            # last unwrapped tick
+        self.lows = []              # (arrival, arrival - tick) candidates, increasing: the sliding minimum
+        self.last_t = None
         self.dseq = None            # last device frame number
         self.beat = 0.0
         self.last_up = None
@@ -92,14 +94,26 @@ class Bridge:
 
     # -- time ------------------------------------------------------------------------
     def wall(self, now, tick):
-        """Wall time of device tick ``tick`` (30-bit, unwrapped near the expected value)."""
+        """Wall time of device tick ``tick`` (30-bit, unwrapped near the expected value). The offset is the
+        least-delayed ``arrival - tick`` over the last ``WINDOW`` s (a sliding minimum), so it follows the
+        board's clock drift; mapped times never go backwards."""
         if self.offset is None:
             self.offset = now - tick / 1000.0
-            self.base = tick
-        expect = (now - self.offset) * 1000.0
-        ext = tick + WRAP * round((expect - tick) / WRAP)
-        self.base = ext
-        return self.offset + ext / 1000.0
+            self.lows = []
+            self.last_t = None
+        ext = tick + WRAP * round(((now - self.offset) * 1000.0 - tick) / WRAP)
+        cand = now - ext / 1000.0
+        while self.lows and self.lows[-1][1] >= cand:
+            self.lows.pop()
+        self.lows.append((now, cand))
+        while self.lows[0][0] < now - WINDOW:
+            self.lows.pop(0)
+        self.offset = self.lows[0][1]
+        t = self.offset + ext / 1000.0
+        if self.last_t is not None and t < self.last_t:
+            t = self.last_t
+        self.last_t = t
+        return t
 
     def tick_of(self, t):
         return int(round((t - self.offset) * 1000.0)) % WRAP
