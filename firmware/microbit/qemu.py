@@ -4,6 +4,7 @@
 microfs and the gateway open exactly like ``/dev/ttyACM0``. A missing QEMU is an error that says how
 to install it (the set-up does), never a silent skip.
 """
+import atexit
 import os
 import re
 import shutil
@@ -38,6 +39,7 @@ class Board:
             raise MicrobitError("qemu-system-arm did not give a pty: %r" % line)
         self.port = m.group(1)
         self.log = log
+        atexit.register(self.stop)      # never leave a board behind when the caller crashes
 
     @property
     def pid(self):
@@ -47,6 +49,7 @@ class Board:
         return self.proc.poll() is None
 
     def stop(self):
+        atexit.unregister(self.stop)
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

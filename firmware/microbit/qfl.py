@@ -106,5 +106,6 @@ def main(cfg):
                 buf = b''
         if ticks_diff(now, st) >= cfg['status']:
             st = now
+            gc.collect()
             s.tx('S %d %d %d %d %d' % (now, s.n, gc.mem_free(), s.minf, s.err))
         sleep_ms(4)

@@ -35,6 +35,8 @@ class Sensor:
         self.name = spec["name"]
         self.bridge = Bridge(spec.get("source", "s_" + self.name), boot)
         self.port = serial.Serial(spec["port"], 115200, timeout=0)
+        self.port.reset_input_buffer()
+        self.synced = False             # the first line read may start mid-frame: dropped
         self.buf = b""
         self.online = True
         self.truth = None
@@ -130,7 +132,10 @@ class Gateway:
             for fd in ready:
                 s = fds[fd]
                 s.buf += s.port.read(4096)
-                while b"\n" in s.buf:
+                if not s.synced and b"\n" in s.buf:
+                    s.buf = s.buf.split(b"\n", 1)[1]
+                    s.synced = True
+                while s.synced and b"\n" in s.buf:
                     line, s.buf = s.buf.split(b"\n", 1)
                     self.act(s, now, s.bridge.from_device(now, line))
                 if len(s.buf) > 512:
