@@ -165,14 +165,18 @@ def _experiments():
 def _add_device_commands(sub):
     f = sub.add_parser("flash", help="deploy the agent to a MicroPython board (mpremote) or a Raspberry Pi (systemd)")
     f.add_argument("--port", help="serial port of the board, e.g. /dev/ttyUSB0 (default: the only one present)")
-    f.add_argument("--board", default="esp32", help="esp32 | rp2 | pico_w (checks the config's board)")
+    f.add_argument("--board", default="esp32", help="esp32 | rp2 | pico_w (checks the config's board) | microbit (the UART sensor agent)")
     f.add_argument("--config", help="board: device JSON (firmware/boards/*.json); --pi: device.toml")
     f.add_argument("--pi", metavar="USER@HOST", help="install the CPython agent as a systemd service on a Pi")
     f.add_argument("--out", help="build folder (default build/firmware, or pi-bundle with --pi)")
     f.add_argument("--build-only", action="store_true", help="build the deploy folder / Pi bundle, do not deploy")
     f.add_argument("--source", action="store_true", help="deploy .py sources instead of precompiled .mpy")
     f.set_defaults(fn=lambda a: __import__("firmware.flash", fromlist=["flash_main"]).flash_main(a))
-    g = sub.add_parser("fleet", help="run an emulated fleet: MicroPython unix-port, CPython and ARM64 (QEMU) agents")
+    g = sub.add_parser("fleet", help="run an emulated fleet: micro:bits (QEMU), MicroPython unix-port, CPython and "
+                                     "ARM64 (QEMU) agents, with a live coordinator")
+    g.add_argument("--microbit", type=int, default=0, help="BBC micro:bits under qemu-system-arm behind gateways")
+    g.add_argument("--gateway", choices=("cpython", "arm64"), default="cpython",
+                   help="run the micro:bits' gateways natively or on arm64 under qemu-user (Pi class)")
     g.add_argument("--micropython", type=int, default=0, help="heap-limited MicroPython unix-port agents")
     g.add_argument("--cpython", type=int, default=0, help="CPython agents")
     g.add_argument("--arm64", type=int, default=0, help="CPython agents on arm64 under qemu-user (Pi class)")
@@ -184,6 +188,7 @@ def _add_device_commands(sub):
     g.add_argument("--trace", help="CSV trace (time,source,value) with sources s_<device> instead of random walks")
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--duration", type=float, default=0, help="stop after this many seconds (default: Ctrl-C)")
+    g.add_argument("--out", help="write the result (agents, messages up/down, violations) as JSON here")
     g.set_defaults(fn=lambda a: __import__("backend.fleet", fromlist=["fleet_main"]).fleet_main(a))
     c = sub.add_parser("coordinator", help="run the live coordinator against a broker (answers on MQTT)")
     c.add_argument("--credentials", required=True, help="credentials.json written by `quietfleet broker`/`fleet`")

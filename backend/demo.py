@@ -21,7 +21,7 @@ from backend.broker import Broker, BrokerError, find_mosquitto
 from backend.coordinator.core import aggregate
 from backend.coordinator.protocols import PROTOCOLS
 from backend.coordinator.core.queries import parse_query
-from backend.emulated import Device, micropython_available, precompile
+from backend.fleet import Fleet, micropython_available
 from backend.sim import truth as truth_mod
 from edge.core.interval import IntervalFilter
 from edge.core import topics
@@ -30,20 +30,22 @@ FLEET = "demo"
 
 
 def fleet_plan(cpython, micropython, seed=11):
-    """[(kind, device, sources)]: each device carries a temperature and a humidity source."""
+    """[(kind, device, sources)]: each device carries a temperature and a humidity source (a micro:bit, added
+    by ``run``, carries one temperature-like walk ``s_<name>``)."""
     plan = []
     for i in range(cpython + micropython):
         kind = "cpython" if i < cpython else "micropython"
         name = "%s%d" % ("pi" if kind == "cpython" else "mcu", i)
         plan.append((kind, name, [
-            ("t%d" % i, {"kind": "walk", "start": 19.0 + (i * 7 % 6), "step": 0.08, "seed": seed + 2 * i}),
-            ("h%d" % i, {"kind": "walk", "start": 45.0 + (i * 5 % 11), "step": 0.3, "seed": seed + 2 * i + 1})]))
+            {"name": "t%d" % i, "kind": "walk", "start": 19.0 + (i * 7 % 6), "step": 0.08, "seed": seed + 2 * i},
+            {"name": "h%d" % i, "kind": "walk", "start": 45.0 + (i * 5 % 11), "step": 0.3, "seed": seed + 2 * i + 1}]))
     return plan
 
 
-def example_queries(n):
+def example_queries(n, bits=()):
     temps, hums = ["t%d" % i for i in range(n)], ["h%d" % i for i in range(n)]
-    return [
+    extra = [{"id": "microbits", "kind": "avg", "sources": ["s_" + b for b in bits], "precision": 1.0}] if bits else []
+    return extra + [
         {"id": "mean_temp", "kind": "avg", "sources": temps, "precision": 0.4},
         {"id": "hottest", "kind": "max", "sources": temps, "precision": 0.8},
         {"id": "total_humidity", "kind": "sum", "sources": hums, "precision": 4.0 * n ** 0.5},
@@ -151,7 +153,17 @@ def deadband_reports(queries, readings):
     return n
 
 
-def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=host.LIVE_LATENCY, period=5.0, shrink=0.05,
+def microbits_available():
+    """True when QEMU and the micro:bit firmware are installed (the demo then adds micro:bits)."""
+    from firmware.microbit import build, qemu
+    try:
+        qemu.qemu()
+        return True
+    except build.MicrobitError:
+        return False
+
+
+def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, latency=host.LIVE_LATENCY, period=5.0, shrink=0.05,
         trigger=0.25, master="local[*]", workdir=None, spark=None, out=print, show_every=5.0):
     """Run the live demo; returns a result dict (messages, violations, answers, the work folder)."""
     protocol = protocol or default_protocol()
@@ -162,12 +174,19 @@ def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=host.LIV
     own = workdir is None
     workdir = os.path.abspath(workdir or tempfile.mkdtemp(prefix="quietfleet-demo-"))
     plan = fleet_plan(cpython, micropython)
-    devices, backend, broker, observer = [], None, None, None
+    if microbit and not microbits_available():
+        out("qemu-system-arm or the micro:bit firmware not found: no micro:bits (scripts/setup.sh installs them)")
+        microbit = 0
+    bits = ["b%d" % i for i in range(microbit)]
+    gateways = {"g0": bits} if bits else {}
+    devices, backend, broker, observer, fleet = [], None, None, None, None
     from backend.spark.service import Backend
     from backend.spark import job
     try:
-        broker = Broker(os.path.join(workdir, "broker"), FLEET, [name for _, name, _ in plan]).start()
-        out("broker: mosquitto on %s:%d, %d device accounts, ACL per device" % (broker.host, broker.port, len(plan)))
+        broker = Broker(os.path.join(workdir, "broker"), FLEET, [name for _, name, _ in plan],
+                        gateways=gateways).start()
+        out("broker: mosquitto on %s:%d, %d device accounts, ACL per device (a gateway: its sensors' topics)"
+            % (broker.host, broker.port, len(plan) + len(gateways)))
         observer = Observer(broker)
         settings = host.settings(protocol=protocol, period=period, shrink=shrink, latency=latency)
         out("backend: bridge -> spool -> Spark Structured Streaming (%s, transformWithStateInPandas, RocksDB), "
@@ -177,12 +196,14 @@ def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=host.LIV
                           broker.credentials("backend")[1], settings, master=master, trigger=trigger,
                           spark=spark).start()
         out("backend: Spark up in %.1fs" % (time.monotonic() - t0))
-        mpy = precompile(os.path.join(workdir, "mpy")) if micropython else None
+        fleet = Fleet(broker, os.path.join(workdir, "fleet"), heap="64k", width=0.0, period=0.1)
         for kind, name, sources in plan:
-            devices.append(Device(kind, name, sources, workdir, broker, mpy_dir=mpy))
-        out("fleet: %d CPython agents (paho) + %d MicroPython agents (umqtt, 64 KB heap), %d sources at 10 Hz"
-            % (cpython, micropython, 2 * len(plan)))
-        n_sources = 2 * len(plan)
+            devices.append(fleet.start(kind, name, sources))
+        if bits:
+            devices += fleet.start_microbits(bits, seed=7)
+        out("fleet: %d CPython agents (paho) + %d MicroPython agents (umqtt, 64 KB heap) + %d micro:bits (QEMU, "
+            "behind a gateway), %d sources at 10 Hz" % (cpython, micropython, len(bits), 2 * len(plan) + len(bits)))
+        n_sources = 2 * len(plan) + len(bits)
         deadline = time.monotonic() + 90
         while True:
             st = backend.status()
@@ -190,15 +211,13 @@ def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=host.LIV
             if g and g["sources_known"] >= n_sources:
                 break
             backend.raise_if_failed()
-            dead = [d for d in devices if d.proc.poll() is not None]
+            dead = [d for d in fleet.devices.values() if d.proc.poll() is not None]
             if dead:
-                d = dead[0]
-                d.stop()
-                raise RuntimeError("agent %s exited: %s" % (d.name, d.stderr.strip()[-600:]))
+                raise RuntimeError("agent %s exited (log in %s)" % (dead[0].name, fleet.folder))
             if time.monotonic() > deadline:
                 raise RuntimeError("agents did not come up within 90s")
             time.sleep(0.2)
-        queries = example_queries(len(plan))
+        queries = example_queries(len(plan), bits)
         observer.pump()
         t_reg = time.time()
         observer.counts = dict.fromkeys(observer.counts, 0)   # compare from registration on
@@ -222,8 +241,7 @@ def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=host.LIV
                 for q in queries:
                     out("    %-15s %s" % (q["id"], _fmt(observer.answers.get(q["id"]))))
         out("stopping the fleet ...")
-        for d in devices:
-            d.stop()
+        fleet.stop_all()
         backend.drain(30)
         observer.pump()
         readings = [r for d in devices for r in d.readings()]
@@ -240,9 +258,8 @@ def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=host.LIV
         _table(result, out)
         return result
     finally:
-        for d in devices:
-            if d.proc.poll() is None:
-                d.stop()
+        if fleet is not None:
+            fleet.stop_all()
         if observer is not None:
             observer.close()
         if backend is not None:

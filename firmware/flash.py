@@ -18,6 +18,7 @@ import sys
 import tarfile
 
 from firmware import boardconfig, build
+from firmware.microbit.build import MicrobitError
 
 ROOT = build.ROOT
 MPREMOTE_TIMEOUT = 60
@@ -239,6 +240,31 @@ def pi_install(target, out):
                              % (cmd[0], r.returncode, target))
 
 
+def microbit_flash(args):
+    """``--board microbit``: the sensor agent with its config (a JSON of firmware/microbit/build.py settings)
+    as a hex built with uflash's records (``--build-only``: copy it to the board's USB drive), or copied
+    with microfs over the serial port (a real board's /dev/ttyACM0 or an emulated board's pty)."""
+    from firmware.microbit import build as mbuild
+    cfg = {}
+    if args.config:
+        with open(args.config) as f:
+            cfg = json.load(f)
+    files = mbuild.files(cfg)
+    out = args.out or os.path.join("build", "microbit")
+    os.makedirs(out, exist_ok=True)
+    hexfile = mbuild.make_hex(files, os.path.join(out, "qf-microbit.hex"))
+    print("built %s (%s)" % (hexfile, ", ".join(sorted(files))))
+    if args.build_only:
+        print("flash: copy %s to the MICROBIT drive" % hexfile)
+        return 0
+    if not args.port:
+        raise FlashError("give --port (the micro:bit's serial port, e.g. /dev/ttyACM0), or --build-only for the hex")
+    check_port(args.port)
+    names = mbuild.copy(args.port, files, out)
+    print("copied to %s with microfs: %s; the board restarted into the agent" % (args.port, ", ".join(names)))
+    return 0
+
+
 def flash_main(args):
     """Entry point of ``quietfleet flash``; returns an exit code."""
     try:
@@ -254,6 +280,8 @@ def flash_main(args):
             pi_install(args.pi, out)
             print("installed on %s: systemctl status quietfleet-agent" % args.pi)
             return 0
+        if args.board == "microbit":
+            return microbit_flash(args)
         if args.config:
             cfg = boardconfig.load(args.config)
             if args.board and cfg.get("board", {}).get("name", args.board) not in (args.board, "pico_w", "rp2"):
@@ -278,6 +306,6 @@ def flash_main(args):
         print("deployed and verified %d files (sha256 computed on the board); reset the board to start the agent"
               % len(done))
         return 0
-    except (FlashError, boardconfig.ConfigError, build.BuildError) as e:
+    except (FlashError, boardconfig.ConfigError, build.BuildError, MicrobitError) as e:
         print("quietfleet flash: %s" % e, file=sys.stderr)
         return 2

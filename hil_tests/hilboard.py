@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL = os.environ.get("QF_BOARD")
@@ -10,6 +11,8 @@ HEAP = os.environ.get("QF_HIL_HEAP", "64k")
 
 
 def target():
+    if REAL == "qemu-microbit":
+        return "QEMU micro:bit (test_microbit.py only)"
     if REAL:
         return "real board on %s" % REAL
     return "emulated board (MicroPython unix port, -X heapsize=%s, pty relay firmware/emulator.py)" % HEAP
@@ -30,3 +33,14 @@ def finish(proc, timeout):
         if line.startswith('{"stats"'):
             return json.loads(line)["stats"], out
     raise AssertionError("no stats from the board: %s %s" % (out[-800:], err[-800:]))
+
+
+def reports_during(be, topic, settle, window):
+    """Reports the backend client ``be`` receives on ``topic`` during ``window`` s, after ``settle`` s whose
+    messages are dropped (what was in flight when a shutdown was sent)."""
+    from edge.core import codec
+    time.sleep(settle)
+    while not be.inbox.empty():
+        be.inbox.get()
+    time.sleep(window)
+    return [m for m in list(be.inbox.queue) if m[0] == topic and codec.decode(m[1])[0] == "report"]

@@ -8,6 +8,8 @@ PY=${PYTHON:-python3}
 need_apt=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v qemu-system-arm >/dev/null 2>&1 || need_apt+=(qemu-system-arm)
+[ -f /usr/share/firmware-microbit-micropython/firmware.hex ] || need_apt+=(firmware-microbit-micropython)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "[setup] installing system packages: ${need_apt[*]}"

@@ -92,3 +92,30 @@ def test_wrong_password_unknown_user_and_anonymous_are_refused(broker):
         anon.loop(0.1)
     assert refused == [True]
     anon.disconnect()
+
+
+def test_gateway_has_exactly_its_sensors_topics(tmp_path):
+    """A gateway publishes for its own sensors only (and reads only their ctl); not for another gateway's
+    sensor nor for a device; sensors behind a gateway have no login of their own."""
+    from backend.broker import Broker
+    with Broker(tmp_path / "gwbroker", "t", ["A"], gateways={"G": ["S1", "S2"], "H": ["S3"]}) as b:
+        assert "S1" not in b.passwords and "G" in b.passwords
+        be = client(b, "backend")
+        g = client(b, "G")
+        assert connected(be)[0] and connected(g)[0]
+        subscribe(be, "qf/t/#")
+        for topic in ("qf/t/d/S1/ctl", "qf/t/d/S3/ctl", "qf/t/d/A/ctl"):
+            subscribe(g, topic)
+        for topic in ("qf/t/d/S3/up", "qf/t/d/S3/state", "qf/t/d/A/up", "qf/t/d/S1/ctl", "qf/t/q/x/spec"):
+            g.publish(topic, b"spoof", qos=1).wait_for_publish(2)
+        for topic in ("qf/t/d/S1/up", "qf/t/d/S2/state", "qf/t/d/G/up"):
+            g.publish(topic, b"ok", qos=1).wait_for_publish(2)
+        for topic in ("qf/t/d/S1/ctl", "qf/t/d/S3/ctl", "qf/t/d/A/ctl"):
+            be.publish(topic, b"ctl-" + topic.encode(), qos=1).wait_for_publish(2)
+        seen = _topics(be)
+        assert {("qf/t/d/S1/up", b"ok"), ("qf/t/d/S2/state", b"ok"), ("qf/t/d/G/up", b"ok")} <= set(seen)
+        assert not [s for s in seen if s[1] == b"spoof"]
+        got = _topics(g)
+        assert got == [("qf/t/d/S1/ctl", b"ctl-qf/t/d/S1/ctl")], got
+        close(g)
+        close(be)

@@ -1,0 +1,266 @@
+"""One micro:bit behind a gateway (DESIGN.md §3, §7): its UART frames to codec messages and back, sans-IO.
+
+The sensor (firmware/microbit) speaks framed lines ``BODY|FLETCHER16`` of integers: values in 1/1024
+units, time in 30-bit ``ticks_ms``. ``Bridge`` gives it an MQTT identity of its own: births, reports and
+probe replies become ``edge.core.codec`` messages with the sensor's sequence numbers, wall-clock stamps
+(ticks unwrapped and mapped by the least-delayed recent frame) and values ``k/1024`` (exact in double); downlinks
+(width, bound, filter, probe, config, rebirth) become device frames, sent one at a time until
+acknowledged. Conversions round toward the device: a bound ``[lo, hi]`` becomes ``[ceil, floor]`` of
+its ends in device units, a width ``W`` the half-width ``floor(W·512)``, so the device is never wider
+than the backend's double mirror. A checksum failure or a sequence gap from the device asks it for a
+fresh birth. Every call takes ``now`` (wall seconds) and returns actions ``(kind, ...)``.
+"""
+import math
+
+from edge.core import codec
+from edge.core.codec import NO_VALUE
+
+FIRMWARE = "qf-microbit-0.1"
+SCALE = 1024
+BIG = 1 << 29               # the device's ±infinity
+WRAP = 1 << 30              # ticks_ms period on the board
+WINDOW = 10.0               # s over which the least-delayed frame sets the tick-to-wall offset
+RESEND = 0.3                # s without an acknowledgement before a frame is sent again
+_RECENT = 8
+_MAX_FRAME = 110
+
+
+def checksum(data):
+    """Fletcher-16 of ``data`` (bytes), as the device computes it."""
+    x = y = 0
+    for c in data:
+        x = (x + c) % 255
+        y = (y + x) % 255
+    return y << 8 | x
+
+
+def frame(body):
+    data = body.encode("ascii")
+    return data + b"|%04x\n" % checksum(data)
+
+
+def unframe(line):
+    """The body of a framed line (bytes, no newline) as a list of tokens, or None if it fails its check."""
+    line = line.strip()
+    i = line.rfind(b"|")
+    if i < 0 or len(line) != i + 5:
+        return None
+    try:
+        if int(line[i + 1:], 16) != checksum(line[:i]):
+            return None
+        return line[:i].decode("ascii").split()
+    except ValueError:
+        return None
+
+
+def _dev(x, up):
+    """Value ``x`` in device units rounded toward the inside (``up``: ceil), infinities to ±BIG."""
+    if x == math.inf:
+        return BIG
+    if x == -math.inf:
+        return -BIG
+    k = math.ceil(x * SCALE) if up else math.floor(x * SCALE)
+    return max(-BIG, min(BIG, k))
+
+
+def half(width):
+    """The device's half-width for a backend width: floor(W·512), -1 for infinite (or wider than any value)."""
+    if width == math.inf or width * (SCALE // 2) >= BIG:
+        return -1
+    return max(0, math.floor(width * (SCALE // 2)))
+
+
+class Bridge:
+    def __init__(self, source, boot):
+        self.source = source
+        self.boot = boot & 0xFFFFFFFF
+        self.seq = 0                # uplink sequence on MQTT (the sensor's identity)
+        self.g = 0                  # downlink frame number on the UART
+        self.queue = []             # frames waiting for the device's acknowledgement
+        self.sent_at = None
+        self.recent = []
+        self.offset = None          # wall seconds at tick 0 (this boot)
+        self.lows = []              # (arrival, arrival - tick) candidates, increasing: the sliding minimum
+        self.last_t = None
+        self.dseq = None            # last device frame number
+        self.beat = 0.0
+        self.last_up = None
+        self.last_rx = None
+        self.pending = False        # a config waits for the first tick
+        self.period = None          # (T, t0) of the backend's config, for the device's shrink grid
+        self.stats = {"frames": 0, "bad_frames": 0, "gaps": 0, "reports": 0, "samples": 0, "down": 0,
+                      "bad_messages": 0, "resent": 0, "device_errors": 0, "free": None, "min_free": None,
+                      "device_samples": 0, "noise": 0}
+
+    # -- time ------------------------------------------------------------------------
+    def wall(self, now, tick):
+        """Wall time of device tick ``tick`` (30-bit, unwrapped near the expected value). The offset is the
+        least-delayed ``arrival - tick`` over the last ``WINDOW`` s (a sliding minimum), so it follows the
+        board's clock drift; mapped times never go backwards."""
+        if self.offset is None:
+            self.offset = now - tick / 1000.0
+            self.lows = []
+            self.last_t = None
+        ext = tick + WRAP * round(((now - self.offset) * 1000.0 - tick) / WRAP)
+        cand = now - ext / 1000.0
+        while self.lows and self.lows[-1][1] >= cand:
+            self.lows.pop()
+        self.lows.append((now, cand))
+        while self.lows[0][0] < now - WINDOW:
+            self.lows.pop(0)
+        self.offset = self.lows[0][1]
+        t = self.offset + ext / 1000.0
+        if self.last_t is not None and t < self.last_t:
+            t = self.last_t
+        self.last_t = t
+        return t
+
+    def tick_of(self, t):
+        return int(round((t - self.offset) * 1000.0)) % WRAP
+
+    # -- device -> backend --------------------------------------------------------------
+    def _up(self, now, channel, kind, fields):
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        fields["seq"] = self.seq
+        self.last_up = now
+        return (channel, codec.encode(kind, fields))
+
+    def from_device(self, now, line):
+        """One line from the UART; returns actions."""
+        f = unframe(line)
+        if f is None:
+            if b"|" in line:
+                self.stats["bad_frames"] += 1
+                return self.rebirth(now)           # something was lost: resynchronise by a fresh birth
+            self.stats["noise"] += 1 if line.strip() else 0
+            return [("noise", line)] if line.strip() else []
+        self.stats["frames"] += 1
+        self.last_rx = now
+        try:
+            kind, n, a = f[0], int(f[1]), f[2:]
+            out = self._device(now, kind, n, a)
+            if self.pending and self.offset is not None:
+                out += self._config(now)
+            return out
+        except (ValueError, IndexError, codec.CodecError):
+            self.stats["bad_frames"] += 1
+            return []
+
+    def _device(self, now, kind, n, a):
+        out = []
+        if kind == "B" and n == 1:          # the device (re)booted: new tick origin
+            self.offset = None
+            self.queue = []
+        elif self.dseq is not None and n != (self.dseq + 1) & 0xFFFF and kind != "B":
+            self.stats["gaps"] += 1
+            out += self._send(now, "Q")
+        self.dseq = n
+        if kind == "B":
+            ep, h = int(a[0]), int(a[1])
+            v = NO_VALUE if a[2] == "-" else int(a[2]) / SCALE
+            rec = {"name": self.source, "epoch": ep, "width": math.inf if h < 0 else 2 * h / SCALE, "v": v}
+            out.append(self._up(now, "state", "birth", {"t": now, "boot": self.boot, "fw": FIRMWARE, "caps": 0,
+                                                        "sources": [rec]}))
+            if self.period is not None:
+                out += self._config(now)
+        elif kind == "R":
+            self.stats["reports"] += 1
+            out.append(self._up(now, "up", "report", {"src": 0, "epoch": int(a[1]), "t": self.wall(now, int(a[0])),
+                                                      "v": int(a[2]) / SCALE, "why": int(a[3])}))
+        elif kind == "A":
+            v = NO_VALUE if a[2] == "-" else int(a[2]) / SCALE
+            out.append(self._up(now, "up", "reply", {"src": 0, "epoch": int(a[1]), "t": self.wall(now, int(a[0])),
+                                                     "v": v, "probe": int(a[3])}))
+        elif kind == "V":
+            self.stats["samples"] += 1
+            out.append(("sample", self.wall(now, int(a[0])), int(a[1])))
+        elif kind == "S":
+            self.wall(now, int(a[0]))
+            self.stats["device_samples"], self.stats["free"] = int(a[1]), int(a[2])
+            m = int(a[3])
+            self.stats["min_free"] = m if self.stats["min_free"] is None else min(m, self.stats["min_free"])
+            self.stats["device_errors"] = int(a[4])
+        elif kind == "K":
+            if self.queue and self.queue[0][0] == int(a[0]):
+                self.queue.pop(0)
+                self.sent_at = None
+                out += self.poll(now)
+        elif kind == "E":
+            self.sent_at = None                 # the device saw a damaged frame: send it again now
+            out += self.poll(now)
+        elif kind == "G":
+            out.append(("state", codec.encode("gone", {"boot": self.boot})))
+        return out
+
+    # -- backend -> device ----------------------------------------------------------------
+    def _send(self, now, kind, *args):
+        self.g = (self.g + 1) % 100000
+        body = " ".join([kind, str(self.g)] + [str(x) for x in args])
+        if len(body) > _MAX_FRAME:
+            raise ValueError("frame too long for the device")
+        self.queue.append((self.g, frame(body)))
+        return self.poll(now)
+
+    def rebirth(self, now):
+        """Ask the device for a fresh birth (at gateway start and after anything was lost)."""
+        return self._send(now, "Q")
+
+    def poll(self, now):
+        """Send the head frame when nothing is in flight or its acknowledgement is overdue; heartbeats."""
+        out = []
+        if self.queue and (self.sent_at is None or now - self.sent_at >= RESEND):
+            if self.sent_at is not None:
+                self.stats["resent"] += 1
+            self.sent_at = now
+            out.append(("tx", self.queue[0][1]))
+        if self.beat > 0 and self.last_up is not None and now - self.last_up >= self.beat:
+            out.append(self._up(now, "up", "beat", {"t": now}))
+        return out
+
+    def _config(self, now):
+        T, shrink, t0 = self.period
+        if self.offset is None:             # no tick seen yet: sent with the first one
+            self.pending = True
+            return []
+        self.pending = False
+        if T <= 0 or shrink <= 0:
+            return self._send(now, "C", 0, 1024, 0, 0)
+        k = max(0, math.floor((now - t0) / T)) + 1
+        return self._send(now, "C", int(round(T * 1000)), int(math.floor((1 - shrink) * SCALE)), k,
+                          self.tick_of(t0 + k * T))
+
+    def from_backend(self, now, payload):
+        """One ``ctl`` payload for this sensor; returns actions (frames for the device)."""
+        try:
+            kind, m = codec.decode(payload)
+            if codec.SCHEMAS[kind][1] != "down":
+                raise codec.CodecError("not a control message")
+            if m["seq"] in self.recent:
+                return []
+            self.recent = (self.recent + [m["seq"]])[-_RECENT:]
+            self.stats["down"] += 1
+            if kind == "config":
+                if m["period"] < 0 or not 0 <= m["shrink"] < 1 or m["beat"] < 0:
+                    raise ValueError("bad config")
+                self.beat = m["beat"]
+                self.period = (m["period"], m["shrink"], m["t0"])
+                return self._config(now)
+            if kind == "rebirth":
+                return self._send(now, "Q")
+            if kind in ("summary", "moq") or m["src"] != 0:
+                raise ValueError("the sensor has one source and no summaries")
+            if kind == "probe":
+                return self._send(now, "P", m["probe"])
+            ep = m["epoch"]
+            if kind == "width":
+                return self._send(now, "W", ep, half(m["width"]), m["ack"], m["period"])
+            if kind == "bound":
+                h = -1 if m["lo"] == -math.inf or m["hi"] == math.inf else half(m["hi"] - m["lo"])
+                return self._send(now, "L", ep, h, m["ack"], _dev(m["lo"], True), _dev(m["hi"], False))
+            cons = []
+            for c in m["cons"]:
+                cons += [_dev(c["l"], True), _dev(c["u"], False)]
+            return self._send(now, "F", ep, half(m["width"]), m["ack"], *cons)
+        except (codec.CodecError, ValueError, KeyError):
+            self.stats["bad_messages"] += 1
+            return []

@@ -1,0 +1,141 @@
+"""The gateway's translation of micro:bit frames (edge/runtime/gateway/bridge.py) against the device's own
+filter code (firmware/microbit/qff.py, plain Python) and the backend's double-precision mirror."""
+import math
+import os
+import random
+import sys
+
+from edge.core import codec
+from edge.core.interval import IntervalFilter
+from edge.runtime.gateway import bridge as br
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "firmware", "microbit"))
+import qff  # noqa: E402
+
+
+def _apply(dev, frame_bytes, out, mirror):
+    """Apply a gateway frame on the device; a report it makes recentres the mirror, as on the backend."""
+    toks = br.unframe(frame_bytes.rstrip(b"\n"))
+    n = len(out)
+    dev.apply(toks[0], [int(x) for x in toks[2:]], 0)
+    if len(out) > n:
+        mirror.recenter(dev.v / 1024)
+
+
+def test_frames_round_trip_and_damage_is_caught():
+    f = br.frame("R 7 123 1 20480 0")
+    assert br.unframe(f.rstrip(b"\n")) == ["R", "7", "123", "1", "20480", "0"]
+    bad = bytearray(f)
+    bad[3] ^= 1
+    assert br.unframe(bytes(bad).rstrip(b"\n")) is None
+    assert br.unframe(b"garbage") is None and br.unframe(b"x|zzzz") is None
+
+
+def test_device_is_never_wider_than_the_backend_mirror():
+    """Random widths, bounds and shrinks: whenever the device stays silent, the backend's double mirror
+    (IntervalFilter) contains the value (exactly, values k/1024)."""
+    rnd = random.Random(5)
+    for trial in range(300):
+        out = []
+        dev = qff.A(out.append)
+        b = br.Bridge("s", 1)
+        b.offset = 0.0
+        mirror = IntervalFilter(math.inf)
+        v = rnd.randrange(-5000, 5000)
+        dev.v = v
+        dev.report(0, 4)
+        mirror.recenter(v / 1024)
+        shrink = rnd.choice([0.05, 0.1, 0.3, 1 / 3])
+        dev.P, dev.Q = 1000, math.floor((1 - shrink) * 1024)
+        ep = 0
+        for step in range(20):
+            r = rnd.random()
+            if r < 0.3:
+                ep += 1
+                w = rnd.uniform(0, 20)
+                acts = b.from_backend(0, codec.encode("width", {"src": 0, "epoch": ep, "seq": 2 * ep, "period": dev.per,
+                                                               "width": w, "ack": 0}))
+                b.queue, b.sent_at = [], None
+                mirror.set_width(w, ep)
+                _apply(dev, acts[0][1], out, mirror)
+            elif r < 0.4:
+                ep += 1
+                lo = rnd.uniform(-8, 3)
+                hi = lo + rnd.uniform(0, 9)
+                acts = b.from_backend(0, codec.encode("bound", {"src": 0, "epoch": ep, "seq": 2 * ep, "lo": lo, "hi": hi,
+                                                               "ack": 0}))
+                b.queue, b.sent_at = [], None
+                mirror.set_bound(lo, hi, ep)
+                _apply(dev, acts[0][1], out, mirror)
+            elif r < 0.7:
+                dev.per += 1
+                dev.shrink()
+                mirror.shrink(shrink)
+            for _ in range(5):
+                v += rnd.randrange(-300, 301)
+                dev.v = v
+                if dev.out(v):
+                    dev.report(0, 0)
+                    mirror.recenter(v / 1024)
+                assert mirror.lo <= v / 1024 <= mirror.hi, (trial, step, v, mirror.lo, mirror.hi, dev.lo, dev.hi)
+
+
+def test_reports_births_and_downlinks_translate():
+    b = br.Bridge("s_b0", 9)
+    acts = b.from_device(100.0, br.frame("B 1 0 -1 -").rstrip(b"\n"))
+    kind, m = codec.decode(acts[0][1])
+    assert acts[0][0] == "state" and kind == "birth" and m["sources"][0]["v"] == codec.NO_VALUE
+    acts = b.from_device(100.5, br.frame("R 2 5000 0 20992 4").rstrip(b"\n"))
+    kind, m = codec.decode(acts[0][1])
+    assert kind == "report" and m["v"] == 20.5 and m["why"] == 4 and abs(m["t"] - 100.5) < 1e-9
+    # a lost frame (sequence gap) asks the device for a birth
+    acts = b.from_device(101.0, br.frame("R 4 5500 0 21000 0").rstrip(b"\n"))
+    assert b.stats["gaps"] == 1 and any(a[0] == "tx" and a[1].startswith(b"Q ") for a in acts)
+    # ticks wrap at 2**30 ms: time keeps going forward
+    b2 = br.Bridge("s", 1)
+    b2.from_device(10.0, br.frame("S 1 %d 0 4000 3000 0" % (br.WRAP - 500)).rstrip(b"\n"))
+    acts = b2.from_device(11.0, br.frame("R 2 500 0 1024 0").rstrip(b"\n"))
+    assert abs(codec.decode(acts[0][1])[1]["t"] - 11.0) < 1e-6
+    # unsupported downlinks are counted, not crashed on
+    assert b.from_backend(0, b"\x01\x63junk") == [] and b.stats["bad_messages"] == 1
+
+
+def test_shrinking_a_bound_with_fractional_ends_stays_inside_the_mirror():
+    """Every integer value the device would keep silent on lies in the backend's mirror, for bounds whose ends
+    fall between device units (the device's centre is then off by up to half a unit) and many shrinks."""
+    rnd = random.Random(11)
+    for trial in range(200):
+        out = []
+        dev = qff.A(out.append)
+        b = br.Bridge("s", 1)
+        shrink = rnd.choice([0.05, 0.2, 0.5])
+        dev.P, dev.Q = 1000, math.floor((1 - shrink) * 1024)
+        lo = rnd.uniform(-3, 3)
+        hi = lo + rnd.uniform(0.001, 4)
+        acts = b.from_backend(0, codec.encode("bound", {"src": 0, "epoch": 1, "seq": 1, "lo": lo, "hi": hi, "ack": 0}))
+        _apply(dev, acts[0][1], out, IntervalFilter(math.inf))
+        mirror = IntervalFilter(math.inf)
+        mirror.set_bound(lo, hi, 1)
+        for step in range(12):
+            for v in range(dev.lo - 3, dev.hi + 4):
+                if not dev.out(v):
+                    assert mirror.lo <= v / 1024 <= mirror.hi, (trial, step, v, lo, hi, dev.lo, dev.hi)
+            dev.shrink()
+            mirror.shrink(shrink)
+
+
+def test_time_mapping_follows_a_drifting_board_clock():
+    """A board clock 0.5 % slow, frames delayed by 0-80 ms: stamps stay within the delay of their arrival (the
+    coordinator would otherwise count every report late after a few minutes), and never go backwards."""
+    rnd = random.Random(3)
+    b = br.Bridge("s", 1)
+    last = None
+    for i in range(6000):                        # 10 minutes at 10 Hz
+        true_t = 1.7e9 + i * 0.1
+        tick = int(i * 100 * 0.995) % br.WRAP
+        now = true_t + rnd.uniform(0, 0.08)
+        t = b.wall(now, tick)
+        assert -0.001 <= now - t <= 0.2, (i, now - t)
+        assert last is None or t >= last
+        last = t
