@@ -291,8 +291,7 @@ def fleet_main(args):
     them, and writes the result there: agents per kind, messages up/down, violations against the devices'
     ground truth."""
     from backend.broker import Broker, BrokerError
-    from backend.coordinator.protocols import make
-    from backend.coordinator.core.coordinator import Coordinator
+    from backend.host import LIVE_LATENCY, Host
     from backend.demo import violations
     from backend.live import LiveCoordinator
     counts = {"micropython": args.micropython, "cpython": args.cpython, "arm64": args.arm64,
@@ -318,8 +317,8 @@ def fleet_main(args):
              {"id": "mean", "kind": "avg", "sources": sources[:max(1, len(sources) // 2)], "precision": 4.0}]
     answers, live, thread = [], None, None
     if args.out:
-        coord = Coordinator(make("deadband"), period=2.0, latency=0.5, t0=time.time())
-        coord.declare_sources(sources)
+        coord = Host(protocol="deadband", period=2.0, shrink=0.0, latency=LIVE_LATENCY, t0=time.time(),
+                     declared=sources)
         live = LiveCoordinator(coord, args.fleet, broker.host, broker.port, broker.credentials("backend")[1],
                                queries=specs, answers=answers, client_id="qf-%s-fleet-check" % args.fleet)
         thread = live.start_thread()

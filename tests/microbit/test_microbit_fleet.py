@@ -6,8 +6,7 @@ import json
 import time
 
 from backend.broker import Broker
-from backend.coordinator.core.coordinator import Coordinator
-from backend.coordinator.protocols import make
+from backend.host import Host
 from backend.fleet import Fleet, fleet_main
 from backend.live import LiveCoordinator
 
@@ -37,8 +36,7 @@ def test_relay_count_query_live_from_microbits(tmp_path):
         now = time.time()
         window = [now + 6.0, now + 18.0]
         spec = {"id": "c", "kind": "count", "sources": ["g0"], "window": window, "error": 0.1, "range": [0, 40]}
-        coord = Coordinator(make("relay"), period=1.0, latency=0.5, t0=now)
-        coord.declare_sources(["g0"])
+        coord = Host(protocol="relay", period=1.0, shrink=0.0, latency=0.5, t0=now, declared=["g0"])
         answers = []
         live = LiveCoordinator(coord, "t", broker.host, broker.port, broker.credentials("backend")[1],
                                queries=[spec], answers=answers)
