@@ -9,20 +9,27 @@ only when a measured saving pays for the messages:
   walk; α = 1 for a steady drift). Per source the coordinator keeps, over about ``memory`` of its own
   reports (exponential decay per report, so a busy and a quiet source both keep a window of reports
   whatever the time scale), the exits N_i, the exposure E_i(α) = ∫ W_i(t)^(−α) dt and Σ log W at the
-  exits; v_i = (N_i + 1)/(E_i + 1/v̄) (one pseudo-report at the group's mean rate). α ∈ {1, 1.5, 2} is the
-  group's maximum-likelihood exponent (Poisson exits), 2 until the data say otherwise.
+  exits; v_i = (N_i + p)/(E_i + p/v̄) (``prior`` p pseudo-reports at the group's mean rate v̄). α ∈ {2, 1.5, 1}
+  is the group's maximum-likelihood exponent (Poisson exits), 2 until the data say otherwise.
+- **Lattices.** Real readings are quantised (0.1 °C): a width admits only whole steps, so 0.91 and 0.99
+  behave alike. Once a source's reported changes show a common step q (and not only one multiple of it),
+  its width counts as the midpoint 2q(k + ½) of the k whole steps it admits, and targets are placed there,
+  the leftover slack buying one more step where that saves the most.
 - **Reallocation** every ``every`` reports of the group (default: as many as queried sources, so the
   adjustment interval follows the report rate whether readings come every millisecond or every day):
   the widths minimising Σ C_i·v_i·W_i^(−α) under the query rows (App. F, solved by dual multiplicative
-  updates in plain floats, bit-reproducible) are the targets. Sources more than ``hysteresis`` away
-  from their target move if the reports saved over the estimate's horizon (``memory`` reports per
-  source at the measured group rate) pay for the messages: a widening costs one downlink, a narrowing
-  a downlink and its acknowledging report. Narrowings go first; the slack they free is granted once the
-  devices have confirmed them.
+  updates in plain floats, bit-reproducible in every process) are the targets. Sources more than
+  ``hysteresis`` away from their target (and with about 8 reports' worth of evidence) move if the
+  reports saved over a horizon pay for the messages: a widening costs one downlink, a narrowing a
+  downlink and its acknowledging report. The horizon is the estimate's span (``memory`` reports per
+  source), at most the time the run has lasted so far (ski-rental: short runs move little). Narrowings
+  go first; the slack they free is granted once the devices have confirmed them.
 - **No regret.** Every report of the group is counted against an online estimate of what uniform
   deadband would have sent: an exit at width W is worth (W/U_i)^α exits at the uniform width U_i, any
   other report one. When the measured total (reports and this rule's downlinks) exceeds the estimate
-  by ``guard`` messages, every source goes back to U_i for a back-off that doubles each time.
+  by ``guard`` messages (default: the number of queried sources, at least 8) plus the moves still paying
+  back, every source goes back to U_i for a back-off that doubles each time; each later try may lose
+  at most ``guard`` more.
 
 Idle coordinator ticks change nothing here (``quiet``), so the coordinator skips them.
 """
@@ -51,17 +58,18 @@ def _fgcd(a, b, tol):
 class _Source:
     """Decayed exit count, exposures per α and Σ log W of one source (exposure accrued up to ``t``),
     and the quantum of its values: readings on a lattice of step q only ever exit whole quanta away."""
-    __slots__ = ("n", "e", "lw", "t", "w", "q", "changes", "last")
+    __slots__ = ("n", "e", "lw", "t", "w", "q", "changes", "last", "dmin")
 
     def __init__(self, t, w):
         self.n, self.lw, self.t, self.w = 0.0, 0.0, t, w
         self.e = [0.0] * len(ALPHAS)
-        self.q, self.changes, self.last = 0.0, 0, None
+        self.q, self.changes, self.last, self.dmin = 0.0, 0, None, INF
 
     def observe(self, v):
         """Refine the quantum from one reported value (0 once the values have no common step)."""
         if self.last is not None and v != self.last and (self.changes == 0 or self.q > 0):
             d = abs(v - self.last)
+            self.dmin = min(self.dmin, d)
             tol = 1e-9 * max(abs(v), abs(self.last), d)
             self.q = d if self.changes == 0 else _fgcd(max(self.q, d), min(self.q, d), tol)
             if self.q < 1e-4 * d:
@@ -70,7 +78,9 @@ class _Source:
         self.last = v
 
     def quantum(self):
-        return self.q if self.changes >= _QUANTUM_AFTER else 0.0
+        """The step, once seen in enough changes that are not all the same multiple of it (exits from a
+        bound always lie the same whole number of steps away, so a lone multiple proves nothing)."""
+        return self.q if self.changes >= _QUANTUM_AFTER and 2 * self.q <= self.dmin * (1 + 1e-9) else 0.0
 
     def eff(self, w):
         """The width that governs exits: on a lattice, the midpoint between the whole quanta it admits."""
@@ -298,7 +308,9 @@ class Estimated(Adaptive):
             gain += weight[k] * ((e ** -alpha if 0 < e < INF else 0.0) - (e1 ** -alpha if e1 > 0 else INF))
             msgs += self.cost(k) * (2.0 if w1 < w else 1.0)
             (narrow if w1 < w else widen).append(k)
-        horizon = self.memory * len(keys) * (t - self.since) / self.seen
+        # the estimate's span (memory reports per source), but no longer than the run so far: a run
+        # is expected to last about as long again as it has lasted (short runs move little)
+        horizon = min(self.memory * len(keys) / self.seen, 1.0) * (t - self.since)
         if not (narrow or widen) or gain * horizon < msgs:
             return
         self.credit.append((t, msgs, horizon))     # written off over the horizon it must pay back in
