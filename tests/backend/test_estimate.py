@@ -55,6 +55,11 @@ def test_quantum_of_lattice_values_and_none_for_continuous_ones():
     assert lattice.quantum() == pytest.approx(0.1, rel=1e-6) and cont.quantum() == 0.0
     # a width admits whole quanta only: 0.91 and 0.99 both let the value move 4 quanta either way
     assert lattice.eff(0.91) == lattice.eff(0.99) == pytest.approx(0.9) and cont.eff(0.91) == 0.91
+    # exits from a bound all lie the same number of steps away: one repeated change size proves no step
+    lone = estimate._Source(0.0, 1.0)
+    for k in range(50):
+        lone.observe(3.3 * (k % 2))
+    assert lone.quantum() == 0.0 and lone.eff(5.0) == 5.0
 
 
 def _hetero(seed, duration, n=24):

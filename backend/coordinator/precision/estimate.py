@@ -58,18 +58,18 @@ def _fgcd(a, b, tol):
 class _Source:
     """Decayed exit count, exposures per α and Σ log W of one source (exposure accrued up to ``t``),
     and the quantum of its values: readings on a lattice of step q only ever exit whole quanta away."""
-    __slots__ = ("n", "e", "lw", "t", "w", "q", "changes", "last", "dmin")
+    __slots__ = ("n", "e", "lw", "t", "w", "q", "changes", "last", "dmin", "dmax")
 
     def __init__(self, t, w):
         self.n, self.lw, self.t, self.w = 0.0, 0.0, t, w
         self.e = [0.0] * len(ALPHAS)
-        self.q, self.changes, self.last, self.dmin = 0.0, 0, None, INF
+        self.q, self.changes, self.last, self.dmin, self.dmax = 0.0, 0, None, INF, 0.0
 
     def observe(self, v):
         """Refine the quantum from one reported value (0 once the values have no common step)."""
         if self.last is not None and v != self.last and (self.changes == 0 or self.q > 0):
             d = abs(v - self.last)
-            self.dmin = min(self.dmin, d)
+            self.dmin, self.dmax = min(self.dmin, d), max(self.dmax, d)
             tol = 1e-9 * max(abs(v), abs(self.last), d)
             self.q = d if self.changes == 0 else _fgcd(max(self.q, d), min(self.q, d), tol)
             if self.q < 1e-4 * d:
@@ -80,7 +80,7 @@ class _Source:
     def quantum(self):
         """The step, once seen in enough changes that are not all the same multiple of it (exits from a
         bound always lie the same whole number of steps away, so a lone multiple proves nothing)."""
-        return self.q if self.changes >= _QUANTUM_AFTER and 2 * self.q <= self.dmin * (1 + 1e-9) else 0.0
+        return self.q if self.changes >= _QUANTUM_AFTER and self.dmax > self.dmin * (1 + 1e-6) else 0.0
 
     def eff(self, w):
         """The width that governs exits: on a lattice, the midpoint between the whole quanta it admits."""
