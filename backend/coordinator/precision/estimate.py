@@ -98,11 +98,12 @@ class _Source:
         self.t = t
 
 
-def allocate(rows, weight, alpha, lam=None, iters=60, tol=1e-4):
+def allocate(rows, weight, alpha, lam=None, iters=20, tol=1e-4):
     """Widths minimising Σ weight_i·W_i^(−α) under ``rows`` (App. F), and the row multipliers λ.
 
     KKT: W_i = (α·weight_i / Σ_j λ_j·|K_ij|)^(1/(α+1)); λ_j is scaled by (used_j/b_j)^((α+1)/2) per pass
-    (exact in one pass for a single row) until every row is used within ``tol``. Rows with no budget pin their sources at width 0. Plain
+    (exact in one pass for a single row) until no width moves by more than ``tol`` (the caller warm-starts
+    λ, so successive calls keep converging). Rows with no budget pin their sources at width 0. Plain
     Python floats in a fixed order: the same widths in every process.
     """
     keys = sorted(rows.of)
@@ -111,25 +112,25 @@ def allocate(rows, weight, alpha, lam=None, iters=60, tol=1e-4):
     zero = {s for j, c in enumerate(rows.coef) if rows.budget[j] <= 0 for s in c}
     p = 1.0 / (alpha + 1.0)
     step = (alpha + 1.0) / 2.0
-    widths = {}
+    widths, last = {}, {}
     for it in range(iters):
+        moved = 0.0
         for key in keys:
             if key in zero:
                 widths[key] = 0.0
                 continue
             d = math.fsum(lam[j] * k for j, k in rows.of[key])
-            widths[key] = (alpha * weight[key] / d) ** p if d > 0 else INF
-        if it == iters - 1:
+            w = widths[key] = (alpha * weight[key] / d) ** p if d > 0 else INF
+            w0 = last.get(key, 0.0)
+            moved = max(moved, abs(w - w0) / w if 0 < w < INF else (0.0 if w == w0 else 1.0))
+        if it == iters - 1 or moved < tol:
             break
-        moved = 0.0
+        last = dict(widths)
         for j, used in enumerate(rows.used(widths)):
             b = rows.budget[j]
             if b > 0:
                 r = used / b if used < INF else 1e6
                 lam[j] = min(max(lam[j] * max(r, 1e-6) ** step, 1e-300), 1e300)
-                moved = max(moved, abs(r - 1.0))
-        if moved < tol:
-            break
     for key in keys:
         if widths[key] == INF:
             widths[key] = rows.uniform(key)
