@@ -91,7 +91,7 @@ class _Source:
 
     def accrue(self, t):
         w = self.eff(self.w)
-        if t > self.t and 0 < w < INF:
+        if self.t > -INF and t > self.t and 0 < w < INF:
             dt = t - self.t
             for a, alpha in enumerate(ALPHAS):
                 self.e[a] += dt * w ** -alpha
