@@ -2,7 +2,8 @@
 
 Every figure is a ratio or sits beside its baseline from the same run, with workload and seed.
 Sections: messages and bytes per protocol on shared workloads; the clairvoyant limit for one
-source; guarantee violations; simulator throughput as the fleet grows; and, where their modules are
+source; guarantee violations; simulator throughput as the fleet grows; the real-trace suite
+(``backend.bench_traces``); and, where their modules are
 present, edge cost and Spark backend figures. Writes ``REPORT.md``, CSV tables and PNG plots.
 """
 import csv
@@ -18,7 +19,8 @@ from backend.coordinator.protocols import PROTOCOLS
 from backend.sim import engine
 from backend import synthetic
 from backend.sim.clairvoyant import minimum_reports
-from backend.sim.workload import load, samples
+from backend.sim.sources import samples
+from backend.sim.workload import load
 
 
 def workloads(scale, data_dir=None):
@@ -162,26 +164,24 @@ def throughput_table(sizes, log):
 
 
 def state_table(sizes, log):
-    """Backend state per 1000 sources: the pickled coordinator the Spark job keeps per query group."""
+    """Backend state per 1000 sources: the pickled host the Spark job keeps per query group."""
     import pickle
-    from backend.coordinator.core.coordinator import Coordinator
-    from backend.coordinator.protocols import make
+    from backend.host import Host
     from edge.agent import Agent
     rows = []
     for n in sizes:
         for proto in ("deadband", "adaptive"):
-            coord = Coordinator(make(proto), period=10.0, shrink=0.05)
             ids = ["s%d" % i for i in range(n)]
-            coord.declare_sources(ids)
-            coord.add_query({"id": "avg", "kind": "avg", "sources": "all", "precision": 5.0}, 0.0)
+            host = Host(protocol=proto, period=10.0, shrink=0.05, t0=0.0)
             for d in range(0, n, 4):
                 a = Agent("d%d" % d, ids[d:d + 4], boot=1)
                 for _, p in a.start(0.0):
-                    coord.handle_uplink(0.0, a.device, p)
+                    host.uplink(0.0, a.device, p)
                 for j in range(len(a.names)):
                     for _, p in a.handle_sample(0.0, j, 100.0 + j):
-                        coord.handle_uplink(0.0, a.device, p)
-            size = len(pickle.dumps(coord, protocol=pickle.HIGHEST_PROTOCOL))
+                        host.uplink(0.0, a.device, p)
+            host.spec(0.0, "avg", {"kind": "avg", "sources": "all", "precision": 5.0})
+            size = len(pickle.dumps(host, protocol=pickle.HIGHEST_PROTOCOL))
             log("  state %d sources %s: %d bytes" % (n, proto, size))
             rows.append({"sources": n, "protocol": proto, "state_bytes": size,
                          "bytes_per_1000_sources": int(size * 1000 / n)})
@@ -269,12 +269,15 @@ def main(out_dir, quick=False, smoke=False, log=None):
     thr = throughput_table(sizes, log)
     log("[bench] backend state size")
     state = state_table(sizes, log)
+    log("[bench] real traces")
+    from backend.bench_traces import section as traces_section
+    trace_lines, trace_viol = traces_section(out_dir, quick=quick, smoke=smoke, log=log)
     edge, edge_note = (None, "skipped in smoke runs") if smoke else _optional("backend.bench_edge", "figures", log, quick=quick)
     spark, spark_note = (None, "skipped in smoke runs") if smoke else _optional("backend.spark.bench_job", "figures", log, quick=quick)
     for name, rows in (("protocols", proto), ("clairvoyant", clair), ("throughput", thr), ("state", state)):
         _write_csv(os.path.join(out_dir, name + ".csv"), rows)
     plots = _plots(out_dir, proto, thr)
-    viol = sum(r["violations"] for r in proto + clair + thr)
+    viol = sum(r["violations"] for r in proto + clair + thr) + trace_viol
     lines = ["# QuietFleet benchmark report", "",
              "Command: `quietfleet bench%s` — %s, Python %s, %d cores, %s; took %.0f s." % (
                  " --smoke" if smoke else (" --quick" if quick else ""), platform.machine(),
@@ -296,6 +299,7 @@ def main(out_dir, quick=False, smoke=False, log=None):
              "## Backend state as the fleet grows", "",
              "Pickled coordinator (bound cache, queries, protocol state) that the Spark job keeps per query "
              "group, after every source's birth and first report; one AVG over all sources.", "", _md(state)]
+    lines += trace_lines
     for title, data, note in (("Edge cost", edge, edge_note), ("Spark backend", spark, spark_note)):
         lines += ["## " + title, ""]
         if data:

@@ -17,6 +17,7 @@ import tempfile
 import time
 
 from backend import fleet as fleet_mod
+from edge.core import topics
 from firmware.build import MODULES, compile_modules
 
 ROOT = fleet_mod.ROOT
@@ -128,7 +129,7 @@ def _scenario(broker, folder, heap, mpy, seconds=3.0):
                 ("filter", {"src": 0, "epoch": i, "seq": 3 * i + 1, "width": 2.0, "ack": 1,
                             "cons": [{"l": 1.0, "u": 2.0}]}),
                 ("probe", {"src": 0, "seq": 3 * i + 2, "probe": i})):
-            be.publish("qf/%s/d/m0/ctl" % broker.fleet, codec.encode(kind, fields), qos=1)
+            be.publish(topics.device(broker.fleet, "m0", "ctl"), codec.encode(kind, fields), qos=1)
         time.sleep(0.1)
     stats = fl.stop("m0", signal.SIGINT)
     be.loop_stop()

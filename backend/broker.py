@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+from edge.core import topics
+
 INSTALL_HINT = "Mosquitto is required: install it with `apt-get install mosquitto` (Debian/Ubuntu)."
 BACKEND_USER = "backend"
 
@@ -42,14 +44,13 @@ def free_port(host="127.0.0.1"):
 
 def acl_text(fleet):
     """ACL: a device writes only its own up/state and reads only its own ctl; backend reads/writes the fleet."""
-    base = "qf/%s" % fleet
     return "\n".join([
         "user %s" % BACKEND_USER,
-        "topic readwrite %s/#" % base,
+        "topic readwrite %s" % topics.fleet_all(fleet),
         "",
-        "pattern write %s/d/%%u/up" % base,
-        "pattern write %s/d/%%u/state" % base,
-        "pattern read %s/d/%%u/ctl" % base,
+        "pattern write %s" % topics.device(fleet, "%u", "up"),
+        "pattern write %s" % topics.device(fleet, "%u", "state"),
+        "pattern read %s" % topics.device(fleet, "%u", "ctl"),
         "",
     ])
 
@@ -125,7 +126,11 @@ class Broker:
             "acl_file %s" % os.path.join(self.directory, "acl"),
             "persistence true",
             "persistence_location %s/" % os.path.join(self.directory, "db"),
-            "autosave_interval 30",
+            # save after every change (queued QoS 1 message, retained message, subscription), so a
+            # SIGKILLed broker restarts with what it had acknowledged up to its last loop; what is lost
+            # in that window shows as a sequence gap at the coordinator (DESIGN.md §3)
+            "autosave_on_changes true",
+            "autosave_interval 1",
             "log_dest stderr",
             "log_type error",
             "log_type warning",

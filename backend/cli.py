@@ -31,30 +31,26 @@ def _progress(i, n):
 
 
 def cmd_sim(args):
-    from backend.sim.engine import run
+    """``quietfleet sim WORKLOAD``: a fleet, relay or summary workload through the one simulator loop."""
+    from backend.sim import engine, result
     from backend.sim.workload import WorkloadError, load
-    from backend.sim import relaysim
     try:
-        w = load(args.workload) if not relaysim.is_relay_workload(relaysim.raw(args.workload)) else None
+        w = load(args.workload)
+        if args.protocol or args.seed is not None:
+            raw = dict(w.raw)
+            if args.protocol:
+                raw["protocol"] = args.protocol
+            if args.seed is not None:
+                raw["seed"] = args.seed
+            if w.kind == "fleet":
+                raw["sources"] = _abs_trace(w)
+            w = load(raw)
     except WorkloadError as e:
         print("quietfleet sim: %s" % e, file=sys.stderr)
         return 2
-    if w is None:
-        return relaysim.cmd_sim(args)
-    try:
-        if args.protocol:
-            w.raw["protocol"] = args.protocol
-        if args.seed is not None:
-            w.raw["seed"] = args.seed
-        w = load(dict(w.raw, sources=_abs_trace(w)))
-    except WorkloadError as e:
-        print("quietfleet sim: %s" % e, file=sys.stderr)
-        return 2
-    res = run(w, out=args.out, answers=args.answers, progress=None if args.quiet else _progress)
-    print("%s: %d samples, %d up / %d down messages, %d violations (%.0f samples/s)" % (
-        res["protocol"], res["samples"], res["messages"]["up"], res["messages"]["down"],
-        res["violations"], res["samples_per_s"] or 0))
-    return 0 if res["violations"] == 0 else 1
+    res = engine.run(w, out=args.out, answers=args.answers, progress=None if args.quiet else _progress)
+    print(result.headline(res))
+    return 0 if res["violations"] == 0 and not res.get("theorem_misses") else 1
 
 
 def _abs_trace(w):
@@ -130,6 +126,17 @@ def _broker_options(p):
     p.add_argument("--password", help="the backend user's password")
 
 
+def _coordinator_options(p):
+    """The coordinator settings of the live drivers; unset ones take ``backend.host``'s defaults."""
+    from backend.host import LIVE_LATENCY, SETTINGS
+    p.add_argument("--protocol", help="coordinator protocol, see backend/coordinator/protocols.py (default %s)"
+                   % SETTINGS["protocol"])
+    p.add_argument("--period", type=float, help="adjustment period T in seconds (default %g)" % SETTINGS["period"])
+    p.add_argument("--shrink", type=float, help="shrink fraction S per period, shrinking protocols (default %g)"
+                   % SETTINGS["shrink"])
+    p.add_argument("--latency", type=float, default=LIVE_LATENCY, help="latency tolerance λ in seconds (default %(default)s)")
+
+
 def cmd_experiment(args):
     import importlib
     try:
@@ -180,12 +187,9 @@ def _add_device_commands(sub):
     g.set_defaults(fn=lambda a: __import__("backend.fleet", fromlist=["fleet_main"]).fleet_main(a))
     c = sub.add_parser("coordinator", help="run the live coordinator against a broker (answers on MQTT)")
     c.add_argument("--credentials", required=True, help="credentials.json written by `quietfleet broker`/`fleet`")
-    c.add_argument("--protocol", default="deadband")
     c.add_argument("--query", action="append", help='query spec as JSON, e.g. \'{"id":"t","kind":"sum",...}\'')
-    c.add_argument("--period", type=float, default=10.0, help="adjustment period T (s)")
-    c.add_argument("--shrink", type=float, default=0.05, help="shrink fraction S per period")
-    c.add_argument("--latency", type=float, default=0.5, help="latency tolerance λ (s)")
-    c.add_argument("--beat", type=float, default=0.0, help="device heartbeat period (s, 0 = off)")
+    _coordinator_options(c)
+    c.add_argument("--beat", type=float, help="device heartbeat period in seconds (default 0: off)")
     c.add_argument("--answers", help="also append answers here as JSON lines")
     c.set_defaults(fn=lambda a: __import__("backend.live", fromlist=["coordinator_main"]).coordinator_main(a))
 
@@ -201,23 +205,21 @@ def main(argv=None):
     s.add_argument("--seed", type=int, help="override the workload's seed")
     s.add_argument("--quiet", action="store_true", help="no progress output")
     s.set_defaults(fn=cmd_sim)
+    from backend.host import LIVE_LATENCY
     d = sub.add_parser("demo", help="live demo: broker, Spark job and an emulated fleet; messages saved, guarantees held")
     d.add_argument("--sim", action="store_true", help="the simulator-only demo instead (every protocol, no Spark)")
     d.add_argument("--duration", type=float, default=75.0, help="seconds of live queries (default 75)")
     d.add_argument("--cpython", type=int, default=6, help="CPython agents (default 6)")
     d.add_argument("--micropython", type=int, default=3, help="MicroPython agents (default 3)")
     d.add_argument("--protocol", help="coordinator protocol (default: adaptive when available, else deadband)")
-    d.add_argument("--latency", type=float, default=0.5, help="latency tolerance λ in seconds (default 0.5)")
+    d.add_argument("--latency", type=float, help="latency tolerance λ in seconds (default %g)" % LIVE_LATENCY)
     d.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     d.set_defaults(fn=cmd_demo)
     k = sub.add_parser("backend", help="run the Spark Structured Streaming backend (bridge + job) for a fleet")
     _broker_options(k)
     k.add_argument("--dir", default="backend-state", help="spool, checkpoint, answer table (Parquet), status.json")
-    k.add_argument("--protocol", default="deadband", help="coordinator protocol (see backend/coordinator/protocols.py)")
+    _coordinator_options(k)
     k.add_argument("--param", action="append", help="protocol parameter KEY=VALUE (repeatable)")
-    k.add_argument("--period", type=float, default=10.0, help="adjustment period T in seconds")
-    k.add_argument("--shrink", type=float, default=0.0, help="shrink fraction S per period (shrinking protocols)")
-    k.add_argument("--latency", type=float, default=0.5, help="latency tolerance λ in seconds")
     k.add_argument("--trigger", type=float, default=0.25, help="micro-batch trigger interval in seconds")
     k.add_argument("--master", default="local[*]", help="Spark master URL, e.g. spark://host:7077")
     k.set_defaults(fn=cmd_backend)

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 
+from backend import host
 from backend.broker import Broker, BrokerError, find_mosquitto
 from backend.coordinator.core import aggregate
 from backend.coordinator.protocols import PROTOCOLS
@@ -23,6 +24,7 @@ from backend.coordinator.core.queries import parse_query
 from backend.emulated import Device, micropython_available, precompile
 from backend.sim import truth as truth_mod
 from edge.core.interval import IntervalFilter
+from edge.core import topics
 
 FLEET = "demo"
 
@@ -64,7 +66,7 @@ class Observer:
         self.inbox = queue.Queue()
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="qf-demo-observer", protocol=mqtt.MQTTv311)
         c.username_pw_set(*broker.credentials("backend"))
-        c.on_connect = lambda cl, u, f, rc, p: cl.subscribe("qf/%s/#" % broker.fleet, qos=1)
+        c.on_connect = lambda cl, u, f, rc, p: cl.subscribe(topics.fleet_all(broker.fleet), qos=1)
         c.on_message = lambda cl, u, m: self.inbox.put((m.topic, m.payload))
         c.connect(broker.host, broker.port, keepalive=30)
         c.loop_start()
@@ -76,15 +78,16 @@ class Observer:
                 topic, payload = self.inbox.get_nowait()
             except queue.Empty:
                 return
-            kind = topic.rsplit("/", 1)[-1]
+            t = topics.parse(topic)
+            kind = t[3] if t else None
             if kind in self.counts:
                 self.counts[kind] += 1
             if kind == "answer" and payload:
-                self.answers[topic.split("/")[3]] = json.loads(payload)
+                self.answers[t[2]] = json.loads(payload)
 
     def publish_spec(self, spec):
         body = {k: v for k, v in spec.items() if k != "id"}
-        return self.client.publish("qf/%s/q/%s/spec" % (FLEET, spec["id"]), json.dumps(body), qos=1, retain=True)
+        return self.client.publish(topics.query(FLEET, spec["id"], "spec"), json.dumps(body), qos=1, retain=True)
 
     def close(self):
         self.client.disconnect()
@@ -96,7 +99,7 @@ def _fmt(a):
         return "-"
     if "error" in a:
         return "(%s)" % a["error"]
-    lo, hi = a.get("lo"), a.get("hi")
+    lo, hi = (float(x) if x in ("inf", "-inf") else x for x in (a.get("lo"), a.get("hi")))    # strict JSON
     g = a.get("guarantee", "")
     if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
         return "[%.2f, %.2f] %s" % (lo, hi, g)
@@ -148,7 +151,7 @@ def deadband_reports(queries, readings):
     return n
 
 
-def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=0.5, period=5.0, shrink=0.05,
+def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=host.LIVE_LATENCY, period=5.0, shrink=0.05,
         trigger=0.25, master="local[*]", workdir=None, spark=None, out=print, show_every=5.0):
     """Run the live demo; returns a result dict (messages, violations, answers, the work folder)."""
     protocol = protocol or default_protocol()
@@ -166,7 +169,7 @@ def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=0.5, per
         broker = Broker(os.path.join(workdir, "broker"), FLEET, [name for _, name, _ in plan]).start()
         out("broker: mosquitto on %s:%d, %d device accounts, ACL per device" % (broker.host, broker.port, len(plan)))
         observer = Observer(broker)
-        settings = {"protocol": protocol, "period": period, "shrink": shrink, "latency": latency, "params": {}}
+        settings = host.settings(protocol=protocol, period=period, shrink=shrink, latency=latency)
         out("backend: bridge -> spool -> Spark Structured Streaming (%s, transformWithStateInPandas, RocksDB), "
             "protocol %s, latency tolerance %.2fs, trigger %.2fs" % (master, protocol, latency, trigger))
         t0 = time.monotonic()
@@ -201,7 +204,8 @@ def run(duration=90.0, cpython=6, micropython=3, protocol=None, latency=0.5, per
         observer.counts = dict.fromkeys(observer.counts, 0)   # compare from registration on
         for q in queries:
             observer.publish_spec(q).wait_for_publish(5)
-        out("queries: %s registered on qf/%s/q/<id>/spec (retained)" % (", ".join(q["id"] for q in queries), FLEET))
+        out("queries: %s registered on %s (retained)" % (", ".join(q["id"] for q in queries),
+                                                          topics.query(FLEET, "<id>", "spec")))
         start = time.monotonic()
         next_show = start + show_every
         while time.monotonic() - start < duration:
@@ -291,7 +295,8 @@ def main(args):
     code = 1
     try:
         r = run(duration=args.duration, cpython=args.cpython, micropython=args.micropython,
-                protocol=args.protocol, latency=args.latency, master=args.master,
+                protocol=args.protocol, latency=host.LIVE_LATENCY if args.latency is None else args.latency,
+                master=args.master,
                 out=lambda line: console.write(line + "\n"))
         code = 0 if r["violations"] == 0 else 1
     except BrokerError as e:

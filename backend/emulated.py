@@ -14,7 +14,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MP_DIR = os.path.join(ROOT, "edge", "runtime", "micropython")
 MP_MODULES = ["edge/__init__.py", "edge/agent.py", "edge/core/__init__.py", "edge/core/codec.py",
-              "edge/core/interval.py", "edge/runtime/__init__.py", "edge/runtime/outbox.py",
+              "edge/core/interval.py", "edge/core/topics.py", "edge/runtime/__init__.py", "edge/runtime/outbox.py",
               "edge/runtime/pump.py", "edge/runtime/sensors.py"]
 MP_LOCAL = ["link.py", "qfagent.py", "umqtt/simple.py"]
 

@@ -8,11 +8,13 @@ between them and the sans-IO ``Coordinator`` lives here, once:
   channel, payload)`` as the broker or the spool delivers it; query changes take effect at event time
   ``max(clock, now - λ)`` (as a Last Will does); a spec naming sources not born yet waits, and
   ``"sources": "all"`` follows the fleet as devices are born;
-* ``answer_record``/``guarantee``: one serialisation of an answer with one guarantee vocabulary;
-* ``dispatch``: actions to a driver's sink.
+* ``answer_record``/``answer_json``/``guarantee``: one serialisation of an answer with one guarantee
+  vocabulary (``GUARANTEES``); ``error_record`` for a refused or waiting spec;
+* ``dispatch``: actions to a driver's sink; ``digest``: a host's state as JSON for status files.
 """
 import json
 import math
+from itertools import islice
 
 from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.core.queries import QueryError
@@ -21,6 +23,9 @@ from backend.coordinator.protocols import make
 # The settings every driver accepts, with the one set of defaults (T and S of Olston et al. §3.1).
 SETTINGS = {"protocol": "deadband", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": 0.0,
             "t0": None, "params": None}
+# λ on a real network (loopback delay plus clock skew between processes): the live coordinator's and
+# the Spark backend's command-line default; the simulator states its own in the workload.
+LIVE_LATENCY = 0.5
 
 # What an answer guarantees (DESIGN.md §4): the word every driver writes in "guarantee".
 GUARANTEES = {
@@ -40,43 +45,67 @@ def settings(given=None, **overrides):
             if key not in SETTINGS:
                 raise ValueError("unknown setting %r (have: %s)" % (key, ", ".join(SETTINGS)))
             s[key] = value
+    for key in ("period", "shrink", "latency", "beat") + (("t0",) if s["t0"] is not None else ()):
+        v = s[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError("setting %s must be a finite number, got %r" % (key, v))
+    if not isinstance(s["protocol"], str) or not isinstance(s["params"] or {}, dict):
+        raise ValueError("setting protocol must be a name and params an object, got %r, %r"
+                         % (s["protocol"], s["params"]))
     return s
 
 
 def build(given=None, **overrides):
     """A ``Coordinator`` running ``settings(given, **overrides)``."""
     s = settings(given, **overrides)
-    protocol = make(s["protocol"], **(s["params"] or {}))
+    try:
+        protocol = make(s["protocol"], **(s["params"] or {}))
+    except TypeError as e:          # a parameter the protocol does not take
+        raise ValueError("protocol %s: %s" % (s["protocol"], e))
     return Coordinator(protocol, period=s["period"], shrink=s["shrink"] if protocol.shrinks else 0.0,
                        latency=s["latency"], beat=s["beat"], t0=s["t0"] or 0.0)
 
 
 def guarantee(fields):
-    """The guarantee word of an answer: ``degraded``, else the protocol's own, else by its shape."""
+    """The guarantee word of an answer (one of ``GUARANTEES``): ``degraded``, else the protocol's own,
+    else by its shape (``members``: a tolerance set, otherwise an interval)."""
     if fields.get("degraded"):
         return "degraded"
-    return fields.get("guarantee") or ("tolerance" if "members" in fields else "interval")
+    word = fields.get("guarantee") or ("tolerance" if "members" in fields else "interval")
+    if word not in GUARANTEES:
+        raise ValueError("unknown guarantee %r (have: %s)" % (word, ", ".join(GUARANTEES)))
+    return word
 
 
 def answer_record(change):
-    """One answer change as every driver writes it (JSONL line, retained payload, table row)."""
+    """One answer change as every driver writes it (JSONL line, retained payload, table row): the
+    coordinator's fields plus ``guarantee``; a degraded answer always carries a ``reason``."""
     rec = dict(change)
     rec["guarantee"] = guarantee(change)
+    if rec["guarantee"] == "degraded":
+        rec.setdefault("reason", "degraded by the protocol")
     return rec
 
 
-def answer_json(change):
-    """``answer_record`` as JSON text; infinities become null (strict JSON), keys sorted."""
-    return json.dumps(_strict(answer_record(change)), sort_keys=True)
+def error_record(qid, message, now):
+    """What a driver publishes for a refused or waiting spec (in place of the query's answer)."""
+    return {"query": qid, "error": message, "time": now}
 
 
-def _strict(x):
+def answer_json(rec):
+    """An answer change (``answer_record`` applied) or an ``error_record`` as JSON text: keys sorted,
+    non-finite numbers as the strings ``"inf"``, ``"-inf"``, ``"nan"`` (strict JSON)."""
+    return json.dumps(strict(rec if "error" in rec else answer_record(rec)), sort_keys=True)
+
+
+def strict(x):
+    """``x`` with every non-finite float replaced by ``"inf"``, ``"-inf"`` or ``"nan"`` (strict JSON)."""
     if isinstance(x, float) and not math.isfinite(x):
-        return None
+        return "nan" if x != x else ("inf" if x > 0 else "-inf")
     if isinstance(x, dict):
-        return {k: _strict(v) for k, v in x.items()}
+        return {k: strict(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_strict(v) for v in x]
+        return [strict(v) for v in x]
     return x
 
 
@@ -91,8 +120,10 @@ def dispatch(actions, sink):
             sink.answer(a[1])
         elif kind == "error":
             sink.error(a[1], a[2])
-        else:
+        elif kind == "retract":
             sink.retract(a[1])
+        else:
+            raise ValueError("unknown action %r" % (kind,))
 
 
 class Host:
@@ -101,7 +132,8 @@ class Host:
     Actions: the coordinator's ``("down", device, payload)`` and ``("answer", change)``, plus
     ``("error", query, message)`` for a refused or waiting spec and ``("retract", query)`` for a
     removal. ``now`` is made monotone; without a ``t0`` the adjustment ticks start at the first
-    record's time (whole seconds)."""
+    record's time (whole seconds), so a replay of the same records is identical. ``declared``:
+    sources (in order) that specs may name before their devices are born (the simulator's fleet)."""
 
     def __init__(self, given=None, declared=(), **overrides):
         self.settings = settings(given, **overrides)
@@ -114,44 +146,47 @@ class Host:
         self.pending = {}        # query id -> spec waiting for its sources to be born
         self.records = 0
         self.stats = {"foreign": 0, "bad_specs": 0}
+        self._declared = frozenset(self.coord.declared)
+        self._seen = self._extra = 0     # births counted by _everyone, and how many were not declared
 
     # -- inputs ---------------------------------------------------------------------------------
     def record(self, now, name, channel, payload, retained=False):
         """One broker message or spool record: ``channel`` is ``up``/``state`` (``name`` a device),
-        ``spec`` (``name`` a query id) or ``tick`` (time only)."""
-        now = self._clock(now)
-        if channel == "up" or channel == "state":
+        ``spec`` (``name`` a query id) or ``tick`` (time only); anything else is counted and ignored."""
+        self.records += 1
+        if (channel == "up" or channel == "state") and name:
             return self.uplink(now, name, payload, retained)
         if channel == "tick":
             return self.timer(now)
-        if channel == "spec":
+        if channel == "spec" and name:
             return self.spec(now, name, payload)
+        self._clock(now)
         self.stats["foreign"] += 1
         return []
 
     def uplink(self, now, device, payload, retained=False):
         now = self._clock(now)
-        known = len(self.coord.cache.sources)
-        out = self.coord.handle_uplink(now, device, bytes(payload), retained=bool(retained))
-        return out + self._born(now) if len(self.coord.cache.sources) != known else out
+        return self._step(self.coord.handle_uplink, now, device, bytes(payload or b""), retained=bool(retained))
 
     def timer(self, now):
-        now = self._clock(now)
-        known = len(self.coord.cache.sources)
-        out = self.coord.handle_timer(now)
-        return out + self._born(now) if len(self.coord.cache.sources) != known else out
+        return self._step(self.coord.handle_timer, self._clock(now))
 
     def next_deadline(self):
         return self.coord.next_deadline()
 
     def link_lost(self, now):
-        return self.coord.link_lost(self._clock(now))
+        return self._step(self.coord.link_lost, self._clock(now))
 
     def link_restored(self, now):
-        return self.coord.link_restored(self._clock(now))
+        return self._step(self.coord.link_restored, self._clock(now))
+
+    def _step(self, call, now, *args, **kw):
+        """``call`` (which may release queued births), then whatever the new sources let happen."""
+        known = len(self.coord.cache.sources)
+        out = call(now, *args, **kw)
+        return out + self._born(now) if len(self.coord.cache.sources) != known else out
 
     def _clock(self, now):
-        self.records += 1
         if self.t0 is None:
             self.t0 = self.coord.t0 = float(math.floor(now))
         if now > self.now:
@@ -160,19 +195,22 @@ class Host:
 
     # -- query specs ----------------------------------------------------------------------------
     def event_time(self, now):
-        """When a query change takes effect: ``now - λ``, never before the coordinator's clock."""
-        return max(self.coord.clock, now - self.coord.latency)
+        """When a query change takes effect: ``now - λ``, never before the coordinator's clock nor
+        before its time origin ``t0`` (a query registered with the first record holds from t0)."""
+        return max(self.coord.clock, now - self.coord.latency, self.coord.t0)
 
     def spec(self, now, qid, spec):
         """Register, replace or (empty ``spec``) remove query ``qid``; ``spec`` is a dict or JSON text."""
         now = self._clock(now)
+        if not isinstance(qid, str) or not qid:
+            return self._bad(qid, "a query needs a non-empty string id, got %r" % (qid,))
         out = self._remove(now, qid)
         if self._empty(spec):
             return out + [("retract", qid)]
-        if not isinstance(spec, dict):
+        if isinstance(spec, (bytes, bytearray, str)):
             try:
                 spec = json.loads(spec)
-            except ValueError as e:
+            except ValueError as e:          # bad JSON or bad UTF-8
                 return out + self._bad(qid, "query spec is not JSON: %s" % e)
         if not isinstance(spec, dict):
             return out + self._bad(qid, "query spec must be a JSON object")
@@ -183,16 +221,20 @@ class Host:
 
     def set_precision(self, now, qid, precision):
         now = self._clock(now)
+        if qid not in self.specs:
+            return self._bad(qid, "no registered query %r to set the precision of" % (qid,))
+        try:
+            out = self.coord.set_precision(qid, precision, self.event_time(now))
+        except QueryError as e:
+            return self._bad(qid, str(e))
         self.specs[qid]["precision"] = precision
-        return self.coord.set_precision(qid, precision, self.event_time(now))
+        return out
 
     @staticmethod
     def _empty(spec):
         if spec is None:
             return True
-        if isinstance(spec, (bytes, bytearray)):
-            return not bytes(spec).strip()
-        if isinstance(spec, str):
+        if isinstance(spec, (bytes, bytearray, str)):
             return not spec.strip()
         return False
 
@@ -227,13 +269,13 @@ class Host:
         return [("error", qid, message)]
 
     def _born(self, now):
-        """New sources: waiting specs may now register, and ``"all"`` queries take them in."""
+        """New sources: waiting specs may now register, and ``"all"`` queries take them in (the
+        query is registered again over the grown fleet, at the event time of the birth's release)."""
         out = []
-        everyone = len(self.coord.all_sources())
+        everyone = self._everyone()
         for qid, spec in sorted(self.specs.items()):
             if spec.get("sources", "all") == "all" and len(self.coord.queries[qid].sources) != everyone:
-                out += self.coord.remove_query(qid, self.event_time(now))
-                del self.specs[qid]
+                out += self._remove(now, qid)
                 out += self._add(now, qid, spec)
         for qid, spec in sorted(self.pending.items()):
             if not self._missing(spec):
@@ -241,17 +283,28 @@ class Host:
                 out += self._add(now, qid, spec)
         return out
 
+    def _everyone(self):
+        """How many sources ``"all"`` means now (declared or born), counted over the newest births
+        only: a fleet of n devices costs O(n) in all, not O(n) per birth."""
+        born = self.coord.cache.sources
+        for key in islice(reversed(born), len(born) - self._seen):
+            self._extra += key not in self._declared
+        self._seen = len(born)
+        return len(self._declared) + self._extra
+
 
 def digest(host, sources=True):
-    """A JSON-able digest of a host: clock, counters, latest answers and (optionally) every source's
-    mirrored filter. Two hosts that took the same records have equal digests."""
-    coord = host.coord
+    """A JSON-able digest of a host (or of a bare ``Coordinator``: its own part only): clock, counters,
+    latest answers and (optionally) every source's mirrored filter. Two hosts that took the same
+    records have equal digests."""
+    coord = getattr(host, "coord", host)
     d = {"clock": coord.clock if math.isfinite(coord.clock) else None, "stats": dict(coord.stats),
          "sources_known": len(coord.cache.sources),
          "online": sum(1 for s in coord.cache.sources.values() if s.online),
-         "queries": {qid: coord.last.get(qid) for qid in sorted(coord.queries)},
-         "records": host.records, "pending": sorted(host.pending), "host_stats": dict(host.stats),
-         "protocol": host.settings["protocol"], "now": host.now if math.isfinite(host.now) else None}
+         "queries": {qid: coord.last.get(qid) for qid in sorted(coord.queries)}}
+    if host is not coord:
+        d.update(records=host.records, pending=sorted(host.pending), host_stats=dict(host.stats),
+                 protocol=host.settings["protocol"], now=host.now if math.isfinite(host.now) else None)
     if sources:
         d["sources"] = {k: [s.device, s.value, s.filt.lo, s.filt.hi, s.filt.width, s.filt.epoch, s.online,
                             s.last_t, len(s.old)] for k, s in sorted(coord.cache.sources.items())}

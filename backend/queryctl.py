@@ -12,6 +12,7 @@ import time
 import paho.mqtt.client as mqtt
 
 from backend.coordinator.core.queries import QueryError, parse_query
+from edge.core import topics
 
 
 def _client(host, port, password):
@@ -52,16 +53,16 @@ def collect(host, port, password, fleet, wait=1.0):
     got = {}
 
     def on_message(cl, u, m):
-        parts = m.topic.split("/")
-        if len(parts) == 5 and m.payload:
+        t = topics.parse(m.topic)
+        if t is not None and t[1] == "q" and m.payload:
             try:
-                got.setdefault(parts[3], {})[parts[4]] = json.loads(m.payload)
+                got.setdefault(t[2], {})[t[3]] = json.loads(m.payload)
             except ValueError:
-                got.setdefault(parts[3], {})[parts[4]] = m.payload.decode(errors="replace")
+                got.setdefault(t[2], {})[t[3]] = m.payload.decode(errors="replace")
 
     c = _client(host, port, password)
     c.on_message = on_message
-    c.subscribe([("qf/%s/q/+/spec" % fleet, 1), ("qf/%s/q/+/answer" % fleet, 0)])
+    c.subscribe([(topics.query(fleet, "+", "spec"), 1), (topics.query(fleet, "+", "answer"), 0)])
     time.sleep(wait)
     c.disconnect()
     c.loop_stop()
@@ -76,10 +77,10 @@ def query_main(args):
             raise ValueError("query %s needs a query id" % args.action)
         if args.action == "add":
             spec = check_spec(args.id, args.spec if args.spec else sys.stdin.read())
-            publish(host, port, password, "qf/%s/q/%s/spec" % (args.fleet, args.id), json.dumps(spec))
+            publish(host, port, password, topics.query(args.fleet, args.id, "spec"), json.dumps(spec))
             print("query %s registered" % args.id)
         elif args.action == "remove":
-            publish(host, port, password, "qf/%s/q/%s/spec" % (args.fleet, args.id), b"")
+            publish(host, port, password, topics.query(args.fleet, args.id, "spec"), b"")
             print("query %s removed" % args.id)
         else:
             for qid, d in sorted(collect(host, port, password, args.fleet).items()):

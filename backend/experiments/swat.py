@@ -9,7 +9,9 @@ import random
 import time
 
 from backend.experiments.histogram import approximate
-from backend.sim.summary import run, stream, weights_for
+from backend.coordinator.swat.asr import weights_for
+from backend.sim.engine import run
+from backend.sim.summary import stream
 from edge.core.swat import Swat
 
 
@@ -165,11 +167,10 @@ def replication(out_dir, quick):
 
 def fleet(out_dir, quick):
     """The three protocols through the main simulator (real agents, coordinator, codec, checker)."""
-    from backend.sim.engine import run as sim
     rows = []
     for prec in (5.0, 20.0, 80.0):
         for proto in ("swat", "swat-dc", "swat-aps"):
-            r = sim({"name": "swat-fleet", "seed": 3, "duration": 300 if quick else 1500, "protocol": proto,
+            r = run({"name": "swat-fleet", "seed": 3, "duration": 300 if quick else 1500, "protocol": proto,
                      "sources": {"generator": "random_walk", "count": 4, "step": 1.0, "interval": 1.0},
                      "queries": [{"id": "q%d" % j, "kind": "summary", "sources": ["s%d" % j], "type": "inner",
                                   "weights": "linear", "window": "random", "precision": prec} for j in range(4)],

@@ -1,16 +1,17 @@
-"""Summary-query simulator for SWAT-ASR and its baselines (Bulut & Singh 2003 §5 setup).
+"""Summary-site workloads on the simulator loop (Bulut & Singh 2003 §5 setup): SWAT-ASR and its baselines.
 
 One device streams readings every ``data.interval`` seconds into a SWAT tree; client sites ask
 one-time summary queries (kind "summary", type point | range | inner) at a query arrival rate;
-phases end every ``phase`` seconds. Every answer carries its error estimate (a guaranteed interval)
-and is checked against the exact window. Workload dict keys::
+phases end every ``phase`` seconds. The loop runs the readings, reads and phase ends as events of
+the site tree (``backend.sim.sites``); every answer carries its error estimate (a guaranteed
+interval) and is checked against the exact window (the truth plug-in kept here). Workload keys::
 
     {"window": 32, "protocol": "swat-asr" | "dc" | "aps", "clients": 1, "phase": 10,
-     "duration": 1000, "seed": 0,
+     "duration": 1000, "seed": 0, "warmup": s,
      "data": {"generator": "weather" | "uniform" | "random_walk", "interval": 2.0},
      "queries": [{"id": "q", "kind": "summary", "type": "inner", "weights": "linear",
-                  "window": "random" | [first, last], "rate": 1.0, "precision": 2.0}],
-     "params": {...protocol constructor keywords...}}
+                  "window": "random" | [first, last], "rate": 1.0, "precision": 2.0, "client": "all"}],
+     "params": {...constructor keywords of the system...}}
 
 ``precision`` is the tolerated error per unit of weight: a query with weights W must be answered
 within delta = precision * sum|W| (a point query within ``precision``); ``rate`` is queries per second
@@ -19,15 +20,17 @@ per client; "range" queries also take ``value`` (default: the window mean) and `
 import math
 import random
 
-from backend.coordinator.swat.asr import SYSTEMS, weights_for
+from backend.coordinator.swat.asr import weights_for
+from backend.sim.loop import Loop
+from backend.sim.sites import SYSTEMS
+from backend.sim.workload import Base, WorkloadError, integer, keys, number, protocol_params
 
 TYPES = ("point", "range", "inner")
 WEIGHTS = ("linear", "exponential", "uniform")
 GENERATORS = ("weather", "uniform", "random_walk")
-
-
-class SummaryError(ValueError):
-    """A summary workload that cannot be run; the message names the key at fault."""
+TOP = ("name", "window", "protocol", "clients", "phase", "duration", "seed", "warmup", "data", "queries", "params")
+QUERY = ("id", "kind", "type", "weights", "window", "rate", "precision", "radius", "value", "client")
+DATA, QUERY_EVENT, PHASE = "data", "query", "phase"
 
 
 def stream(generator, n, seed):
@@ -51,161 +54,168 @@ def stream(generator, n, seed):
     return out
 
 
-def _num(d, key, default, where, positive=False):
-    v = d.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (positive and v == 0):
-        raise SummaryError("%s.%s must be a %s number, got %r" % (where, key, "positive" if positive else "non-negative", v))
-    return float(v)
+class SummaryWorkload(Base):
+    kind, KEYS, name = "summary", TOP, "summary"
 
-
-def validate(w):
-    """Check a summary workload and fill defaults; returns a new dict."""
-    if not isinstance(w, dict):
-        raise SummaryError("a summary workload must be an object")
-    out = dict(w)
-    win = w.get("window", 32)
-    if not isinstance(win, int) or isinstance(win, bool) or win < 4 or win & (win - 1):
-        raise SummaryError("window must be a power of two >= 4, got %r" % (win,))
-    proto = w.get("protocol", "swat-asr")
-    if proto not in SYSTEMS:
-        raise SummaryError("protocol must be one of %s, got %r" % (", ".join(sorted(SYSTEMS)), proto))
-    clients = w.get("clients", 1)
-    if not isinstance(clients, int) or isinstance(clients, bool) or not 1 <= clients <= 254:
-        raise SummaryError("clients must be an integer in 1..254")
-    out["duration"] = _num(w, "duration", None if "duration" not in w else w["duration"], "workload", True) \
-        if "duration" in w else None
-    if out["duration"] is None:
-        raise SummaryError("duration (simulated seconds) is required")
-    out["phase"] = _num(w, "phase", 10.0, "workload", True)
-    seed = w.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise SummaryError("seed must be a non-negative integer")
-    data = w.get("data", {})
-    if not isinstance(data, dict) or data.get("generator", "weather") not in GENERATORS:
-        raise SummaryError("data.generator must be one of %s" % ", ".join(GENERATORS))
-    _num(data, "interval", 1.0, "data", True)
-    qs = w.get("queries")
-    if not isinstance(qs, list) or not qs:
-        raise SummaryError("queries must be a non-empty list")
-    for q in qs:
-        if not isinstance(q, dict) or q.get("kind") != "summary":
-            raise SummaryError("every query needs kind \"summary\", got %r" % (q,))
-        if q.get("type", "inner") not in TYPES:
-            raise SummaryError("query %s: type must be one of %s" % (q.get("id"), ", ".join(TYPES)))
-        if q.get("weights", "linear") not in WEIGHTS:
-            raise SummaryError("query %s: weights must be one of %s" % (q.get("id"), ", ".join(WEIGHTS)))
-        qw = q.get("window", "random")
-        if qw != "random" and not (isinstance(qw, list) and len(qw) == 2 and all(isinstance(x, int) for x in qw)
-                                   and 0 <= qw[0] <= qw[1] < win):
-            raise SummaryError("query %s: window must be \"random\" or [first, last] within 0..%d" % (q.get("id"), win - 1))
-        _num(q, "rate", 1.0, "query", True)
-        _num(q, "precision", 1.0, "query")
-        _num(q, "radius", 1.0, "query")
-        client = q.get("client", "all")
-        if client != "all" and (not isinstance(client, int) or not 1 <= client <= clients):
-            raise SummaryError("query %s: client must be \"all\" or 1..%d" % (q.get("id"), clients))
-    params = w.get("params", {})
-    if not isinstance(params, dict):
-        raise SummaryError("params must be an object")
-    return out
-
-
-def run(workload):
-    """Run one summary workload; returns messages, answer quality and guarantee checks."""
-    w = validate(workload)
-    win = w["window"]
-    clients = w.get("clients", 1)
-    data = w.get("data", {})
-    td = float(data.get("interval", 1.0))
-    duration = w["duration"]
-    seed = w.get("seed", 0)
-    params = dict(w.get("params", {}))
-    system = SYSTEMS[w.get("protocol", "swat-asr")](win, sites=clients + 1, **params)
-    values = stream(data.get("generator", "weather"), int(duration / td) + 2, seed)
-    rng = random.Random(seed + 7)
-    events = []                                        # (time, order, what, payload)
-    for j in range(int(duration / td) + 1):
-        events.append((j * td, 0, "data", values[j]))
-    for q in w["queries"]:
-        rate = float(q.get("rate", 1.0))
-        targets = range(1, clients + 1) if q.get("client", "all") == "all" else [q["client"]]
-        for c in targets:
-            t = rng.uniform(0, 1.0 / rate)
-            while t <= duration:
-                events.append((t, 1, "query", (c, q)))
-                t += 1.0 / rate
-    phase = w["phase"]
-    for j in range(1, int(duration / phase) + 1):
-        events.append((j * phase, 2, "phase", None))
-    events.sort(key=lambda e: (e[0], e[1]))
-    warm = w.get("warmup", 2 * win * td)
-    window = []
-    stats = {"queries": 0, "answered": 0, "local": 0, "violations": 0, "rel_err": 0.0, "abs_err": 0.0,
-             "bound": 0.0, "precision_misses": 0, "range_sure": 0, "range_maybe": 0, "range_exact": 0}
-    msgs0 = up0 = None
-    for t, _, what, payload in events:
-        if msgs0 is None and t >= warm:
-            msgs0, up0 = system.msgs, system.uplink
-        if what == "data":
-            window.insert(0, payload)
-            if len(window) > win:
-                window.pop()
-            system.on_data(t, payload)
-        elif what == "phase":
-            system.on_phase(t)
-        else:
-            c, q = payload
-            if len(window) < win:
-                continue
+    def __init__(self, raw):
+        Base.__init__(self, raw)
+        win = raw.get("window", 32)
+        if not isinstance(win, int) or isinstance(win, bool) or win < 4 or win & (win - 1):
+            raise WorkloadError("window must be a power of two >= 4, got %r" % (win,))
+        self.window = win
+        self.protocol = raw.get("protocol", "swat-asr")
+        if self.protocol not in SYSTEMS:
+            raise WorkloadError("protocol must be one of %s, got %r" % (", ".join(sorted(SYSTEMS)), self.protocol))
+        self.clients = integer(raw, "clients", 1, "workload", hi=254)
+        if "duration" not in raw:
+            raise WorkloadError("duration (simulated seconds) is required")
+        self.duration = number(raw, "duration", None, "workload", positive=True)
+        self.phase = number(raw, "phase", 10.0, "workload", positive=True)
+        data = keys(raw.get("data", {}), ("generator", "interval"), "data")
+        self.generator = data.get("generator", "weather")
+        if self.generator not in GENERATORS:
+            raise WorkloadError("data.generator must be one of %s" % ", ".join(GENERATORS))
+        self.interval = number(data, "interval", 1.0, "data", positive=True)
+        self.warmup = number(raw, "warmup", 2 * win * self.interval, "workload", lo=0.0)
+        qs = raw.get("queries")
+        if not isinstance(qs, list) or not qs:
+            raise WorkloadError("queries must be a non-empty list")
+        for n, q in enumerate(qs):
+            if not isinstance(q, dict) or q.get("kind") != "summary":
+                raise WorkloadError("every query needs kind \"summary\", got %r" % (q,))
+            keys(q, QUERY, "queries[%d]" % n)
+            if q.get("type", "inner") not in TYPES:
+                raise WorkloadError("query %s: type must be one of %s" % (q.get("id"), ", ".join(TYPES)))
+            if q.get("weights", "linear") not in WEIGHTS:
+                raise WorkloadError("query %s: weights must be one of %s" % (q.get("id"), ", ".join(WEIGHTS)))
             qw = q.get("window", "random")
-            if qw == "random":
-                a = rng.randrange(win)
-                b = rng.randrange(a, win)
-            else:
-                a, b = qw
-            kind = q.get("type", "inner")
-            positions = list(range(a, b + 1)) if kind != "point" else [a]
-            ws = weights_for(q.get("weights", "linear"), len(positions)) if kind == "inner" else [1.0] * len(positions)
-            prec = float(q.get("precision", 1.0)) * sum(abs(x) for x in ws)
-            if kind == "range":
-                # a range query needs each reading within radius: ask for every one at that precision
-                ans = [system.on_query(t, c, [i], [1.0], prec) for i in positions]
-                if t < warm or None in ans:
-                    continue
-                p, r = float(q.get("value", 0.0)) or sum(window) / len(window), float(q.get("radius", 1.0))
-                exact = [i for i in positions if p - r <= window[i] <= p + r]
-                sure = [i for i, x in zip(positions, ans) if p - r <= x["lo"] and x["hi"] <= p + r]
-                maybe = [i for i, x in zip(positions, ans) if x["lo"] <= p + r and x["hi"] >= p - r]
-                stats["queries"] += 1
-                stats["answered"] += 1
-                stats["local"] += all(x["local"] for x in ans)
-                stats["violations"] += (not set(sure) <= set(exact)) + (not set(exact) <= set(maybe))
-                stats["range_sure"] += len(sure)
-                stats["range_maybe"] += len(maybe)
-                stats["range_exact"] += len(exact)
-                continue
-            ans = system.on_query(t, c, positions, ws, prec)
-            if t < warm:
-                continue
-            stats["queries"] += 1
-            if ans is None:
-                continue
-            exact = sum(wt * window[i] for i, wt in zip(positions, ws))
-            stats["answered"] += 1
-            stats["local"] += ans["local"]
-            if not ans["lo"] - 1e-6 * (1 + abs(exact)) <= exact <= ans["hi"] + 1e-6 * (1 + abs(exact)):
-                stats["violations"] += 1
-            err = abs(ans["estimate"] - exact)
-            stats["abs_err"] += err
-            stats["rel_err"] += err / abs(exact) if exact else 0.0
-            stats["bound"] += ans["hi"] - ans["lo"]
-            stats["precision_misses"] += (ans["hi"] - ans["lo"]) > prec + 1e-9
-    n = max(stats["answered"], 1)
-    return {"protocol": w.get("protocol", "swat-asr"), "window": win, "clients": clients,
-            "messages": system.msgs - (msgs0 or 0), "uplink_messages": system.uplink - (up0 or 0),
-            "bytes_up": getattr(system, "bytes_up", None),
-            "queries": stats["queries"], "answered_locally": stats["local"] / n,
-            "violations": stats["violations"], "precision_misses": stats["precision_misses"],
-            "mean_rel_error": stats["rel_err"] / n, "mean_abs_error": stats["abs_err"] / n,
-            "mean_bound_width": stats["bound"] / n,
-            "cached_approximations": system.cached() if hasattr(system, "cached") else None}
+            if qw != "random" and not (isinstance(qw, list) and len(qw) == 2 and all(isinstance(x, int) for x in qw)
+                                       and 0 <= qw[0] <= qw[1] < win):
+                raise WorkloadError("query %s: window must be \"random\" or [first, last] within 0..%d"
+                                    % (q.get("id"), win - 1))
+            for key, default, positive in (("rate", 1.0, True), ("precision", 1.0, False), ("radius", 1.0, False)):
+                number(q, key, default, "queries[%d]" % n, lo=0.0, positive=positive)
+            client = q.get("client", "all")
+            if client != "all" and (not isinstance(client, int) or not 1 <= client <= self.clients):
+                raise WorkloadError("query %s: client must be \"all\" or 1..%d" % (q.get("id"), self.clients))
+        self.queries = qs
+        params = raw.get("params", {})
+        if not isinstance(params, dict):
+            raise WorkloadError("params must be an object")
+        self.params = protocol_params(SYSTEMS[self.protocol], params)
+
+
+class SummarySimulation(Loop):
+    """Readings, reads and phase ends of one site tree, in time order; answers checked against the window."""
+    ORDER = {DATA: 0, QUERY_EVENT: 1, PHASE: 2}
+
+    def __init__(self, workload):
+        from backend.sim.workload import load
+        self.w = w = workload if isinstance(workload, SummaryWorkload) else load(workload)
+        Loop.__init__(self)
+        self.handlers.update({DATA: self.data, QUERY_EVENT: self.query, PHASE: self.phase_end})
+        self.system = SYSTEMS[w.protocol](w.window, sites=w.clients + 1, **w.params)
+        self.rng = random.Random(w.seed + 7)
+        self.window = []            # the truth: the exact window, newest first
+        self.msgs0 = self.up0 = None
+        self.stats = {"queries": 0, "answered": 0, "local": 0, "violations": 0, "rel_err": 0.0, "abs_err": 0.0,
+                      "bound": 0.0, "precision_misses": 0, "range_sure": 0, "range_maybe": 0, "range_exact": 0}
+
+    def start(self):
+        w = self.w
+        values = stream(w.generator, int(w.duration / w.interval) + 2, w.seed)
+        for j in range(int(w.duration / w.interval) + 1):
+            self.push(j * w.interval, DATA, values[j])
+        for q in w.queries:
+            rate = float(q.get("rate", 1.0))
+            for c in (range(1, w.clients + 1) if q.get("client", "all") == "all" else [q["client"]]):
+                t = self.rng.uniform(0, 1.0 / rate)
+                while t <= w.duration:
+                    self.push(t, QUERY_EVENT, (c, q))
+                    t += 1.0 / rate
+        for j in range(1, int(w.duration / w.phase) + 1):
+            self.push(j * w.phase, PHASE, None)
+
+    def _warm(self, t):
+        if self.msgs0 is None and t >= self.w.warmup:
+            self.msgs0, self.up0 = self.system.msgs, self.system.uplink
+
+    def data(self, t, value):
+        self._warm(t)
+        self.window.insert(0, value)
+        if len(self.window) > self.w.window:
+            self.window.pop()
+        self.system.on_data(t, value)
+
+    def phase_end(self, t, _):
+        self._warm(t)
+        self.system.on_phase(t)
+
+    def query(self, t, data):
+        self._warm(t)
+        c, q = data
+        win, st = self.window, self.stats
+        if len(win) < self.w.window:
+            return
+        qw = q.get("window", "random")
+        if qw == "random":
+            a = self.rng.randrange(self.w.window)
+            b = self.rng.randrange(a, self.w.window)
+        else:
+            a, b = qw
+        kind = q.get("type", "inner")
+        positions = list(range(a, b + 1)) if kind != "point" else [a]
+        ws = weights_for(q.get("weights", "linear"), len(positions)) if kind == "inner" else [1.0] * len(positions)
+        prec = float(q.get("precision", 1.0)) * sum(abs(x) for x in ws)
+        warm = t >= self.w.warmup
+        if kind == "range":
+            # a range query needs each reading within radius: ask for every one at that precision
+            ans = [self.system.on_query(t, c, [i], [1.0], prec) for i in positions]
+            if not warm or None in ans:
+                return
+            p, r = float(q.get("value", 0.0)) or sum(win) / len(win), float(q.get("radius", 1.0))
+            exact = [i for i in positions if p - r <= win[i] <= p + r]
+            sure = [i for i, x in zip(positions, ans) if p - r <= x["lo"] and x["hi"] <= p + r]
+            maybe = [i for i, x in zip(positions, ans) if x["lo"] <= p + r and x["hi"] >= p - r]
+            st["queries"] += 1
+            st["answered"] += 1
+            st["local"] += all(x["local"] for x in ans)
+            st["violations"] += (not set(sure) <= set(exact)) + (not set(exact) <= set(maybe))
+            st["range_sure"] += len(sure)
+            st["range_maybe"] += len(maybe)
+            st["range_exact"] += len(exact)
+            self._answer(t, q, c, {"lo": float(len(sure)), "hi": float(len(maybe)), "exact": float(len(exact))})
+            return
+        ans = self.system.on_query(t, c, positions, ws, prec)
+        if not warm:
+            return
+        st["queries"] += 1
+        if ans is None:
+            return
+        exact = sum(wt * win[i] for i, wt in zip(positions, ws))
+        st["answered"] += 1
+        st["local"] += ans["local"]
+        if not ans["lo"] - 1e-6 * (1 + abs(exact)) <= exact <= ans["hi"] + 1e-6 * (1 + abs(exact)):
+            st["violations"] += 1
+        err = abs(ans["estimate"] - exact)
+        st["abs_err"] += err
+        st["rel_err"] += err / abs(exact) if exact else 0.0
+        st["bound"] += ans["hi"] - ans["lo"]
+        st["precision_misses"] += (ans["hi"] - ans["lo"]) > prec + 1e-9
+        self._answer(t, q, c, dict(ans, exact=exact))
+
+    def _answer(self, t, q, client, fields):
+        self.answers.append(dict(fields, time=t, query=q.get("id"), client=client, degraded=False))
+
+    def result(self, elapsed):
+        w, st, system = self.w, self.stats, self.system
+        n = max(st["answered"], 1)
+        return {"kind": "summary", "protocol": w.protocol, "window": w.window, "clients": w.clients,
+                "messages": system.msgs - (self.msgs0 or 0), "uplink_messages": system.uplink - (self.up0 or 0),
+                "bytes_up": getattr(system, "bytes_up", None),
+                "queries": st["queries"], "answered_locally": st["local"] / n,
+                "violations": st["violations"], "precision_misses": st["precision_misses"],
+                "mean_rel_error": st["rel_err"] / n, "mean_abs_error": st["abs_err"] / n,
+                "mean_bound_width": st["bound"] / n,
+                "cached_approximations": system.cached() if hasattr(system, "cached") else None,
+                "runtime_s": elapsed}

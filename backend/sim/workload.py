@@ -1,17 +1,18 @@
-"""Workload files for the simulator (DESIGN.md §5): sources, queries, protocol, network, seed, events.
+"""Workload files for the simulator (DESIGN.md §5): one loader for every kind, with public helpers.
 
-``load(path_or_dict)`` validates everything up front and raises ``WorkloadError`` with a message
-that names the offending key. ``samples(workload)`` materialises the source streams as arrays
-``(time, source_index, value)`` sorted by time; generators follow the papers' synthetic setups.
+``load(path_or_dict)`` reads a JSON or YAML workload, picks its kind — a fleet of filter agents
+(``Workload`` here), a relay topology (``backend.sim.relay``) or a summary-site tree
+(``backend.sim.summary``) — and validates everything up front. Any problem, including a key the
+simulator does not know anywhere in the file, raises ``WorkloadError`` with a message naming the key
+(``network.loss``, ``sources.outages.rate``, ``queries[2].colour``). The helpers ``number``,
+``pair``, ``integer``, ``keys`` and ``read`` are what every kind validates with.
 """
-import csv
+import inspect
 import json
 import math
 import os
 
-import numpy as np
-
-from backend.coordinator.core.queries import QueryError, parse_query
+from backend.coordinator.core.queries import ENTITIES, QueryError, parse_query
 
 
 class WorkloadError(ValueError):
@@ -19,9 +20,19 @@ class WorkloadError(ValueError):
 
 
 GENERATORS = ("random_walk", "uniform", "brownian")
+TOP = ("name", "seed", "duration", "protocol", "params", "network", "sources", "queries", "warmup", "events")
+NETWORK = ("delay", "uplink", "downlink", "jitter", "latency_tolerance")
+SOURCES = {"generator": ("generator", "count", "start", "step", "range", "interval", "arrival", "steps", "drift",
+                         "volatility"), "trace": ("trace",), "dataset": ("dataset",)}
+QUERY = ("id", "kind", "sources", "weights", "precision", "range", "confidence")
+QUERY_EXTRA = {"range": ("k", "point", "rank_tolerance", "fp_tolerance", "fn_tolerance"),
+               "summary": ("type", "window", "value", "radius", "every"),
+               "relay": ("error", "window", "span")}
+SETTINGS = ("period", "shrink", "heartbeat")     # params the coordinator takes; the rest go to the protocol
 
 
-def _num(d, key, default, where, lo=None, positive=False):
+def number(d, key, default, where, lo=None, positive=False):
+    """``d[key]`` (or ``default``) as a finite float, optionally > 0 or >= ``lo``."""
     v = d.get(key, default)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise WorkloadError("%s.%s must be a finite number, got %r" % (where, key, v))
@@ -32,7 +43,17 @@ def _num(d, key, default, where, lo=None, positive=False):
     return float(v)
 
 
-def _pair(d, key, default, where):
+def integer(d, key, default, where, lo=1, hi=None):
+    """``d[key]`` (or ``default``) as an integer in ``lo..hi``."""
+    v = d.get(key, default)
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo or (hi is not None and v > hi):
+        raise WorkloadError("%s.%s must be an integer >= %d%s, got %r" % (
+            where, key, lo, "" if hi is None else " and <= %d" % hi, v))
+    return v
+
+
+def pair(d, key, default, where):
+    """``d[key]`` as ``(lo, hi)``: a number stands for ``[v, v]``."""
     v = d.get(key, default)
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         v = [v, v]
@@ -41,7 +62,22 @@ def _pair(d, key, default, where):
     return float(v[0]), float(v[1])
 
 
-def _read(path):
+def keys(d, allowed, where):
+    """Refuse every key of object ``d`` that is not in ``allowed``, naming it as ``where.key``."""
+    if not isinstance(d, dict):
+        raise WorkloadError("%s must be an object, got %r" % (where or "a workload", d))
+    unknown = sorted(str(k) for k in d if k not in allowed)
+    if unknown:
+        names = ", ".join((where + "." if where else "") + k for k in unknown)
+        raise WorkloadError("unknown key%s %s (known here: %s)" % (
+            "s" if len(unknown) > 1 else "", names, ", ".join(sorted(allowed))))
+    return d
+
+
+def read(path):
+    """The object in workload file ``path`` (JSON, or YAML by extension)."""
+    if not os.path.exists(path):
+        raise WorkloadError("workload file %s does not exist" % path)
     with open(path) as fh:
         text = fh.read()
     if path.endswith((".yaml", ".yml")):
@@ -56,22 +92,81 @@ def _read(path):
         raise WorkloadError("%s is not valid JSON: %s" % (path, e))
 
 
-class Workload:
-    """A validated workload. ``raw`` keeps the dict for extensions that read further keys."""
+class Base:
+    """What every kind of workload has: its known top-level ``KEYS``, a name, a seed and the raw dict."""
+    kind = KEYS = None
+    name = "workload"
+
+    def __init__(self, raw):
+        keys(raw, self.KEYS, "")
+        self.raw = raw
+        self.name = str(raw.get("name", self.name))
+        self.seed = integer(raw, "seed", 0, "workload", lo=0)
+
+
+def protocol_params(cls, params, where="params", skip=()):
+    """Check that protocol class ``cls`` takes every key of ``params`` (minus ``skip``); returns them."""
+    accepted, open_ended = set(), True
+    for c in cls.__mro__:
+        init = c.__dict__.get("__init__")
+        if init is None or not open_ended:
+            continue
+        ps = inspect.signature(init).parameters.values()
+        accepted.update(p.name for p in ps if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self")
+        open_ended = any(p.kind == p.VAR_KEYWORD for p in ps)
+    given = {k: v for k, v in params.items() if k not in skip}
+    keys(given, accepted, where)
+    return given
+
+
+def query_keys(spec, where, topology=None):
+    """Refuse a query field that no query of its kind reads."""
+    if isinstance(spec, dict):
+        kind = spec.get("kind")
+        extra = QUERY_EXTRA.get("range" if kind in ENTITIES else kind, ())
+        keys(spec, QUERY + extra + (QUERY_EXTRA["relay"] if topology == "relay" else ()), where)
+
+
+def kind(raw):
+    """Which simulation a workload object describes: ``fleet``, ``relay`` or ``summary``."""
+    from backend.coordinator.protocols import PROTOCOLS
+    from backend.sim.sites import SYSTEMS
+    if not isinstance(raw, dict):
+        raise WorkloadError("a workload must be a JSON/YAML object")
+    proto = raw.get("protocol")
+    if "relays" in raw or getattr(PROTOCOLS.get(proto), "topology", None) == "relay":
+        return "relay"
+    if proto in SYSTEMS or "clients" in raw or "data" in raw:
+        return "summary"
+    return "fleet"
+
+
+def load(source):
+    """Load and validate a workload of any kind from a path (JSON or YAML) or a dict."""
+    base = "."
+    if not isinstance(source, dict):
+        base = os.path.dirname(os.path.abspath(source))
+        source = read(source)
+    k = kind(source)
+    if k == "relay":
+        from backend.sim.relay import RelayWorkload
+        return RelayWorkload(source)
+    if k == "summary":
+        from backend.sim.summary import SummaryWorkload
+        return SummaryWorkload(source)
+    return Workload(source, base)
+
+
+class Workload(Base):
+    """A validated fleet workload. ``raw`` keeps the dict it was made from."""
+    kind, KEYS = "fleet", TOP
 
     def __init__(self, raw, base_dir="."):
-        if not isinstance(raw, dict):
-            raise WorkloadError("a workload must be a JSON/YAML object")
-        self.raw = raw
+        Base.__init__(self, raw)
         self.base_dir = base_dir
-        self.name = str(raw.get("name", "workload"))
-        seed = raw.get("seed", 0)
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise WorkloadError("seed must be a non-negative integer, got %r" % (seed,))
-        self.seed = seed
         if "duration" not in raw:
             raise WorkloadError("workload.duration (simulated seconds) is required")
-        self.duration = _num(raw, "duration", None, "workload", positive=True)
+        self.duration = number(raw, "duration", None, "workload", positive=True)
         self.protocol = raw.get("protocol", "deadband")
         if not isinstance(self.protocol, str):
             raise WorkloadError("protocol must be a name, got %r" % (self.protocol,))
@@ -79,29 +174,30 @@ class Workload:
         if not isinstance(params, dict):
             raise WorkloadError("params must be an object")
         self.params = params
-        self.period = _num(params, "period", 10.0, "params", positive=True)
-        self.shrink = _num(params, "shrink", 0.05, "params", lo=0.0)
+        self.period = number(params, "period", 10.0, "params", positive=True)
+        self.shrink = number(params, "shrink", 0.05, "params", lo=0.0)
         if self.shrink >= 1:
             raise WorkloadError("params.shrink must be < 1")
-        self.beat = _num(params, "heartbeat", 0.0, "params", lo=0.0)
+        self.beat = number(params, "heartbeat", 0.0, "params", lo=0.0)
+        self.protocol_params = protocol_params(self.protocol_class(), params, skip=SETTINGS)
         net = raw.get("network", {})
         if isinstance(net, (int, float)) and not isinstance(net, bool):
             net = {"delay": net}
-        if not isinstance(net, dict):
-            raise WorkloadError("network must be an object or a delay in seconds")
-        self.delay_up = _num(net, "uplink", _num(net, "delay", 0.0, "network", lo=0.0), "network", lo=0.0)
-        self.delay_down = _num(net, "downlink", _num(net, "delay", 0.0, "network", lo=0.0), "network", lo=0.0)
-        self.jitter = _num(net, "jitter", 0.0, "network", lo=0.0)
-        self.latency = _num(net, "latency_tolerance", max(self.delay_up, self.delay_down) + self.jitter,
-                            "network", lo=0.0)
+        keys(net, NETWORK, "network")
+        self.delay_up = number(net, "uplink", number(net, "delay", 0.0, "network", lo=0.0), "network", lo=0.0)
+        self.delay_down = number(net, "downlink", number(net, "delay", 0.0, "network", lo=0.0), "network", lo=0.0)
+        self.jitter = number(net, "jitter", 0.0, "network", lo=0.0)
+        self.latency = number(net, "latency_tolerance", max(self.delay_up, self.delay_down) + self.jitter,
+                              "network", lo=0.0)
         self._sources(raw.get("sources"))
         qs = raw.get("queries", [])
         if not isinstance(qs, list):
             raise WorkloadError("queries must be a list")
         self.queries = qs
-        kinds = self.query_kinds()
+        kinds = self.protocol_class().kinds
         ids = set()
-        for q in qs:
+        for n, q in enumerate(qs):
+            query_keys(q, "queries[%d]" % n)
             try:
                 parsed = parse_query(q, self.source_ids, kinds=kinds)
             except QueryError as e:
@@ -109,46 +205,52 @@ class Workload:
             if parsed.id in ids:
                 raise WorkloadError("query id %s repeats" % parsed.id)
             ids.add(parsed.id)
-        self.warmup = _num(raw, "warmup", 0.0, "workload", lo=0.0)
+        self.warmup = number(raw, "warmup", 0.0, "workload", lo=0.0)
         if self.warmup >= self.duration:
             raise WorkloadError("workload.warmup must be shorter than the duration")
         self.events = _events(raw.get("events", []), ids, set(self.source_ids), kinds)
 
-    def query_kinds(self):
+    def protocol_class(self):
         from backend.coordinator.protocols import PROTOCOLS
         cls = PROTOCOLS.get(self.protocol)
         if cls is None:
             raise WorkloadError("unknown protocol %r; choose one of %s" % (self.protocol, ", ".join(sorted(PROTOCOLS))))
-        return cls.kinds
+        if getattr(cls, "topology", None) == "relay":
+            raise WorkloadError("protocol %s runs on a relay topology: give the workload a relays key" % self.protocol)
+        return cls
+
+    def query_kinds(self):
+        return self.protocol_class().kinds
 
     def _sources(self, src):
         if not isinstance(src, dict):
             raise WorkloadError('sources must be {"trace": "file.csv"}, {"dataset": "temps"} or '
                                 '{"generator": ..., "count": N}')
+        mode = "dataset" if "dataset" in src else "trace" if "trace" in src else "generator"
+        keys(src, SOURCES[mode] + ("per_device", "outages"), "sources")
         self.sources = src
-        per = src.get("per_device", 1)
-        if not isinstance(per, int) or isinstance(per, bool) or not 1 <= per <= 255:
-            raise WorkloadError("sources.per_device must be an integer in 1..255")
-        self.per_device = per
+        self.per_device = integer(src, "per_device", 1, "sources", hi=255)
         out = src.get("outages")
         if out is not None:
             if not isinstance(out, dict):
                 raise WorkloadError('sources.outages must be {"rate": per-device outages/s, "mean_length": s}')
-            _num(out, "rate", None, "sources.outages", lo=0.0)
-            _num(out, "mean_length", None, "sources.outages", positive=True)
-        if "dataset" in src:
+            keys(out, ("rate", "mean_length"), "sources.outages")
+            number(out, "rate", None, "sources.outages", lo=0.0)
+            number(out, "mean_length", None, "sources.outages", positive=True)
+        if mode == "dataset":
             from backend.sim.datasets import DATASETS, load_dataset
             if src["dataset"] not in DATASETS:
                 raise WorkloadError("sources.dataset must be one of %s, got %r" % (", ".join(DATASETS), src["dataset"]))
             self.trace = load_dataset(src["dataset"])
             self.source_ids = sorted(set(self.trace[1]))
-        elif "trace" in src:
+        elif mode == "trace":
+            from backend.sim.sources import read_trace
             path = src["trace"]
             if not isinstance(path, str):
                 raise WorkloadError("sources.trace must be a file path")
             if not os.path.isabs(path):
                 path = os.path.join(self.base_dir, path)
-            self.trace = _read_trace(path)
+            self.trace = read_trace(path)
             self.source_ids = sorted(set(self.trace[1]))
         else:
             gen = src.get("generator")
@@ -159,16 +261,16 @@ class Workload:
                 raise WorkloadError("sources.count must be a positive integer")
             self.trace = None
             self.source_ids = ["s%d" % i for i in range(count)]
-            _pair(src, "start", 0.0, "sources")
-            _pair(src, "step", 1.0, "sources")
-            _pair(src, "range", [0.0, 1000.0], "sources")
-            _num(src, "interval", 1.0, "sources", positive=True)
+            pair(src, "start", 0.0, "sources")
+            pair(src, "step", 1.0, "sources")
+            pair(src, "range", [0.0, 1000.0], "sources")
+            number(src, "interval", 1.0, "sources", positive=True)
             if src.get("arrival", "periodic") not in ("periodic", "exponential"):
                 raise WorkloadError("sources.arrival must be periodic or exponential")
             if src.get("steps", "binary") not in ("binary", "normal"):
                 raise WorkloadError("sources.steps must be binary or normal")
-            _pair(src, "drift", 0.0, "sources")
-            if _pair(src, "volatility", 1.0, "sources")[0] < 0:
+            pair(src, "drift", 0.0, "sources")
+            if pair(src, "volatility", 1.0, "sources")[0] < 0:
                 raise WorkloadError("sources.volatility must be >= 0")
 
     def devices(self):
@@ -188,13 +290,15 @@ def _events(evs, active, sources, kinds):
         where = "events[%d]" % n
         if not isinstance(ev, dict):
             raise WorkloadError("%s must be an object" % where)
-        t = _num(ev, "time", None, where, lo=0.0)
+        t = number(ev, "time", None, where, lo=0.0)
+        keys(ev, ("time", "add_query", "remove_query", "set_precision", "delay"), where)
         what = [k for k in ("add_query", "remove_query", "set_precision", "delay") if k in ev]
-        if len(what) != 1 or len(ev) != 2:
+        if len(what) != 1:
             raise WorkloadError("%s needs a time and exactly one of add_query, remove_query, set_precision, delay" % where)
         k = what[0]
         v = ev[k]
         if k == "add_query":
+            query_keys(v, where + ".add_query")
             try:
                 q = parse_query(v, sources, kinds=kinds)
             except QueryError as e:
@@ -210,133 +314,23 @@ def _events(evs, active, sources, kinds):
         elif k == "set_precision":
             if not isinstance(v, dict) or v.get("id") not in active:
                 raise WorkloadError("%s.set_precision needs the id of a running query" % where)
-            v = {"id": v["id"], "precision": _num(v, "precision", None, where + ".set_precision", lo=0.0)}
+            keys(v, ("id", "precision"), where + ".set_precision")
+            v = {"id": v["id"], "precision": number(v, "precision", None, where + ".set_precision", lo=0.0)}
         else:
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 v = {"delay": v}
-            if not isinstance(v, dict) or not v or set(v) - {"delay", "uplink", "downlink", "jitter"}:
+            if not isinstance(v, dict) or not v:
                 raise WorkloadError("%s.delay must be seconds or {uplink, downlink, jitter}" % where)
+            keys(v, ("delay", "uplink", "downlink", "jitter"), where + ".delay")
             d = {}
             if "delay" in v:
-                d["up"] = d["down"] = _num(v, "delay", None, where + ".delay", lo=0.0)
+                d["up"] = d["down"] = number(v, "delay", None, where + ".delay", lo=0.0)
             if "uplink" in v:
-                d["up"] = _num(v, "uplink", None, where + ".delay", lo=0.0)
+                d["up"] = number(v, "uplink", None, where + ".delay", lo=0.0)
             if "downlink" in v:
-                d["down"] = _num(v, "downlink", None, where + ".delay", lo=0.0)
+                d["down"] = number(v, "downlink", None, where + ".delay", lo=0.0)
             if "jitter" in v:
-                d["jitter"] = _num(v, "jitter", None, where + ".delay", lo=0.0)
+                d["jitter"] = number(v, "jitter", None, where + ".delay", lo=0.0)
             v = d
         out.append({"time": t, k: v})
     return out
-
-
-def _read_trace(path):
-    if not os.path.exists(path):
-        raise WorkloadError("trace file %s does not exist" % path)
-    times, names, values = [], [], []
-    with open(path, newline="") as fh:
-        rd = csv.reader(fh)
-        header = next(rd, None)
-        if header is None or [h.strip() for h in header[:3]] != ["time", "source", "value"]:
-            raise WorkloadError("trace %s must start with the header time,source,value" % path)
-        last = -math.inf
-        for n, row in enumerate(rd, start=2):
-            if not row:
-                continue
-            try:
-                t, name, v = float(row[0]), row[1].strip(), float(row[2])
-            except (ValueError, IndexError):
-                raise WorkloadError("trace %s line %d: expected time,source,value, got %r" % (path, n, row))
-            if not (math.isfinite(t) and math.isfinite(v)) or not name:
-                raise WorkloadError("trace %s line %d: non-finite number or empty source" % (path, n))
-            if t < last:
-                raise WorkloadError("trace %s line %d: rows must be in time order" % (path, n))
-            last = t
-            times.append(t)
-            names.append(name)
-            values.append(v)
-    if not times:
-        raise WorkloadError("trace %s has no rows" % path)
-    return times, names, values
-
-
-def load(source):
-    """Load and validate a workload from a path (JSON or YAML) or a dict."""
-    if isinstance(source, dict):
-        return Workload(source)
-    if not os.path.exists(source):
-        raise WorkloadError("workload file %s does not exist" % source)
-    return Workload(_read(source), os.path.dirname(os.path.abspath(source)))
-
-
-def outages(w):
-    """{device: [(start, end), ...]} from ``sources.outages`` (Poisson starts, exponential lengths)."""
-    spec = w.sources.get("outages")
-    if not spec or spec["rate"] <= 0:
-        return {}
-    rng = np.random.default_rng(w.seed + 2)
-    out = {}
-    for dev, _ in w.devices():
-        spans = []
-        t = rng.exponential(1.0 / spec["rate"])
-        while t < w.duration:
-            length = rng.exponential(spec["mean_length"])
-            spans.append((float(t), float(t + length)))
-            t += length + rng.exponential(1.0 / spec["rate"])
-        out[dev] = spans
-    return out
-
-
-def samples(w):
-    """All source readings of workload ``w`` as (times, source indices, values), sorted by time."""
-    if w.trace is not None:
-        times, names, values = w.trace
-        idx = {s: i for i, s in enumerate(w.source_ids)}
-        t = np.asarray(times, dtype=float)
-        keep = t <= w.duration
-        return t[keep], np.asarray([idx[n] for n in names], dtype=np.int64)[keep], np.asarray(values, dtype=float)[keep]
-    src = w.sources
-    rng = np.random.default_rng(w.seed)
-    n = len(w.source_ids)
-    interval = _num(src, "interval", 1.0, "sources", positive=True)
-    gen = src["generator"]
-    if src.get("arrival", "periodic") == "periodic":
-        steps = int(math.floor(w.duration / interval)) + 1
-        t = np.repeat(np.arange(steps) * interval, n)
-        s = np.tile(np.arange(n), steps)
-        shape = (steps, n)
-    else:
-        per = int(math.ceil(w.duration / interval * 1.5)) + 10
-        gaps = rng.exponential(interval, size=(per, n))
-        gaps[0] = 0.0
-        tt = np.cumsum(gaps, axis=0)
-        shape = (per, n)
-        t, s = tt.ravel(), np.tile(np.arange(n), per)
-    if gen == "uniform":
-        lo, hi = _pair(src, "range", [0.0, 1000.0], "sources")
-        v = rng.uniform(lo, hi, size=shape)
-    elif gen == "brownian":
-        # drifted Brownian motion (Zhu §4.2 Eq. 4): per-source μ and σ, increments over the real gaps
-        a, b = _pair(src, "start", 0.0, "sources")
-        start = rng.uniform(a, b, size=n)
-        mu = rng.uniform(*_pair(src, "drift", 0.0, "sources"), size=n)
-        sigma = rng.uniform(*_pair(src, "volatility", 1.0, "sources"), size=n)
-        gap = np.diff(t.reshape(shape), axis=0, prepend=0.0)
-        d = mu * gap + sigma * np.sqrt(gap) * rng.normal(0.0, 1.0, size=shape)
-        v = start + np.cumsum(d, axis=0)
-    else:
-        a, b = _pair(src, "start", 0.0, "sources")
-        start = rng.uniform(a, b, size=n)
-        sa, sb = _pair(src, "step", 1.0, "sources")
-        step = rng.uniform(sa, sb, size=n)
-        if src.get("steps", "binary") == "normal":
-            d = rng.normal(0.0, 1.0, size=shape) * step
-        else:
-            d = np.where(rng.random(size=shape) < 0.5, -1.0, 1.0) * step
-        d[0] = 0.0
-        v = start + np.cumsum(d, axis=0)
-    v = v.ravel()
-    order = np.argsort(t, kind="stable")
-    t, s, v = t[order], s[order], v[order]
-    keep = t <= w.duration
-    return t[keep], s[keep], v[keep]

@@ -14,7 +14,7 @@ import time
 
 import paho.mqtt.client as mqtt
 
-from edge.core import codec
+from edge.core import codec, topics
 from backend.spark.bridge import Bridge
 from backend.spark.spool import Spool
 
@@ -25,7 +25,7 @@ def records(n, start=0):
     out = []
     for i in range(start, start + n):
         payload = codec.encode("report", {"src": 0, "epoch": 1, "seq": i, "t": float(i), "v": 0.5, "why": 0})
-        out.append((time.time(), "qf/bench/d/dev%03d/up" % (i % 500), payload))
+        out.append((time.time(), topics.device("bench", "dev%03d" % (i % 500), "up"), payload))
     return out
 
 

@@ -16,10 +16,11 @@ import sys
 import tempfile
 import time
 
+from backend import host
 from backend.broker import Broker
 from backend.spark import job
 from backend.spark.spool import Spool
-from edge.core import codec
+from edge.core import codec, topics
 
 TARGET_RATE, TARGET_P99 = 20000, 1.5
 
@@ -27,12 +28,12 @@ TARGET_RATE, TARGET_P99 = 20000, 1.5
 def births(devices, now):
     out = []
     for d in range(devices):
-        out.append((now, "qf/bench/d/d%d/state" % d, codec.encode("birth", {
+        out.append((now, topics.device("bench", "d%d" % d, "state"), codec.encode("birth", {
             "seq": 1, "t": now, "boot": 1, "fw": "bench", "caps": 0,
             "sources": [{"name": "s%d" % d, "epoch": 0, "width": 0.0, "v": 100.0}]})))
     for g in range(devices // 10):
         spec = {"kind": "sum", "sources": ["s%d" % (10 * g + i) for i in range(10)], "precision": 5.0}
-        out.append((now, "qf/bench/q/g%d/spec" % g, json.dumps(spec).encode()))
+        out.append((now, topics.query("bench", "g%d" % g, "spec"), json.dumps(spec).encode()))
     return out
 
 
@@ -61,7 +62,7 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
     try:
         spool.append(births(devices, time.time()))
         q = job.start(spark, spool.path, os.path.join(root, "out"), "bench",
-                      {"protocol": "naive", "period": 10.0, "latency": 0.0}, publisher=pub,
+                      host.settings(protocol="naive", period=10.0, latency=0.0), publisher=pub,
                       trigger=trigger, on_batch=on_batch,
                       source_options={"minPartitionRecords": 4096, "maxPartitions": 2})
         while not batches:                                   # wait for the first batch (start-up)
@@ -82,7 +83,7 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
                     k += 1
                     seq[d] += 1
                     value[d] += 0.5 if (k * 2654435761) & 1024 else -0.5
-                    recs.append((now, "qf/bench/d/d%d/up" % d, codec.encode("report", {
+                    recs.append((now, topics.device("bench", "d%d" % d, "up"), codec.encode("report", {
                         "src": 0, "epoch": 0, "seq": seq[d], "t": now, "v": value[d], "why": 0})))
                 spool.append(recs)
                 fed[0] += per

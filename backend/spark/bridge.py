@@ -24,16 +24,17 @@ import paho.mqtt.client as mqtt
 
 from backend.spark.spool import MAX_RECORD
 from backend.spark.source import RETAINED
+from edge.core import topics
 
 log = logging.getLogger("quietfleet.bridge")
 
-CHANNELS = ("d/+/up", "d/+/state", "q/+/spec")
 _OVERHEAD = 64   # bound on a spool record's bytes besides topic and payload
 
 
 def subscriptions(fleet):
     """The topic filters the bridge subscribes to, all at QoS 1."""
-    return [("qf/%s/%s" % (fleet, c), 1) for c in CHANNELS]
+    return [(topics.device(fleet, "+", "up"), 1), (topics.device(fleet, "+", "state"), 1),
+            (topics.query(fleet, "+", "spec"), 1)]
 
 
 class Bridge:
@@ -52,7 +53,7 @@ class Bridge:
         self.batch_messages = batch_messages
         self.batch_seconds = batch_seconds
         self.tick_seconds = tick_seconds
-        self.tick_topic = "qf/%s/tick" % fleet
+        self.tick_topic = topics.tick(fleet)
         self.subscribed = threading.Event()
         self.stats = {"received": 0, "spooled": 0, "acked": 0, "oversized": 0, "batches": 0,
                       "spool_errors": 0, "connects": 0, "resumed_sessions": 0, "ticks": 0}

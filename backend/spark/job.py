@@ -6,14 +6,15 @@ Plan of one micro-batch::
     RocksDB state store)  ->  foreachBatch(Sink): ctl downlinks (QoS 1), answers (retained QoS 0),
     Parquet answer table, status.json
 
-``CoordinatorProcessor`` is a thin adapter: it loads the group's ``Feed`` (which owns the unchanged
-``Coordinator``) from one ``ListState`` (chunks), applies the batch's records in offset order and stores the
-``Feed`` back. The coordinator is pickled whole rather than decomposed into per-source state: its
-protocols keep cross-source state (allocations, queues, the serialising heap) that only the object
-itself knows how to keep consistent, and the ``Feed`` runs the very object the simulator runs.
-RocksDB versions the value per batch, so a batch that is replayed after a crash starts from the
-state of the batch before it; the ``Feed`` is deterministic in its records, so the replay produces
-the same actions, with the same downlink sequence numbers, which agents drop as duplicates.
+``CoordinatorProcessor`` is a thin adapter: it loads the group's ``backend.host.Host`` (which owns the
+unchanged ``Coordinator`` and the spec inbox every driver shares) from one ``ListState`` (chunks), feeds
+it the batch's records in offset order (``run_batch``) and stores it back. The host is pickled whole
+rather than decomposed into per-source state: its protocols keep cross-source state (allocations,
+queues, the serialising heap) that only the object itself knows how to keep consistent, and the
+``Host`` runs the very object the simulator runs. RocksDB versions the value per batch, so a batch
+that is replayed after a crash starts from the state of the batch before it; the ``Host`` is
+deterministic in its records (its clock is the records' arrival time), so the replay produces the
+same actions, with the same downlink sequence numbers, which agents drop as duplicates.
 
 The sink is idempotent per batch id: the Parquet part of a batch is written atomically under a name
 holding the batch id (a replay overwrites it with the same rows), retained answers are
@@ -22,7 +23,7 @@ batch that was already delivered is not published again.
 
 Query groups: every record is keyed by its fleet (one group per fleet). Groups scale out by keying
 devices to connected components of the query/device graph instead (a routing table column), one
-``Feed`` per component, since a device's sequence numbers and downlink must have a single owner.
+``Host`` per component, since a device's sequence numbers and downlink must have a single owner.
 """
 import json
 import math
@@ -31,30 +32,64 @@ import pickle
 import sys
 import time
 
+from backend import host as hostmod
+from edge.core import topics
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUTPUT_SCHEMA = ("grp string, seq int, kind string, target string, payload binary, body string, "
                  "time double, lo double, hi double, degraded boolean, guarantee string")
-STATE_SCHEMA = "feed binary"
-# The pickled Feed is kept as a list of chunks: ListState travels as Arrow, while a single large
+COLUMNS = ("kind", "target", "payload", "body", "time", "lo", "hi", "degraded", "guarantee")
+STATE_SCHEMA = "host binary"
+# The pickled Host is kept as a list of chunks: ListState travels as Arrow, while a single large
 # ValueState update (hundreds of KB for thousands of sources) reached the JVM state server corrupted
 # ("invalid pickle opcode") in PySpark 4.0.1.
 CHUNK = 256 * 1024
-SETTING_KEYS = ("protocol", "period", "shrink", "latency", "beat", "t0", "params")
 
 
-def _settings(s):
-    s = dict(s)
-    for key in s:
-        if key not in SETTING_KEYS:
-            raise ValueError("unknown job setting %r (have: %s)" % (key, ", ".join(SETTING_KEYS)))
-    return s
+class Rows:
+    """The sink a batch's actions are dispatched to (``host.dispatch``): one output row per action."""
+
+    def __init__(self, host):
+        self.host = host
+        self.cols = {c: [] for c in COLUMNS}
+
+    def row(self, kind, target=None, payload=None, body=None, a=None):
+        cols = self.cols
+        cols["kind"].append(kind)
+        cols["target"].append(target)
+        cols["payload"].append(payload)
+        cols["body"].append(body)
+        cols["time"].append(a["time"] if a else None)
+        cols["lo"].append(float(a["lo"]) if a and "lo" in a else None)
+        cols["hi"].append(float(a["hi"]) if a and "hi" in a else None)
+        cols["degraded"].append(bool(a["degraded"]) if a else None)
+        cols["guarantee"].append(hostmod.guarantee(a) if a else None)
+
+    def down(self, device, payload):
+        self.row("down", device, payload=payload)
+
+    def answer(self, change):
+        self.row("answer", change["query"], body=json.dumps(change), a=change)
+
+    def error(self, qid, message):
+        self.row("error", qid, body=json.dumps(hostmod.error_record(qid, message, self.host.now)))
+
+    def retract(self, qid):
+        self.row("retract", qid)
 
 
-def new_feed(settings):
-    from backend.spark.feed import Feed
-    s = dict(settings)
-    params = s.pop("params", {}) or {}
-    return Feed(**s, **params)
+def run_batch(host, records, status_sources=False):
+    """Feed ``records`` ``(arrival, device, channel, payload, retained)`` (in offset order) to ``host``;
+    returns the output columns, the group's status row last."""
+    sink = Rows(host)
+    last = -math.inf
+    for arrival, device, channel, payload, retained in records:
+        hostmod.dispatch(host.record(arrival, device, channel, payload, retained), sink)
+        last = max(last, arrival)
+    status = hostmod.digest(host, status_sources)
+    status.update(batch_records=len(records), last_arrival=last)
+    sink.row("status", body=json.dumps(status))
+    return sink.cols
 
 
 def _processor_class():
@@ -62,58 +97,25 @@ def _processor_class():
     import pandas as pd
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    from backend.spark.feed import guarantee, summary
-
     class CoordinatorProcessor(StatefulProcessor):
-        """One ``Feed`` per query group, pickled into the ListState ``feed`` in chunks."""
+        """One ``Host`` per query group, pickled into the ListState ``host`` in chunks."""
 
         def __init__(self, settings, status_sources=False):
             self.settings = settings
             self.status_sources = status_sources
 
         def init(self, handle):
-            self.state = handle.getListState("feed", STATE_SCHEMA)
+            self.state = handle.getListState("host", STATE_SCHEMA)
 
         def handleInputRows(self, key, rows, timerValues):
-            grp = key[0]
             pdf = pd.concat(list(rows), ignore_index=True).sort_values("offset", kind="stable")
-            feed = pickle.loads(b"".join(r[0] for r in self.state.get())) if self.state.exists() \
-                else new_feed(self.settings)
-            out = []
-            for arrival, device, channel, payload, retained in zip(
-                    pdf["arrival"].tolist(), pdf["device"].tolist(), pdf["channel"].tolist(),
-                    pdf["payload"].tolist(), pdf["retained"].tolist()):
-                out += feed.record(arrival, device, channel, payload, retained)
-            blob = pickle.dumps(feed, protocol=pickle.HIGHEST_PROTOCOL)
+            host = pickle.loads(b"".join(r[0] for r in self.state.get())) if self.state.exists() \
+                else hostmod.Host(self.settings)
+            cols = run_batch(host, list(zip(pdf["arrival"].tolist(), pdf["device"].tolist(), pdf["channel"].tolist(),
+                                            pdf["payload"].tolist(), pdf["retained"].tolist())), self.status_sources)
+            blob = pickle.dumps(host, protocol=pickle.HIGHEST_PROTOCOL)
             self.state.put([(blob[i:i + CHUNK],) for i in range(0, len(blob), CHUNK)])
-            cols = {c: [] for c in ("kind", "target", "payload", "body", "time", "lo", "hi", "degraded", "guarantee")}
-
-            def row(kind, target=None, payload=None, body=None, a=None):
-                cols["kind"].append(kind)
-                cols["target"].append(target)
-                cols["payload"].append(payload)
-                cols["body"].append(body)
-                cols["time"].append(a["time"] if a else None)
-                cols["lo"].append(float(a["lo"]) if a and "lo" in a else None)
-                cols["hi"].append(float(a["hi"]) if a and "hi" in a else None)
-                cols["degraded"].append(bool(a["degraded"]) if a else None)
-                cols["guarantee"].append(guarantee(a) if a else None)
-
-            for a in out:
-                if a[0] == "down":
-                    row("down", a[1], payload=a[2])
-                elif a[0] == "answer":
-                    row("answer", a[1]["query"], body=json.dumps(a[1]), a=a[1])
-                elif a[0] == "error":
-                    row("error", a[1], body=json.dumps({"query": a[1], "error": a[2], "time": feed.now}))
-                else:   # retract
-                    row("retract", a[1])
-            status = summary(feed.coord, self.status_sources)
-            status.update(records=feed.records, pending=sorted(feed.pending), feed_stats=feed.stats,
-                          protocol=feed.protocol, now=feed.now, batch_records=len(pdf),
-                          last_arrival=float(pdf["arrival"].max()))
-            row("status", body=json.dumps(status))
-            cols["grp"] = grp
+            cols["grp"] = key[0]
             cols["seq"] = range(len(cols["kind"]))
             yield pd.DataFrame(cols)
 
@@ -176,21 +178,10 @@ def plan(spark, spool, fleet, settings, status_sources=False, source_options=Non
     for k, v in (source_options or {}).items():
         reader = reader.option(k, str(v))
     df = reader.load().withColumn("grp", F.lit(fleet))
-    processor = _processor_class()(_settings(settings), status_sources)
+    processor = _processor_class()(hostmod.settings(settings), status_sources)
     return (df.select("grp", "offset", "arrival", "device", "channel", "payload", "retained")
             .groupBy("grp")
             .transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "None"))
-
-
-def strict(x):
-    """JSON without NaN/Infinity: non-finite floats become the strings "inf", "-inf", "nan"."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if x != x else ("inf" if x > 0 else "-inf")
-    if isinstance(x, dict):
-        return {k: strict(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [strict(v) for v in x]
-    return x
 
 
 class Publisher:
@@ -266,29 +257,21 @@ class Sink:
         answers = table.filter(pc.equal(table.column("kind"), "answer"))
         self.write_answers(batch_id, answers)
         if self.publisher is not None:
-            prefix = "qf/%s/" % self.fleet
             payloads = table.column("payload")
             for i, kind in enumerate(kinds):
                 if kind == "down":
-                    self.publisher.publish(prefix + "d/%s/ctl" % targets[i], payloads[i].as_py(), qos=1)
+                    self.publisher.publish(topics.device(self.fleet, targets[i], "ctl"), payloads[i].as_py(), qos=1)
             for qid, i in sorted(latest.items()):
-                body = b"" if i is None else self.answer_json(json.loads(bodies[i].as_py()))
-                self.publisher.publish(prefix + "q/%s/answer" % qid, body, qos=0, retain=True)
+                body = b"" if i is None else hostmod.answer_json(json.loads(bodies[i].as_py())).encode()
+                self.publisher.publish(topics.query(self.fleet, qid, "answer"), body, qos=0, retain=True)
             self.publisher.flush()
         published_at = time.time()
         self._replace(os.path.join(self.out_dir, "status.json"),
-                      json.dumps(strict({"batch": batch_id, "published_at": published_at, "groups": status}),
+                      json.dumps(hostmod.strict({"batch": batch_id, "published_at": published_at, "groups": status}),
                                  indent=1).encode())
         self._replace(self.marker, b"%d\n" % batch_id)
         if self.on_batch is not None:
             self.on_batch(batch_id, status, answers, published_at)
-
-    @staticmethod
-    def answer_json(a):
-        from backend.spark.feed import guarantee
-        if "error" not in a:
-            a = dict(a, guarantee=guarantee(a))
-        return json.dumps(strict(a), sort_keys=True).encode()
 
     def write_answers(self, batch_id, answers):
         """Every answer change of the batch as ``answers/part-<batch>.parquet`` (atomic, replay-safe)."""
@@ -329,7 +312,7 @@ def read_answers(out_dir, upto=None):
 def check_settings(out_dir, settings):
     """Refuse to resume a checkpoint under different coordinator settings (its state holds them)."""
     path = os.path.join(out_dir, "settings.json")
-    settings = json.loads(json.dumps(_settings(settings)))
+    settings = json.loads(json.dumps(hostmod.settings(settings)))
     if os.path.exists(path):
         with open(path) as f:
             old = json.load(f)

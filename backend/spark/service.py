@@ -122,10 +122,10 @@ def backend_main(args):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         host, port, password = connection(args)
-        settings = {"protocol": args.protocol, "period": args.period, "shrink": args.shrink,
-                    "latency": args.latency, "params": parse_params(args.param)}
-        from backend.coordinator.protocols import make
-        make(args.protocol, **settings["params"])
+        from backend import host as hostmod
+        settings = hostmod.settings({k: getattr(args, k) for k in ("protocol", "period", "shrink", "latency")
+                                     if getattr(args, k) is not None}, params=parse_params(args.param))
+        hostmod.build(settings)         # a bad protocol or parameter is refused here, not in a Spark worker
     except (ValueError, OSError, KeyError, TypeError) as e:
         print("quietfleet backend: %s" % e, file=sys.stderr)
         return 2
@@ -136,7 +136,7 @@ def backend_main(args):
     try:
         b.start()
         print("quietfleet backend: fleet %s, protocol %s, Spark %s, state in %s" % (
-            args.fleet, args.protocol, args.master, b.directory), flush=True)
+            args.fleet, settings["protocol"], args.master, b.directory), flush=True)
         while not stop.wait(1.0):
             b.raise_if_failed()
     except (RuntimeError, ValueError) as e:

@@ -17,6 +17,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from backend.spark.spool import Spool, SpoolError
+from edge.core import topics
 
 SCHEMA = ("offset long, arrival double, topic string, device string, channel string, payload binary, "
           "retained boolean")
@@ -37,11 +38,11 @@ def parse_topic(topic):
     """
     if topic.endswith(RETAINED):
         topic = topic[:-len(RETAINED)]
-    parts = topic.split("/")
-    if len(parts) == 5 and parts[0] == "qf" and parts[3] and (parts[2], parts[4]) in _CHANNELS:
-        return parts[3], parts[4]
-    if len(parts) == 3 and parts[0] == "qf" and parts[1] and parts[2] == "tick":
+    t = topics.parse(topic)
+    if t is not None and t[1] == "tick" and t[0]:
         return None, "tick"
+    if t is not None and (t[1], t[3]) in _CHANNELS:
+        return t[2], t[3]
     return None, None
 
 

@@ -32,6 +32,11 @@ def fleet_root(fleet):
     return "%s/%s/" % (ROOT, fleet)
 
 
+def fleet_all(fleet):
+    """``qf/<fleet>/#``: a subscription (or ACL rule) for every topic of one fleet."""
+    return "%s/%s/#" % (ROOT, fleet)
+
+
 def parse(topic):
     """``(fleet, scope, name, channel)`` for a QuietFleet topic, scope ``"d"``, ``"q"`` or ``"tick"``
     (``name`` and ``channel`` None for a tick); None for anything else."""

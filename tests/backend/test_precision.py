@@ -11,7 +11,7 @@ from backend.coordinator import protocols
 from backend.coordinator.core.queries import parse_query
 from backend.sim import engine
 from backend.sim.workload import WorkloadError, load
-from tests.backend.test_sim import INTERVAL_PROTOCOLS, random_workload
+from test_sim import INTERVAL_PROTOCOLS, random_workload
 
 
 def _queries(specs, ids):
@@ -372,13 +372,13 @@ def test_width_messages_carry_the_adjustment_period():
     w["params"]["rule"] = "shrink"
     sim = engine.Simulation(w)
     sent = []
-    orig = sim._send
+    orig = sim.send
 
-    def spy(now, direction, device, payload):
+    def spy(now, direction, device, payload, link=None):
         if direction == "down" and payload[1] == codec.SCHEMAS["width"][0]:
             sent.append((now, codec.decode(payload)[1]["period"]))
         orig(now, direction, device, payload)
-    sim._send = spy
+    sim.send = spy
     sim.run()
     T = w["params"]["period"]
     grown = [(now, p) for now, p in sent if now > T]
@@ -402,7 +402,8 @@ def test_bad_adaptive_params_are_explained(bad, msg):
     ({"time": 5, "remove_query": "nope"}, "no running query"),
     ({"time": 5, "set_precision": {"id": "q", "precision": -1}}, "precision"),
     ({"time": 5, "add_query": {"id": "q", "kind": "avg", "sources": "all"}}, "already used"),
-    ({"time": 5, "delay": {"latency": 3}}, "delay must be"),
+    ({"time": 5, "delay": {"latency": 3}}, r"unknown key events\[0\]\.delay\.latency"),
+    ({"time": 5, "delay": {}}, "delay must be"),
     ({"time": 5}, "exactly one"),
 ])
 def test_bad_events_are_explained(ev, msg):

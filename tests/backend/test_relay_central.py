@@ -4,8 +4,8 @@ import pytest
 from backend.coordinator.relay import central
 from backend.coordinator.core.coordinator import Coordinator
 from backend.experiments import relay as experiment
-from backend.sim import relaysim
-from backend.sim.workload import WorkloadError
+from backend.sim import engine
+from backend.sim.workload import WorkloadError, load
 from edge.core import codec
 
 WORKLOAD = {
@@ -23,8 +23,8 @@ WORKLOAD = {
 
 
 def test_answers_hold_their_bounds_and_save_messages():
-    res = relaysim.run(WORKLOAD)
-    fwd = relaysim.run(dict(WORKLOAD, protocol="relay_forward"))
+    res = engine.run(WORKLOAD)
+    fwd = engine.run(dict(WORKLOAD, protocol="relay_forward"))
     assert res["violations"] == 0 and res["theorem_misses"] == 0 and res["late"] == 0
     assert res["bad_messages"] == 0
     for qid, q in res["queries"].items():
@@ -47,7 +47,7 @@ def test_checker_catches_a_central_side_that_trusts_forecasts(monkeypatch):
     monkeypatch.setattr(central.RelayLog, "close", overconfident)
     w = dict(WORKLOAD, relays=dict(WORKLOAD["relays"], delta=0.5), queries=[
         {"id": "c", "kind": "count", "sources": "all", "error": 0.5, "window": [0, 8000]}])
-    assert relaysim.run(w)["violations"] > 0
+    assert engine.run(w)["violations"] > 0
 
 
 def test_body_join_integral_matches_brute_force():
@@ -67,7 +67,7 @@ def test_bad_workloads_and_blobs_are_rejected_clearly():
                      (dict(WORKLOAD, queries=[{"id": "j", "kind": "join", "sources": ["r0"], "span": 1}]), "two"),
                      (dict(WORKLOAD, queries=[{"id": "c", "kind": "count", "window": [5, 1]}]), "window")):
         with pytest.raises(WorkloadError, match=msg):
-            relaysim.load(bad)
+            load(bad)
     proto = central.RelayAggregate()
     coord = Coordinator(proto, period=100.0)
     from edge.core.relay import RelayNode
@@ -81,5 +81,5 @@ def test_bad_workloads_and_blobs_are_rejected_clearly():
 
 
 def test_experiment_workload_smoke():
-    res = relaysim.run(experiment.workload(4000, 400))
+    res = engine.run(experiment.workload(4000, 400))
     assert res["violations"] == 0 and len(res["queries"]) == 20

@@ -4,9 +4,10 @@ import itertools
 import numpy as np
 import pytest
 
-from backend.coordinator.swat import asr
 from backend.experiments.histogram import vopt
-from backend.sim.summary import SummaryError, run
+from backend.sim import sites
+from backend.sim.engine import run
+from backend.sim.workload import WorkloadError
 
 
 def _wl(proto, **kw):
@@ -37,7 +38,7 @@ def test_swat_asr_saves_messages_when_reads_dominate():
 
 
 def test_replicas_follow_reads_and_contract_under_writes():
-    sys_ = asr.SwatAsr(16, sites=2)
+    sys_ = sites.SwatAsr(16, sites=2)
     t = 0.0
     for v in range(40):
         sys_.on_data(t, 50.0 + (v % 3))
@@ -46,25 +47,25 @@ def test_replicas_follow_reads_and_contract_under_writes():
         a = sys_.on_query(t, 1, [4, 5, 6], [1.0, 1.0, 1.0], 100.0)
         assert not a["local"] and a["lo"] <= a["estimate"] <= a["hi"]
     sys_.on_phase(t)                                    # expansion: reads 5 > writes 0
-    assert 2 in sys_.rows[1] and sys_.on_query(t, 1, [4], [1.0], 100.0)["local"]
+    assert 2 in sys_.site[1].rows and sys_.on_query(t, 1, [4], [1.0], 100.0)["local"]
     for v in range(200):                                # wild writes, no reads: contraction
         sys_.on_data(t, float((v * 37) % 101))
         t += 1
     sys_.on_phase(t)
-    assert 2 not in sys_.rows[1] and 1 not in sys_.subscribed[0].get(2, set())
+    assert 2 not in sys_.site[1].rows and 1 not in sys_.site[0].subscribed.get(2, set())
 
 
 def test_checker_catches_stale_replicas():
-    class NoPush(asr.SwatAsr):
+    class NoPush(sites.SwatAsr):
         def _write(self, u, s, row):
             pass
-    asr.SYSTEMS["broken"] = NoPush
+    sites.SYSTEMS["broken"] = NoPush
     try:
         w = _wl("broken", data={"generator": "uniform", "interval": 1.0})
         w["queries"][0]["precision"] = 100.0
         assert run(w)["violations"] > 0
     finally:
-        del asr.SYSTEMS["broken"]
+        del sites.SYSTEMS["broken"]
 
 
 def test_vopt_matches_brute_force():
@@ -88,5 +89,5 @@ def test_vopt_matches_brute_force():
 def test_bad_workloads_are_refused(bad):
     w = _wl("swat-asr")
     w.update(bad)
-    with pytest.raises(SummaryError):
+    with pytest.raises(WorkloadError):
         run(w)

@@ -2,9 +2,8 @@
 import os
 import time
 
-from backend.coordinator.core.coordinator import Coordinator
-from backend.coordinator.protocols import make
 from backend.coordinator.core.queries import parse_query
+from backend.host import Host
 from backend.fleet import write_trace
 from backend.live import LiveCoordinator
 from backend.sim import truth as truth_mod
@@ -22,10 +21,10 @@ def queries(sources, precision_per_source=4.0):
 
 def coordinator(broker, specs, protocol="deadband", t0=None):
     t0 = time.time() if t0 is None else t0
-    coord = Coordinator(make(protocol), period=PERIOD, latency=LATENCY, t0=t0)
-    coord.declare_sources([s for q in specs for s in q["sources"]])
+    host = Host(protocol=protocol, period=PERIOD, shrink=0.0, latency=LATENCY, t0=t0,
+                declared=[s for q in specs for s in q["sources"]])
     answers = []
-    live = LiveCoordinator(coord, broker.fleet, broker.host, broker.port, broker.credentials("backend")[1],
+    live = LiveCoordinator(host, broker.fleet, broker.host, broker.port, broker.credentials("backend")[1],
                            queries=specs, answers=answers)
     return live, answers, t0
 

@@ -16,7 +16,7 @@ MICROPYTHON = os.path.join(BIN, "micropython")
 MPY_CROSS = os.path.join(BIN, "mpy-cross")
 MP_DIR = os.path.join(ROOT, "edge", "runtime", "micropython")
 MP_MODULES = ["edge/__init__.py", "edge/agent.py", "edge/core/__init__.py", "edge/core/codec.py",
-              "edge/core/interval.py", "edge/runtime/__init__.py", "edge/runtime/outbox.py",
+              "edge/core/interval.py", "edge/core/topics.py", "edge/runtime/__init__.py", "edge/runtime/outbox.py",
               "edge/runtime/pump.py", "edge/runtime/sensors.py"]
 MP_LOCAL = ["link.py", "qfagent.py", "umqtt/simple.py"]
 

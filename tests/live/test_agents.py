@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from edge.core import codec
+from edge.core import codec, topics
 from helpers import (client, close, connected, expect, read_truth, silent, start_cpython_agent,
                      start_micropython_agent, stop, subscribe)
 
@@ -35,13 +35,13 @@ def launch(request, tmp_path, mpy):
 
 
 def _ctl(be, device, kind, **fields):
-    be.publish("qf/t/d/%s/ctl" % device, codec.encode(kind, fields), qos=1).wait_for_publish(2)
+    be.publish(topics.device("t", "%s", "ctl") % device, codec.encode(kind, fields), qos=1).wait_for_publish(2)
 
 
 def _backend(broker):
     be = client(broker, "backend")
     assert connected(be)[0]
-    subscribe(be, "qf/t/#")
+    subscribe(be, topics.fleet_all("t"))
     return be
 
 
@@ -49,18 +49,20 @@ def test_birth_reports_width_probe_and_bad_messages(broker, launch):
     be = _backend(broker)
     p = launch(broker, "A")
     topic, kind, birth, _ = expect(be, lambda t, k, f: k == "birth")
-    assert topic == "qf/t/d/A/state" and birth["sources"][0]["name"] == "t" and birth["sources"][0]["width"] == 1.0
-    _, _, rep, _ = expect(be, lambda t, k, f: t == "qf/t/d/A/up" and k == "report" and f["why"] == codec.WHY_EXIT)
+    assert topic == topics.device("t", "A", "state")
+    assert birth["sources"][0]["name"] == "t" and birth["sources"][0]["width"] == 1.0
+    up = topics.device("t", "A", "up")
+    _, _, rep, _ = expect(be, lambda t, k, f: t == up and k == "report" and f["why"] == codec.WHY_EXIT)
     assert rep["epoch"] == 0
 
     _ctl(be, "A", "width", src=0, epoch=1, seq=1, period=0, width=1e9, ack=1)
     _, _, ack, _ = expect(be, lambda t, k, f: k == "report" and f["epoch"] == 1)
     assert ack["why"] == codec.WHY_ASSIGN
-    silent(be, lambda t, p: t == "qf/t/d/A/up" and codec.decode(p)[0] == "report", 0.5)   # width applied
+    silent(be, lambda t, p: t == topics.device("t", "A", "up") and codec.decode(p)[0] == "report", 0.5)   # width applied
 
     bad = [b"", b"\x01", b"\x07\x10junk", b"\x01\x13\x00", codec.encode("beat", {"seq": 1, "t": 0.0}), b"\xff" * 5000]
     for payload in bad:
-        be.publish("qf/t/d/A/ctl", payload, qos=1).wait_for_publish(2)
+        be.publish(topics.device("t", "A", "ctl"), payload, qos=1).wait_for_publish(2)
     _ctl(be, "A", "probe", src=0, seq=2, probe=77)
     _, _, reply, _ = expect(be, lambda t, k, f: k == "reply")
     assert reply["probe"] == 77 and reply["epoch"] == 1
@@ -68,7 +70,7 @@ def test_birth_reports_width_probe_and_bad_messages(broker, launch):
     stats, out, err = stop(p, signal.SIGINT)
     assert stats is not None, err
     assert stats["bad_messages"] == len(bad) and stats["probes"] == 1 and stats["bad_samples"] == 0
-    expect(be, lambda t, k, f: t == "qf/t/d/A/state" and k == "gone")   # clean stop says offline
+    expect(be, lambda t, k, f: t == topics.device("t", "A", "state") and k == "gone")   # clean stop says offline
     truth = read_truth(str(launch.tmp / "truth-A.csv"))
     assert len(truth) == stats["samples"] >= 5
     assert (rep["t"], "t", rep["v"]) in truth and (reply["t"] >= truth[0][0])
@@ -80,11 +82,11 @@ def test_last_will_when_the_process_is_killed(broker, launch):
     p = launch(broker, "B")
     _, _, birth, _ = expect(be, lambda t, k, f: k == "birth")
     p.kill()
-    _, _, gone, _ = expect(be, lambda t, k, f: t == "qf/t/d/B/state" and k == "gone", timeout=3)
+    _, _, gone, _ = expect(be, lambda t, k, f: t == topics.device("t", "B", "state") and k == "gone", timeout=3)
     assert gone["boot"] == birth["boot"]
     late = client(broker, "backend")               # retained: a late subscriber learns it too
     assert connected(late)[0]
-    subscribe(late, "qf/t/d/B/state")
+    subscribe(late, topics.device("t", "B", "state"))
     assert expect(late, lambda t, k, f: True)[1:] == ("gone", gone, True)
     close(late)
     close(be)
@@ -94,7 +96,7 @@ def test_reconnect_rebirths_and_flushes_reports_held_while_offline(broker, launc
     # The observer's persistent session (and its subscription) survives the broker restart.
     be = client(broker, "backend", client_id="observer", clean_session=False)
     assert connected(be)[0]
-    subscribe(be, "qf/t/#")
+    subscribe(be, topics.fleet_all("t"))
     p = launch(broker, "C")
     _, _, first, _ = expect(be, lambda t, k, f: k == "birth")
     broker.stop()

@@ -10,6 +10,7 @@ import pytest
 
 from backend.spark.bridge import Bridge
 from backend.spark.spool import Spool
+from edge.core import topics
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 pytestmark = pytest.mark.skipif(not os.path.exists(MOSQUITTO), reason="mosquitto is not installed")
@@ -90,18 +91,18 @@ def start_bridge(spool, port):
 
 
 def up(device, i):
-    return ("qf/%s/d/%s/up" % (FLEET, device), b"\x01\x01" + i.to_bytes(4, "little"), False)
+    return (topics.device(FLEET, device, "up"), b"\x01\x01" + i.to_bytes(4, "little"), False)
 
 
 def test_messages_land_in_the_spool_and_none_are_lost_while_the_bridge_is_down(broker, tmp_path):
     spool = Spool(tmp_path / "spool")
     bridge = start_bridge(spool, broker.port)
     first = [up("dev1", i) for i in range(40)] + [
-        ("qf/%s/d/dev2/state" % FLEET, b"\x01\x04birth", True),
-        ("qf/%s/q/hot/spec" % FLEET, b'{"agg": "max"}', True),
-        ("qf/%s/d/dev2/up" % FLEET, b"\xff\x00 not a codec payload", False),
-        ("qf/%s/d/dev2/ctl" % FLEET, b"downlink: not ours", False),
-        ("qf/other/d/dev3/up", b"another fleet", False),
+        (topics.device(FLEET, "dev2", "state"), b"\x01\x04birth", True),
+        (topics.query(FLEET, "hot", "spec"), b'{"agg": "max"}', True),
+        (topics.device(FLEET, "dev2", "up"), b"\xff\x00 not a codec payload", False),
+        (topics.device(FLEET, "dev2", "ctl"), b"downlink: not ours", False),
+        (topics.device("other", "dev3", "up"), b"another fleet", False),
     ]
     try:
         publish(broker.port, first)
@@ -138,7 +139,7 @@ def test_oversized_message_is_acknowledged_and_counted_not_spooled(broker, tmp_p
     with Spool(tmp_path / "spool") as spool:
         bridge = start_bridge(spool, broker.port)
         try:
-            publish(broker.port, [("qf/%s/d/big/up" % FLEET, b"x" * (1 << 20), False), up("dev1", 1)])
+            publish(broker.port, [(topics.device(FLEET, "big", "up"), b"x" * (1 << 20), False), up("dev1", 1)])
             got = wait_spooled(spool, 1)
             deadline = time.monotonic() + 10
             while bridge.stats["oversized"] < 1 and time.monotonic() < deadline:

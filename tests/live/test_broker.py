@@ -8,6 +8,7 @@ import pytest
 from backend import broker as brokermod
 from backend.broker import Broker, BrokerError
 from helpers import client, close, connected, subscribe
+from edge.core import topics
 
 
 def test_acl_is_exactly_the_design():
@@ -29,14 +30,14 @@ def test_retained_messages_survive_a_restart_on_the_same_port(broker):
     port = broker.port
     a = client(broker, "A")
     assert connected(a)[0]
-    a.publish("qf/t/d/A/state", b"birth", qos=1, retain=True).wait_for_publish(2)
+    a.publish(topics.device("t", "A", "state"), b"birth", qos=1, retain=True).wait_for_publish(2)
     close(a)
     broker.restart()
     assert broker.port == port and broker.running()
     be = client(broker, "backend")
     assert connected(be)[0]
-    subscribe(be, "qf/t/d/A/state")
-    assert be.inbox.get(timeout=2) == ("qf/t/d/A/state", b"birth", True)
+    subscribe(be, topics.device("t", "A", "state"))
+    assert be.inbox.get(timeout=2) == (topics.device("t", "A", "state"), b"birth", True)
     close(be)
 
 

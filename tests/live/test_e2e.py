@@ -11,7 +11,7 @@ import pytest
 
 from backend.broker import Broker, BrokerError, find_mosquitto
 from backend.fleet import Fleet, FleetError, arm64_root
-from edge.core import codec
+from edge.core import codec, topics
 import fleetcheck as fc
 from helpers import client, close, connected, subscribe
 
@@ -34,7 +34,7 @@ def fleet_env(tmp_path):
         live, answers, t0 = fc.coordinator(broker, specs)
         obs = client(broker, "backend", client_id="observer", clean_session=False)
         assert connected(obs)[0]
-        subscribe(obs, "qf/t/d/+/up")
+        subscribe(obs, topics.device("t", "+", "up"))
         thread = live.start_thread()
         fleet = Fleet(broker, str(tmp_path / "fleet"), width=4.0, keepalive=keepalive)
         made.append((broker, live, thread, fleet, obs))

@@ -8,6 +8,7 @@ import time
 import paho.mqtt.client as mqtt
 
 from helpers import client, close, connected, subscribe
+from edge.core import topics
 
 WAIT = 0.5
 
@@ -27,15 +28,16 @@ def test_device_cannot_publish_on_another_devices_topics(broker):
     be = client(broker, "backend")
     a = client(broker, "A")
     assert connected(be)[0] and connected(a)[0]
-    subscribe(be, "qf/t/#")
-    for topic in ("qf/t/d/B/up", "qf/t/d/B/state", "qf/t/d/A/ctl", "qf/t/q/x/spec", "qf/t/q/x/answer", "qf/other/d/A/up"):
+    subscribe(be, topics.fleet_all("t"))
+    for topic in (topics.device("t", "B", "up"), topics.device("t", "B", "state"), topics.device("t", "A", "ctl"),
+                  topics.query("t", "x", "spec"), topics.query("t", "x", "answer"), topics.device("other", "A", "up")):
         info = a.publish(topic, b"spoof", qos=1)
         info.wait_for_publish(2)
         assert info.is_published()              # acknowledged, yet dropped by the broker
-    a.publish("qf/t/d/A/up", b"marker", qos=1).wait_for_publish(2)
-    a.publish("qf/t/d/A/state", b"alive", qos=1).wait_for_publish(2)
+    a.publish(topics.device("t", "A", "up"), b"marker", qos=1).wait_for_publish(2)
+    a.publish(topics.device("t", "A", "state"), b"alive", qos=1).wait_for_publish(2)
     seen = _topics(be)
-    assert ("qf/t/d/A/up", b"marker") in seen and ("qf/t/d/A/state", b"alive") in seen
+    assert (topics.device("t", "A", "up"), b"marker") in seen and (topics.device("t", "A", "state"), b"alive") in seen
     assert not [s for s in seen if s[1] == b"spoof"]
     close(a)
     close(be)
@@ -46,13 +48,13 @@ def test_device_cannot_read_another_devices_control(broker):
     a = client(broker, "A")
     assert connected(be)[0] and connected(a)[0]
     # Mosquitto 2.0 grants these subscriptions (SUBACK QoS 1) and filters at delivery time.
-    for topic in ("qf/t/d/B/ctl", "qf/t/#", "#", "qf/t/d/A/ctl"):
+    for topic in (topics.device("t", "B", "ctl"), topics.fleet_all("t"), "#", topics.device("t", "A", "ctl")):
         subscribe(a, topic)
-    be.publish("qf/t/d/B/ctl", b"for-B", qos=1).wait_for_publish(2)
-    be.publish("qf/t/d/B/up", b"B-report", qos=1).wait_for_publish(2)
-    be.publish("qf/t/d/A/ctl", b"for-A", qos=1).wait_for_publish(2)
+    be.publish(topics.device("t", "B", "ctl"), b"for-B", qos=1).wait_for_publish(2)
+    be.publish(topics.device("t", "B", "up"), b"B-report", qos=1).wait_for_publish(2)
+    be.publish(topics.device("t", "A", "ctl"), b"for-A", qos=1).wait_for_publish(2)
     seen = _topics(a)
-    assert seen and all(s == ("qf/t/d/A/ctl", b"for-A") for s in seen)
+    assert seen and all(s == (topics.device("t", "A", "ctl"), b"for-A") for s in seen)
     close(a)
     close(be)
 
@@ -60,17 +62,17 @@ def test_device_cannot_read_another_devices_control(broker):
 def test_retained_state_of_another_device_is_not_leaked(broker):
     b = client(broker, "B")
     assert connected(b)[0]
-    b.publish("qf/t/d/B/state", b"B-birth", qos=1, retain=True).wait_for_publish(2)
+    b.publish(topics.device("t", "B", "state"), b"B-birth", qos=1, retain=True).wait_for_publish(2)
     close(b)
     a = client(broker, "A")
     assert connected(a)[0]
-    for topic in ("qf/t/d/B/state", "qf/t/d/+/state", "qf/t/#", "#"):
+    for topic in (topics.device("t", "B", "state"), topics.device("t", "+", "state"), topics.fleet_all("t"), "#"):
         subscribe(a, topic)
     assert _topics(a) == []
     be = client(broker, "backend")               # the backend does see it, retained
     assert connected(be)[0]
-    subscribe(be, "qf/t/d/+/state")
-    assert be.inbox.get(timeout=2) == ("qf/t/d/B/state", b"B-birth", True)
+    subscribe(be, topics.device("t", "+", "state"))
+    assert be.inbox.get(timeout=2) == (topics.device("t", "B", "state"), b"B-birth", True)
     close(a)
     close(be)
 

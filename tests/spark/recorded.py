@@ -7,10 +7,9 @@ answers, downlinks and final state are what the Spark job must reproduce from th
 """
 import json
 
-from backend.coordinator.core.coordinator import Coordinator
-from backend.coordinator.protocols import make
+from backend import host
 from edge.agent import Agent
-from edge.core import codec
+from edge.core import codec, topics
 from edge.runtime.sensors import RandomWalk
 
 FLEET = "rec"
@@ -22,12 +21,12 @@ QUERIES = [
 ]
 
 
-def record(protocol="deadband", devices=4, per_device=2, duration=40.0, dt=0.25, tick=0.5, period=5.0,
-           shrink=0.0, latency=0.0, seed=1):
+def record(settings, devices=4, per_device=2, duration=40.0, dt=0.25, tick=0.5, seed=1):
     """Returns ``(records, reference)``: spool records ``(arrival, topic, payload)`` and a dict with the
-    reference coordinator, its answers and its downlinks ``(device, payload)``."""
-    proto = make(protocol)
-    coord = Coordinator(proto, period=period, shrink=shrink if proto.shrinks else 0.0, latency=latency)
+    reference coordinator (built from the job's ``settings``, t0 = 0), its answers and its downlinks
+    ``(device, payload)``."""
+    coord = host.build(settings, t0=0.0)
+    proto = coord.protocol
     agents, walks = {}, []
     for d in range(devices):
         names = ["s%d" % (d * per_device + j) for j in range(per_device)]
@@ -45,7 +44,7 @@ def record(protocol="deadband", devices=4, per_device=2, duration=40.0, dt=0.25,
 
     def uplink(now, device, out):
         for channel, payload in out:
-            records.append((now, "qf/%s/d/%s/%s" % (FLEET, device, channel), payload))
+            records.append((now, topics.device(FLEET, device, channel), payload))
             coordinator(coord.handle_uplink(now, device, payload), now)
 
     for device, agent in agents.items():
@@ -53,7 +52,7 @@ def record(protocol="deadband", devices=4, per_device=2, duration=40.0, dt=0.25,
     for q in QUERIES:
         if q["kind"] in proto.kinds:
             spec = {k: v for k, v in q.items() if k != "id"}
-            records.append((0.0, "qf/%s/q/%s/spec" % (FLEET, q["id"]), json.dumps(spec).encode()))
+            records.append((0.0, topics.query(FLEET, q["id"], "spec"), json.dumps(spec).encode()))
             coordinator(coord.add_query(q, 0.0), 0.0)
     t, next_tick = 0.0, tick
     while t < duration:
@@ -62,7 +61,7 @@ def record(protocol="deadband", devices=4, per_device=2, duration=40.0, dt=0.25,
             for source, value in walk.poll(t):
                 uplink(t, device, agents[device].handle_sample(t, source, value))
         while next_tick <= t:
-            records.append((next_tick, "qf/%s/tick" % FLEET, b""))
+            records.append((next_tick, topics.tick(FLEET), b""))
             coordinator(coord.handle_timer(next_tick), next_tick)
             next_tick = round(next_tick + tick, 9)
     return records, {"coord": coord, "answers": answers, "downs": downs,

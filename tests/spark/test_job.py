@@ -9,9 +9,11 @@ import pytest
 
 from backend.coordinator.protocols import PROTOCOLS
 from backend.spark import job
-from backend.spark.feed import Feed, summary
+from backend import host as hostmod
+from backend.host import Host
 from backend.spark.spool import Spool
 from edge.core import codec
+from backend.spark.source import parse_topic
 from recorded import FLEET, record
 
 
@@ -95,8 +97,8 @@ def downlinks(sent):
     return out
 
 
-def test_feed_pending_specs_errors_and_removal():
-    f = Feed("naive", period=5.0)
+def test_host_pending_specs_errors_and_removal():
+    f = Host(protocol="naive", period=5.0)
     birth = codec.encode("birth", {"seq": 1, "t": 1.0, "boot": 3, "fw": "x", "caps": 0,
                                    "sources": [{"name": "a", "epoch": 0, "width": 0.0, "v": 10.0}]})
     out = f.record(1.0, "q1", "spec", json.dumps({"kind": "sum", "sources": ["a"], "precision": 2}).encode())
@@ -106,30 +108,29 @@ def test_feed_pending_specs_errors_and_removal():
     assert [(a["time"], a["query"], a["degraded"]) for a in answers] == [(2.0, "q1", False)] and not f.pending
     assert answers[0]["lo"] == pytest.approx(10.0) and answers[0]["hi"] == pytest.approx(10.0)
     assert f.record(3.0, "q2", "spec", b"{not json")[0][0] == "error"
+    assert f.record(3.0, "q2", "spec", b"\xff\xfe")[0][0] == "error"           # not UTF-8: refused, no crash
     assert f.record(3.0, "q2", "spec", b"[1]") == [("error", "q2", "query spec must be a JSON object")]
     assert "kind" in f.record(3.0, "q2", "spec", b'{"kind": "median"}')[0][2]
     assert f.record(3.0, "q3", "spec", b'{"id": "other", "kind": "sum"}')[0][0] == "error"
-    assert f.stats["bad_specs"] == 4
+    assert f.stats["bad_specs"] == 5
     assert f.record(4.0, "q1", "spec", b"")[-1] == ("retract", "q1") and "q1" not in f.coord.queries
     assert f.record(4.0, None, None, b"junk") == [] and f.stats["foreign"] == 1
     # a retained (possibly stale) birth is not trusted: the device is asked for a fresh one
-    g = Feed("deadband")
+    g = Host(protocol="deadband")
     out = g.record(5.0, "dev", "state", birth, retained=True)
     assert [codec.decode(a[2])[0] for a in out] == ["rebirth"] and not g.coord.cache.sources
 
 
 def test_checker_sees_a_lost_record():
     """The comparison below is not vacuous: dropping one report changes answers and state."""
-    records, ref = record(duration=10.0)
+    records, ref = record({"protocol": "deadband", "period": 5.0}, duration=10.0)
     drop = next(i for i, r in enumerate(records) if r[1].endswith("/up") and codec.decode(r[2])[0] == "report" and i > 40)
-    f = Feed("deadband", period=5.0)
+    f = Host(protocol="deadband", period=5.0, shrink=0.0)
     answers = []
     for i, (t, topic, payload) in enumerate(records):
         if i != drop:
-            parts = topic.split("/")
-            answers += [a[1] for a in f.record(t, parts[3] if len(parts) == 5 else None, parts[-1], payload)
-                        if a[0] == "answer"]
-    assert answers != ref["answers"] or summary(f.coord) != summary(ref["coord"])
+            answers += [a[1] for a in f.record(t, *parse_topic(topic), payload) if a[0] == "answer"]
+    assert answers != ref["answers"] or hostmod.digest(f.coord) != hostmod.digest(ref["coord"])
 
 
 def compare(out, ref, total):
@@ -137,13 +138,13 @@ def compare(out, ref, total):
     with open(os.path.join(out, "status.json")) as f:
         status = json.load(f)["groups"][FLEET]
     assert status["records"] == total
-    assert status["sources"] == job.strict(summary(ref["coord"])["sources"])
+    assert status["sources"] == hostmod.strict(hostmod.digest(ref["coord"])["sources"])
     assert status["stats"] == ref["coord"].stats
 
 
 def test_crashes_and_restarts_lose_nothing_and_repeat_nothing(job_spark, tmp_path):
     settings = {"protocol": "deadband", "period": 5.0}
-    records, ref = record(duration=30.0)
+    records, ref = record(settings, duration=30.0)
     spool, out = str(tmp_path / "spool"), str(tmp_path / "out")
     rng = random.Random(5)
     pub = FakePublisher()
@@ -178,11 +179,12 @@ def test_crashes_and_restarts_lose_nothing_and_repeat_nothing(job_spark, tmp_pat
 
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 def test_every_protocol_runs_through_the_job(job_spark, tmp_path, protocol):
-    records, ref = record(protocol=protocol, duration=15.0, seed=2)
+    settings = {"protocol": protocol, "period": 5.0}
+    records, ref = record(settings, duration=15.0, seed=2)
     with Spool(tmp_path / "spool", fsync="never") as sp:
         sp.append(records)
     q = job.start(job_spark, str(tmp_path / "spool"), str(tmp_path / "out"), FLEET,
-                  {"protocol": protocol, "period": 5.0}, available_now=True, status_sources=True)
+                  settings, available_now=True, status_sources=True)
     q.awaitTermination(120)
     assert q.exception() is None
     compare(str(tmp_path / "out"), ref, len(records))

@@ -1,46 +1,33 @@
 """End to end: Mosquitto + bridge + Spark job + CPython and MicroPython agents (the live demo, short).
 
-The job's answer table must equal the answers of a plain Coordinator fed the spooled messages in
-the same order, and no answer may violate its guarantee against the agents' ground-truth logs.
+The job's answer table must equal the answers of a ``Host`` fed the spooled messages in the same
+order (one process, no Spark), and no answer may violate its guarantee against the agents' ground-truth logs.
 """
 import json
-import math
 import os
 
 import pytest
 
+from backend import host
 from backend.broker import BrokerError, find_mosquitto
-from backend.coordinator.core.coordinator import Coordinator
-from backend.coordinator.protocols import make
 from backend.spark import job
-from backend.spark.source import RETAINED
+from backend.spark.source import RETAINED, parse_topic
 from backend.spark.spool import Spool
 
 
 def reference(spool_dir, n, settings):
-    """A plain Coordinator fed the first ``n`` spool records; returns its answers and itself."""
-    proto = make(settings["protocol"])
-    coord = None
-    now, answers = -math.inf, []
+    """A ``Host`` (the driver-independent adapter) fed the first ``n`` spool records one by one, in
+    one process, without Spark; returns its answers and its coordinator."""
+    h = host.Host(settings)
+    answers = []
     for rec in Spool(spool_dir, readonly=True).scan(0, n):
-        if coord is None:
-            coord = Coordinator(proto, period=settings["period"], shrink=settings["shrink"] if proto.shrinks else 0.0,
-                                latency=settings["latency"], t0=float(math.floor(rec.arrival)))
-        now = max(now, rec.arrival)
-        topic = rec.topic[:-len(RETAINED)] if rec.topic.endswith(RETAINED) else rec.topic
-        parts = topic.split("/")
-        if parts[-1] in ("up", "state"):
-            out = coord.handle_uplink(now, parts[3], rec.payload, retained=rec.topic.endswith(RETAINED))
-        elif parts[-1] == "tick":
-            out = coord.handle_timer(now)
-        else:
-            assert parts[-1] == "spec"
-            out = coord.add_query(dict(json.loads(rec.payload), id=parts[3]), now)
-        answers += [a[1] for a in out if a[0] == "answer"]
-    return answers, coord
+        name, channel = parse_topic(rec.topic)
+        answers += [a[1] for a in h.record(rec.arrival, name, channel, rec.payload, rec.topic.endswith(RETAINED))
+                    if a[0] == "answer"]
+    return answers, h.coord
 
 
-def test_live_fleet_through_spark_equals_plain_coordinator_with_zero_violations(job_spark, tmp_path):
+def test_live_fleet_through_spark_equals_a_host_replay_with_zero_violations(job_spark, tmp_path):
     try:
         find_mosquitto()
     except BrokerError as e:
@@ -58,7 +45,7 @@ def test_live_fleet_through_spark_equals_plain_coordinator_with_zero_violations(
     applied = status["groups"]["demo"]["records"]
     answers = job.read_answers(out_dir, upto=status["batch"])
     ref_answers, coord = reference(os.path.join(out_dir, "spool"), applied,
-                                   {"protocol": "deadband", "period": 5.0, "shrink": 0.05, "latency": 0.5})
+                                   host.settings(protocol="deadband", period=5.0, latency=0.5))
     assert len(answers) > 20
     assert answers == ref_answers
     assert status["groups"]["demo"]["stats"] == coord.stats

@@ -7,6 +7,7 @@ import pytest
 
 from backend.spark.spool import Spool
 from backend.spark.source import SpoolDataSource, SpoolStreamReader, parse_topic
+from edge.core import topics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -26,8 +27,9 @@ def spark():
 
 
 def fill(spool, start, n):
-    topics = ["qf/f1/d/dev%d/up" % (start % 3), "qf/f1/d/dev9/state", "qf/f1/q/q1/spec", "junk/topic"]
-    spool.append([(1000.0 + i, topics[i % 4], b"\x01\x03" + i.to_bytes(4, "little")) for i in range(start, start + n)])
+    names = [topics.device("f1", "dev%d" % (start % 3), "up"), topics.device("f1", "dev9", "state"),
+             topics.query("f1", "q1", "spec"), "junk/topic"]
+    spool.append([(1000.0 + i, names[i % 4], b"\x01\x03" + i.to_bytes(4, "little")) for i in range(start, start + n)])
 
 
 def collector():
@@ -76,7 +78,7 @@ def test_every_record_once_in_offset_order_then_only_new_ones_after_restart(spar
         fill(spool, 0, 3000)
         rows = run_available_now(spark, spool_dir, ckpt, minPartitionRecords="100")
         assert [r[0] for r in rows] == list(range(3000))
-        assert rows[0] == (0, 1000.0, "qf/f1/d/dev0/up", "dev0", "up", b"\x01\x03\x00\x00\x00\x00")
+        assert rows[0] == (0, 1000.0, topics.device("f1", "dev0", "up"), "dev0", "up", b"\x01\x03\x00\x00\x00\x00")
         assert rows[2][3:5] == ("q1", "spec") and rows[3][3:5] == (None, None)
         assert [r for r in rows if r[0] == 2999][0][5] == b"\x01\x03" + (2999).to_bytes(4, "little")
 

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings, HealthCheck, strategies as st
 
 from backend.spark.spool import Spool, SpoolError, Record, MAX_RECORD
+from edge.core import topics
 
-TOPIC = "qf/f1/d/dev1/up"
+TOPIC = topics.device("f1", "dev1", "up")
 
 
 def recs(n, start=0):
@@ -100,10 +101,11 @@ def test_killed_writer_leaves_a_readable_prefix(tmp_path):
     code = textwrap.dedent("""
         import sys
         from backend.spark.spool import Spool
+        from edge.core import topics
         s = Spool(sys.argv[1], fsync="never", segment_bytes=1 << 16)
         i = 0
         while True:
-            s.append([(float(i + k), "qf/f/d/x/up", b"%d" % (i + k) * 50) for k in range(100)])
+            s.append([(float(i + k), topics.device("f", "x", "up"), b"%d" % (i + k) * 50) for k in range(100)])
             i += 100
             if i == 2000:
                 print("go", flush=True)
@@ -189,7 +191,8 @@ def test_fsync_policies_store_the_same_records(tmp_path, policy):
 # -- property test against an in-memory oracle -------------------------------------------------------
 _payload = st.binary(max_size=40)
 _record = st.tuples(st.floats(allow_nan=False, allow_infinity=False),
-                    st.sampled_from([TOPIC, "qf/f1/d/ü/state", "qf/f1/q/q1/spec", ""]), _payload)
+                    st.sampled_from([TOPIC, topics.device("f1", "ü", "state"), topics.query("f1", "q1", "spec"), ""]),
+                    _payload)
 _op = st.one_of(
     st.tuples(st.just("append"), st.lists(_record, max_size=12)),
     st.tuples(st.just("read"), st.integers(0, 80), st.integers(0, 80)),

@@ -140,7 +140,7 @@ class Brownian(Protocol):
     def reported(self, coord, key, m):
         if "probe" not in m:
             return
-        for qid in self.awaiting.pop(key, ()):
+        for qid in sorted(self.awaiting.pop(key, ())):
             st = self.tasks.get(qid)
             if st is not None and st.inflight is not None:
                 st.inflight.discard(key)

@@ -13,7 +13,7 @@ from edge.core import codec
 from backend.coordinator.core import aggregate
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
-from backend.coordinator.core.queries import parse_query
+from backend.coordinator.core.queries import QueryError, parse_query
 
 _TICK = 0      # event order within one timestamp: uplinks, then the adjustment tick
 _UP = -1
@@ -32,14 +32,15 @@ class Coordinator:
         self.lazy = lazy                # skip idle ticks in O(1); False ticks every period (the test oracle)
         self.cache = BoundCache()
         self.queries = {}
-        self.by_source = {}             # key -> set of query ids
+        self.by_source = {}             # key -> {query id: None} (an ordered set)
         self.devices = {}               # device -> {"boot", "seq", "down", "keys", "online"}
         self.queue = []                 # (t, order, n, device, kind, fields)
         self.n = 0
         self.tick = 1                   # index of the next adjustment tick t0 + tick·T
         self.clock = -math.inf          # logical (event) time reached
-        self.dirty = set()              # queries whose answer may have changed
-        self.dirty_src = set()          # sources whose known bound may have changed
+        # Ordered sets (dicts): their order reaches float sums and output (DESIGN.md §2 determinism)
+        self.dirty = {}                 # queries whose answer may have changed
+        self.dirty_src = {}             # sources whose known bound may have changed, in touch order
         self.running = {}               # query id -> aggregate.Running
         self.last = {}                  # query id -> last emitted answer fields
         self.out = []
@@ -50,20 +51,28 @@ class Coordinator:
 
     # -- queries ----------------------------------------------------------------
     def add_query(self, spec, now=None):
+        """Register a query; a ``QueryError`` (from the spec or the protocol) leaves nothing behind."""
         self._catch_up(now)
         q = parse_query(spec, self.all_sources(), self.protocol.kinds)
+        if q.id in self.queries:
+            raise QueryError("query %s is registered already" % q.id)
         self.queries[q.id] = q
         for s in q.sources:
-            self.by_source.setdefault(s, set()).add(q.id)
-        self.dirty.add(q.id)
-        self.protocol.queries_changed(self, self._now(now))
+            self.by_source.setdefault(s, {})[q.id] = None
+        self.dirty[q.id] = None
+        try:
+            self.protocol.queries_changed(self, self._now(now))
+        except QueryError:
+            self.remove_query(q.id, now)
+            raise
         return self._flush(now)
 
     def remove_query(self, qid, now=None):
         self._catch_up(now)
         q = self.queries.pop(qid)
         for s in q.sources:
-            self.by_source[s].discard(qid)
+            self.by_source[s].pop(qid, None)
+        self.dirty.pop(qid, None)
         self.last.pop(qid, None)
         self.running.pop(qid, None)
         self.protocol.queries_changed(self, self._now(now))
@@ -74,7 +83,7 @@ class Coordinator:
         spec = self.queries[qid].spec()
         spec["precision"] = precision
         self.queries[qid] = parse_query(spec, self.all_sources(), self.protocol.kinds)
-        self.dirty.add(qid)
+        self.dirty[qid] = None
         self.protocol.queries_changed(self, self._now(now))
         return self._flush(now)
 
@@ -124,7 +133,7 @@ class Coordinator:
         self.send(s.device, "probe", {"src": s.index, "probe": probe_id & 0xFFFF})
 
     def _touch(self, key):
-        self.dirty_src.add(key)
+        self.dirty_src[key] = None
 
     # -- uplink -------------------------------------------------------------------
     def handle_uplink(self, now, device, payload, retained=False):
@@ -300,7 +309,7 @@ class Coordinator:
                 self.tick += 1
                 if self.shrink:
                     self.cache.shrink(self.shrink)
-                    self.dirty_src.update(self.cache.sources)
+                    self.dirty_src.update(dict.fromkeys(self.cache.sources))
                 self.protocol.period(self, t)
                 for key in self.models.off_since:    # offline widening grows with time
                     self._touch(key)
@@ -328,7 +337,7 @@ class Coordinator:
                     r = self.running.get(qid)
                     if r is not None:
                         r.update(key, bound)
-                self.dirty.update(qids)
+                self.dirty.update(qids)     # qids is an ordered set too
         self.dirty_src.clear()
         for qid in sorted(self.dirty):
             q = self.queries.get(qid)

@@ -41,10 +41,10 @@ import random
 
 import numpy as np
 from scipy.sparse import csr_matrix
-from scipy.sparse.linalg import lsmr
 
 from backend.coordinator.core import aggregate
 from backend.coordinator.core.protocol import Protocol, range_constraints
+from backend.coordinator.precision.lsmr import lsmr
 
 INF = math.inf
 _MARGIN = 1e-9          # growth is applied with this relative margin so float sums stay within δ
@@ -122,11 +122,12 @@ class Rows:
 
 
 def burden_targets(rows, burden, x0=None, eps=1e-8):
-    """Solve App. B's system for the targets T_j with a sparse iterative least-squares solver.
+    """Solve App. B's system for the targets T_j with a sparse iterative least-squares solver (LSMR).
 
     T_j·|S_j| + Σ_{i∈S_j} Σ_{k≠j} (|K_ik|/|K_ij|)·T_k = Σ_{i∈S_j} B_i/|K_ij|, i.e. Kinvᵀ·(K·T − B) = 0
     with K_ij = |K_ij| and Kinv_ij = 1/|K_ij| on the query sets. ``burden`` maps key -> B_i.
-    LSMR gives the minimum-norm solution when overlapping queries make the system singular.
+    LSMR gives the minimum-norm solution when overlapping queries make the system singular; ours
+    (``lsmr.py``) gives the same bits in every process.
     """
     keys = sorted(rows.of)
     pos = {s: i for i, s in enumerate(keys)}
@@ -143,7 +144,7 @@ def burden_targets(rows, burden, x0=None, eps=1e-8):
     rhs = Kinv.T @ np.asarray([burden[s] for s in keys])
     if x0 is not None and len(x0) != shape[1]:
         x0 = None
-    return lsmr(M, rhs, atol=eps, btol=eps, x0=x0, maxiter=max(100, 20 * shape[1]))[0]
+    return lsmr(M, rhs, atol=eps, btol=eps, x0=x0, maxiter=max(100, 20 * shape[1]))
 
 
 REFINED = {"reports": 20, "memory": 50, "cap": 0.2, "growth_cost": 1.0}

@@ -352,7 +352,6 @@ class Estimated(Adaptive):
         rows = self.rows
         widths = {k: self._width(s) for k, s in src.items() if k in rows.of}
         slack = [b - u for b, u in zip(rows.budget, rows.used(widths))]
-        alpha = self.alpha
         order = sorted((k for k in self.target if k in src and self.target[k] > widths[k]),
                        key=lambda k: (-self.target[k] / max(widths[k], 1e-300), k))
         for k in order:

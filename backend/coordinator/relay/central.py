@@ -165,7 +165,7 @@ class RelayAggregate(Protocol):
             if last:
                 del log.pending[m["t"]]
                 log.close(tb, m["t"], delta, p[2])
-                coord.dirty.update(coord.by_source.get(key, ()))
+                coord.dirty.update(coord.by_source.get(key, {}))
 
     # -- answers ---------------------------------------------------------------------------------
     def answer(self, coord, q):
@@ -235,7 +235,7 @@ class RelayAggregate(Protocol):
         ra, sa, al_a = self._segments(logs[0], qb, upto)
         rb, sb, al_b = self._segments(logs[1], qb, upto)
         est = lo = hi = 0.0
-        for k in set(ra) | set(sa):
+        for k in sorted(set(ra) | set(sa)):
             if k not in rb and k not in sb:
                 continue
             ta, tb_ = ra.get(k, []), sorted(rb.get(k, []))

@@ -1,43 +1,22 @@
-"""SWAT-ASR adaptive stream replication (Bulut & Singh 2003 §3, Fig. 8) and its baselines (§4).
+"""SWAT-ASR's rules (Bulut & Singh 2003 §3.2, Fig. 8) and its §4 baselines' rules, as pure functions.
 
-Sites form a tree: site 0 is the device holding the SWAT tree (edge/core/swat.py), site 1 the
-backend, further sites are clients below it (heap order, parent (i-1)//2). The replicated objects
-are the window segments [0,1], [2,3], [4,7], ..., [N/2, N-1] (Table 1); a site's row for a segment
-is a range valid for every reading at those positions. A query that a site cannot answer within
-its precision from its rows is forwarded to the parent; writes (a new range not enclosed by a
-child's) are pushed to subscribed children; at each phase end R-fringe sites run the contraction
-test and R-neighbours the expansion test (reads vs writes), as in Wolfson et al.'s ADR.
-
-Baselines, run per reading of the window (N objects per client, §5): Divergence Caching adapted to
+One home for the logic that the coordinator protocols (``backend/coordinator/swat/replication.py``:
+SWAT-ASR, APS and DC between the device and the backend) and the simulator's multi-site tree
+(``backend/sim/sites.py``: the §5 setup with client sites) both run. Sites form a tree: site 0 is
+the device holding the SWAT tree (edge/core/swat.py), site 1 the backend, further sites are clients
+below it (heap order, parent (i-1)//2). The replicated objects are the window segments [0,1], [2,3],
+[4,7], ..., [N/2, N-1] (Table 1); a site's row for a segment is a range (lo, hi, mean) valid for
+every reading at those positions. A read that a site cannot answer within its precision goes to the
+parent; at each phase end R-fringe sites run the contraction test and R-neighbours the expansion
+test (reads vs writes), as in Wolfson et al.'s ADR. Baselines: Divergence Caching adapted to
 precision (Huang et al., §4.1) and Adaptive Precision Setting (Olston et al. 2001, §4.2).
-Cost model (§4.1): every approximation shipped costs 1 and every control message (forwarded
-request, decache notice) costs w = 1, per tree hop. Everything here is sans-IO and numpy-free.
 """
-import math
-
-from edge.core import codec
-from edge.core.swat import Swat, TAG, pack_segments, weighted
+from edge.core.swat import weighted
 
 
 def segment_of(i):
     """Index of the replication segment holding window position i."""
     return 0 if i < 2 else i.bit_length() - 1
-
-
-def parent(site):
-    return (site - 1) // 2
-
-
-def depth(site):
-    d = 0
-    while site > 0:
-        site = parent(site)
-        d += 1
-    return d
-
-
-def _encloses(old, new):
-    return old is not None and old[0] <= new[0] and new[1] <= old[1]
 
 
 def weights_for(kind, m):
@@ -72,224 +51,50 @@ def resolve(row, need, precision):
     return rows if width <= precision else None
 
 
-def count_read(reads, interested, subscribed, segs, who):
-    """Record a read of ``segs`` from ``who`` (-1 local) at a site; an unsubscribed child becomes interested."""
-    for s in segs:
-        cnt = reads.setdefault(s, {})
-        cnt[who] = cnt.get(who, 0) + 1
-        if who >= 0 and who not in subscribed.get(s, ()):
-            interested.setdefault(s, set()).add(who)
+class Site:
+    """One site's replication state (Fig. 8): per segment, the row it holds, the children subscribed
+    to it (pushed every write) or interested in it (reading it through this site), and the reads
+    (by child, -1 = local) and writes of the current phase."""
 
+    def __init__(self):
+        self.rows = {}              # segment -> (lo, hi, mean)
+        self.subscribed = {}        # segment -> set(children)
+        self.interested = {}        # segment -> set(children)
+        self.reads = {}             # segment -> {who: count}
+        self.writes = {}            # segment -> count
 
-def phase_tests(source, fringe, reads, writes, subs, interested, stale):
-    """Fig. 8b for one segment at one site: (decache, refresh, insert). A non-source R-fringe site
-    decaches when its reads fall below the writes; otherwise subscribed children that read more than
-    the writes and hold a ``stale(v)`` copy are refreshed, interested ones that did are inserted."""
-    if not source and fringe and sum(reads.values()) < writes:
-        return True, [], []
-    refresh = [v for v in sorted(subs) if writes < reads.get(v, 0) and stale(v)]
-    insert = [v for v in sorted(interested) if writes < reads.get(v, 0) and v not in subs]
-    return False, refresh, insert
+    def read(self, segs, who):
+        """Count a read of ``segs`` from ``who`` (-1 local); an unsubscribed child becomes interested."""
+        for s in segs:
+            cnt = self.reads.setdefault(s, {})
+            cnt[who] = cnt.get(who, 0) + 1
+            if who >= 0 and who not in self.subscribed.get(s, ()):
+                self.interested.setdefault(s, set()).add(who)
+
+    def wrote(self, s):
+        self.writes[s] = self.writes.get(s, 0) + 1
+
+    def tests(self, s, source, stale):
+        """Fig. 8b for segment ``s``: (decache, refresh, insert). A non-source R-fringe site (no
+        subscribed child) decaches when its reads fall below the writes; otherwise subscribed children
+        that read more than the writes and hold a ``stale(v)`` copy are refreshed, interested ones that
+        did are inserted."""
+        reads, writes = self.reads.get(s, {}), self.writes.get(s, 0)
+        subs = self.subscribed.get(s, ())
+        if not source and not subs and sum(reads.values()) < writes:
+            return True, [], []
+        refresh = [v for v in sorted(subs) if writes < reads.get(v, 0) and stale(v)]
+        insert = [v for v in sorted(self.interested.get(s, ())) if writes < reads.get(v, 0) and v not in subs]
+        return False, refresh, insert
+
+    def new_phase(self):
+        self.reads.clear()
+        self.writes.clear()
 
 
 def combine(positions, weights, rows, seg_of=segment_of):
     """(estimate, lo, hi) of sum w_i d_i from per-segment rows (lo, hi, mean)."""
     return weighted(weights, [(r[2], r[0], r[1]) for r in (rows[seg_of(i)] for i in positions)])
-
-
-class SwatAsr:
-    """The whole replication tree for one stream: the device's SWAT tree plus ``sites - 1`` caches."""
-    name = "swat-asr"
-
-    def __init__(self, window, sites=2, k=1):
-        if sites < 2:
-            raise ValueError("SWAT-ASR needs the device and at least one client site")
-        self.tree = Swat(window, k)
-        self.nseg = self.tree.n
-        self.sites = sites
-        self.rows = [dict() for _ in range(sites)]          # site -> seg -> (lo, hi, mean)
-        self.subscribed = [dict() for _ in range(sites)]    # site -> seg -> set(children)
-        self.interested = [dict() for _ in range(sites)]
-        self.reads = [dict() for _ in range(sites)]         # site -> seg -> {who: count}; who -1 = local
-        self.writes = [dict() for _ in range(sites)]
-        self.cur = [None] * self.nseg                       # the device's current segment ranges
-        self.msgs = 0
-        self.uplink = 0                                     # messages on the device-backend hop
-        self.bytes_up = 0
-        self.seq = 0
-
-    # -- messaging ----------------------------------------------------------------
-    def _ship(self, src, dst, entries):
-        """Approximations from ``src`` to a child ``dst``: cost 1 each; device ones go as a blob."""
-        self.msgs += len(entries)
-        if src == 0:
-            self.uplink += len(entries)
-            self.seq += 1
-            blob = codec.encode("blob", {"src": 0, "seq": self.seq, "t": float(self.tree.count), "tag": TAG,
-                                         "data": pack_segments(self.tree.count, entries)})
-            self.bytes_up += len(blob)
-
-    def _control(self, src, dst):
-        self.msgs += 1
-        if 0 in (src, dst):
-            self.uplink += 1
-
-    def _push(self, u, v, s, row):
-        self.rows[v][s] = row
-        self._ship(u, v, [(s,) + tuple(row)])
-
-    # -- writes ---------------------------------------------------------------------
-    def on_data(self, now, value):
-        self.tree.update(value)
-        segs = self.tree.segments()
-        for s, row in enumerate(segs):
-            if row is None:
-                continue
-            self.cur[s] = row
-            self._write(0, s, row)
-
-    def _write(self, u, s, row):
-        subs = self.subscribed[u].get(s)
-        if not subs:
-            return
-        pushed = False
-        for v in sorted(subs):
-            if not _encloses(self.rows[v].get(s), row):
-                pushed = True
-                self._push(u, v, s, row)
-                self._received(v, s, row)
-        if pushed and u == 0:
-            self.writes[0][s] = self.writes[0].get(s, 0) + 1
-
-    def _received(self, v, s, row):
-        self.writes[v][s] = self.writes[v].get(s, 0) + 1
-        self._write(v, s, row)
-
-    # -- reads ----------------------------------------------------------------------------
-    def _row(self, u, s):
-        return self.cur[s] if u == 0 else self.rows[u].get(s)
-
-    def on_query(self, now, client, positions, weights, precision):
-        """Answer sum w_i d_i at ``client``: dict(estimate, lo, hi, error, local)."""
-        if not 1 <= client < self.sites:
-            raise ValueError("client must be a site in 1..%d" % (self.sites - 1))
-        need = need_of(positions, weights)
-        rows = self._resolve(client, need, precision, -1)
-        if rows is None:
-            return None
-        est, lo, hi = combine(positions, weights, rows)
-        return {"estimate": est, "lo": lo, "hi": hi, "error": max(est - lo, hi - est), "local": self._local}
-
-    def _resolve(self, u, need, precision, who):
-        rows = resolve(lambda s: self._row(u, s), need, math.inf if u == 0 else precision)
-        if u == 0 and rows is None:
-            return None                 # not summarised yet
-        if rows is not None:
-            self._local = who == -1
-            count_read(self.reads[u], self.interested[u], self.subscribed[u], need, who)
-            return rows
-        p = parent(u)
-        self._control(u, p)
-        got = self._resolve(p, need, precision, u)
-        if got is not None:
-            self.msgs += len(got)                 # the reply carries one approximation per segment
-            if p == 0:
-                self.uplink += len(got)
-                self._ship_bytes(got)
-            self._local = False
-        return got
-
-    def _ship_bytes(self, rows):
-        self.seq += 1
-        entries = [(s,) + tuple(r) for s, r in sorted(rows.items())]
-        self.bytes_up += len(codec.encode("blob", {"src": 0, "seq": self.seq, "t": float(self.tree.count),
-                                                   "tag": TAG, "data": pack_segments(self.tree.count, entries)}))
-
-    # -- phase end (Fig. 8b) ------------------------------------------------------------------
-    def on_phase(self, now):
-        for u in range(self.sites):
-            for s in range(self.nseg):
-                self._phase(u, s)
-        for u in range(self.sites):
-            self.reads[u].clear()
-            self.writes[u].clear()
-
-    def _phase(self, u, s):
-        holds = u == 0 or s in self.rows[u]
-        if not holds:
-            return
-        writes = self.writes[u].get(s, 0)
-        reads = self.reads[u].get(s, {})
-        subs = self.subscribed[u].setdefault(s, set())
-        mine = self._row(u, s)
-        decache, refresh, insert = phase_tests(u == 0, not subs, reads, writes, subs,
-                                               self.interested[u].get(s, ()), lambda v: self.rows[v].get(s) != mine)
-        if decache:
-            del self.rows[u][s]                             # contraction at an R-fringe site
-            self.subscribed[parent(u)].get(s, set()).discard(u)
-            self._control(u, parent(u))
-            return
-        self.interested[u].pop(s, None)
-        for v in refresh:
-            self._push(u, v, s, mine)                       # subscribed, but its copy was too coarse
-        for v in insert:
-            subs.add(v)                                     # expansion towards the reading child
-            self._push(u, v, s, mine)
-
-    def cached(self):
-        """Approximations held by client sites (the O(M log N) of §5.1)."""
-        return sum(len(r) for r in self.rows[1:])
-
-
-class _PerItem:
-    """Shared part of the per-reading baselines: the device keeps the raw window, every client a
-    cache per position, messages routed over the tree path (``depth`` hops)."""
-
-    def __init__(self, window, sites=2):
-        if sites < 2:
-            raise ValueError("needs the device and at least one client site")
-        self.window = window
-        self.sites = sites
-        self.values = []                    # newest first
-        self.msgs = 0
-        self.uplink = 0
-        self.hops = [depth(c) for c in range(sites)]
-
-    def _cost(self, client, n):
-        self.msgs += n * self.hops[client]
-        self.uplink += n
-
-    def on_data(self, now, value):
-        self.values.insert(0, value)
-        if len(self.values) > self.window:
-            self.values.pop()
-        for c in range(1, self.sites):
-            for i in range(len(self.values)):
-                self._write(now, c, i, self.values[i])
-
-    def on_phase(self, now):
-        pass
-
-    def on_query(self, now, client, positions, weights, precision):
-        if not 1 <= client < self.sites:
-            raise ValueError("client must be a site in 1..%d" % (self.sites - 1))
-        if max(positions) >= len(self.values):
-            return None
-        tol = precision / max(sum(abs(w) for w in weights), 1e-300)
-        est = lo = hi = 0.0
-        missed = 0
-        for i, w in zip(positions, weights):
-            a, b, hit = self._read(now, client, i, tol)
-            if not hit:
-                missed += 1
-                a = b = self.values[i]
-            m = (a + b) / 2
-            est += w * m
-            lo += w * (a if w >= 0 else b)
-            hi += w * (b if w >= 0 else a)
-        if missed:
-            self._cost(client, 1 + missed)      # one request, one approximation per refreshed reading
-        return {"estimate": est, "lo": lo, "hi": hi, "error": max(est - lo, hi - est), "local": not missed}
 
 
 def divergence_width(events, now, M, w):
@@ -311,85 +116,23 @@ def divergence_width(events, now, M, w):
     return best_k
 
 
-class AdaptivePrecision(_PerItem):
-    """Olston, Widom & Loo 2001 (§4.2): widen by (1+α) on a value-initiated refresh, narrow by
-    (1+α) on a query-initiated one; τ0 snaps to exact caching, τ∞ drops the copy (p = 1)."""
-    name = "aps"
-
-    def __init__(self, window, sites=2, alpha=1.0, tau0=2.0, tau_inf=math.inf, width0=1.0):
-        _PerItem.__init__(self, window, sites)
-        self.alpha, self.tau0, self.tau_inf, self.width0 = alpha, tau0, tau_inf, width0
-        self.cache = [dict() for _ in range(sites)]     # client -> position -> [lo, hi, width]
-
-    def _set(self, c, i, v, w):
-        if w > self.tau_inf:
-            self.cache[c].pop(i, None)
-            return
-        if w < self.tau0:
-            w = 0.0
-        self.cache[c][i] = [v - w / 2, v + w / 2, w]
-
-    def _write(self, now, c, i, v):
-        e = self.cache[c].get(i)
-        if e is not None and not e[0] <= v <= e[1]:
-            self._set(c, i, v, max(e[2], self.tau0) * (1 + self.alpha))
-            self._cost(c, 1)
-
-    def _read(self, now, c, i, tol):
-        e = self.cache[c].get(i)
-        if e is not None and e[2] <= tol:
-            return e[0], e[1], True
-        w = self.width0 if e is None else e[2] / (1 + self.alpha)
-        self._set(c, i, self.values[i], w)
-        return None, None, False
+def dc_event(events, t, tol, history):
+    """§4.1: record a read with tolerance ``tol`` in units (None: a write) in the last ``history`` events."""
+    events.append((t, tol))
+    if len(events) > history:
+        events.pop(0)
 
 
-class DivergenceCaching(_PerItem):
-    """Huang, Sloan & Wolfson 1994 adapted to precision (§4.1): the server picks the width k in
-    0..M minimising the expected cost from a window of the last 23 reads (with tolerances) and
-    writes per object; k = M means not cached."""
-    name = "dc"
-
-    def __init__(self, window, sites=2, value_range=100.0, unit=1.0, history=23, w=1.0):
-        _PerItem.__init__(self, window, sites)
-        self.M = max(1, int(math.ceil(value_range / unit)))
-        self.unit, self.history, self.w = unit, history, w
-        self.state = [dict() for _ in range(sites)]     # client -> position -> [centre, k, events]
-
-    def _obj(self, c, i):
-        o = self.state[c].get(i)
-        if o is None:
-            o = self.state[c][i] = [None, self.M, []]
-        return o
-
-    def _event(self, o, now, tol):
-        o[2].append((now, tol))
-        if len(o[2]) > self.history:
-            o[2].pop(0)
-
-    def _choose(self, o, now):
-        o[1] = divergence_width(o[2], now, self.M, self.w)
-
-    def _write(self, now, c, i, v):
-        o = self.state[c].get(i)
-        if o is None:
-            return
-        self._event(o, now, None)
-        if o[1] < self.M and abs(v - o[0]) > o[1] * self.unit / 2:
-            o[0] = v
-            self._choose(o, now)
-            self._cost(c, 1)                            # unsolicited refresh
-
-    def _read(self, now, c, i, tol):
-        o = self._obj(c, i)
-        t = int(tol / self.unit)
-        self._event(o, now, t)
-        if o[1] < self.M and o[1] <= t:
-            h = o[1] * self.unit / 2
-            return o[0] - h, o[0] + h, True
-        o[0] = self.values[i]
-        self._choose(o, now)
-        return None, None, False
+def aps_snap(w, tau0):
+    """§4.2: a width below τ0 snaps to exact caching."""
+    return 0.0 if w < tau0 else w
 
 
-SYSTEMS = {"swat-asr": SwatAsr, "dc": DivergenceCaching, "aps": AdaptivePrecision}
+def aps_narrow(w, alpha, tau0):
+    """§4.2: a query-initiated refresh narrows the width by (1 + α)."""
+    return aps_snap(w / (1 + alpha), tau0)
+
+
+def aps_widen(w, alpha, tau0):
+    """§4.2: a value-initiated refresh widens the width (at least τ0) by (1 + α)."""
+    return max(w, tau0) * (1 + alpha)

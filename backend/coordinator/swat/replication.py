@@ -6,15 +6,15 @@ device: it keeps a replica row per subscribed segment (pushed by the device when
 range no longer encloses the new one), answers a read locally when its rows meet the precision, and
 otherwise forwards the read to the device, whose reply answers it. At each phase end the tests of
 Fig. 8b run for both sites (the device's on its behalf, from the reads forwarded and the pushes
-received) through the same functions as the multi-site ``SwatAsr`` of backend/coordinator/swat.py,
-and the device is sent the new subscription mask.
+received), each a ``Site`` of backend/coordinator/swat/asr.py as in the multi-site ``SwatAsr`` of
+backend/sim/sites.py, and the device is sent the new subscription mask.
 
 Query (kind "summary", one source): ``type`` point | inner | range, ``window`` [first, last]
 positions (0 = newest reading) or "random" (drawn per read), ``weights`` linear | exponential |
 uniform or a list, ``precision`` δ (maximum hi - lo; for range, the summed widths of the segment
 ranges used), range ``value`` and ``radius``, ``every`` (read every n coordinator ticks). Each read
-yields an answer {"estimate", "lo", "hi", "error", "read", "first", "last", "local"} whose [lo, hi]
-holds the exact value of the window at the answer's time (range: the count of readings within
+yields an answer {"estimate", "lo", "hi", "error_bound", "read", "first", "last", "local"} whose
+[lo, hi] holds the exact value of the window at the answer's time (range: the count of readings within
 value ± radius). Baselines: ``swat-aps`` (Adaptive Precision Setting, §4.2) and ``swat-dc``
 (Divergence Caching adapted to precision, §4.1), both replicating every queried segment with a
 cache width (pad) they adapt, instead of per reading as in the paper.
@@ -24,8 +24,8 @@ import random
 
 from backend.coordinator.core.protocol import Protocol
 from backend.coordinator.core.queries import finite
-from backend.coordinator.swat.asr import (combine, count_read, divergence_width, need_of, phase_tests, resolve,
-                                      segment_of, weights_for)
+from backend.coordinator.swat.asr import (Site, aps_narrow, aps_widen, combine, dc_event, divergence_width, need_of,
+                                          resolve, segment_of, weights_for)
 from edge.core.swat import TAG, unpack_segments
 
 INF = float("inf")
@@ -59,21 +59,36 @@ def evaluate(q, pos, ws, row):
 
 
 class _Source:
-    """Backend-side state of one summarised source: its replica (site 1) and the device's counters (site 0)."""
+    """Backend-side state of one summarised source: the backend's site (1, holding the replica) and,
+    kept on the device's behalf, the device's site (0, whose only child is the backend)."""
 
     def __init__(self):
-        self.subs = 0               # segments replicated here (the device's subscription list {backend})
-        self.rows = {}              # segment -> (lo, hi, mean), the replica
+        self.device, self.backend = Site(), Site()
+        self.rows = self.backend.rows           # segment -> (lo, hi, mean), the replica
         self.fresh, self.fresh_t = {}, None     # rows received at logical time fresh_t
         self.expect = set()         # segments whose next row answers a read or an insert, not a write
         self.waiting = []           # forwarded reads: (qid, info, segments)
         self.pads = {}
-        self.reads0, self.writes0, self.interested0 = {}, {}, {}
-        self.reads1, self.writes1 = {}, {}
         self.events = {}            # segment -> [(t, tolerance units | None)] (divergence caching)
 
-    def reset(self):
-        self.__init__()
+    def replicated(self, g):
+        """Whether the backend subscribes to segment ``g`` (the device pushes its writes)."""
+        return bool(self.device.subscribed.get(g))
+
+    def subscribe(self, g, on=True):
+        if on:
+            self.device.subscribed[g] = {1}
+        else:
+            self.device.subscribed.pop(g, None)
+
+    @property
+    def subs(self):
+        """The subscription as the device's bit mask."""
+        mask = 0
+        for g, children in self.device.subscribed.items():
+            if children:
+                mask |= 1 << g
+        return mask
 
 
 class SwatReplication(Protocol):
@@ -112,7 +127,7 @@ class SwatReplication(Protocol):
         coord.send(s.device, "summary", {"src": s.index, "window": self.window if window is None else window,
                                          "k": self.k, "subs": st.subs, "read": read,
                                          "pad": [{"seg": g, "w": p} for g, p in sorted(st.pads.items())
-                                                 if (st.subs >> g) & 1]})
+                                                 if st.replicated(g)]})
 
     def _sync(self, coord, key):
         on = self._summarised(coord, key)
@@ -180,13 +195,13 @@ class SwatReplication(Protocol):
         self.note_read(st, need, q, ws, t)
         if self.resolve(st, need, q.precision) is not None:
             self.stats["local"] += 1
-            count_read(st.reads1, {}, {}, need, -1)
+            st.backend.read(need, -1)
             info["local"] = True
             self.live[q.id] = info
-            coord.dirty.add(q.id)
+            coord.dirty[q.id] = None
             return
         self.stats["forwarded"] += 1
-        count_read(st.reads0, st.interested0, {g: {1} for g in need if (st.subs >> g) & 1}, need, 1)
+        st.device.read(need, 1)
         self.forwarded(st, need)
         info["local"] = False
         st.waiting.append((q.id, info, set(need)))
@@ -231,14 +246,14 @@ class SwatReplication(Protocol):
         for g, lo, hi, mean in entries:
             row = (lo, hi, mean)
             st.fresh[g] = row
-            if (st.subs >> g) & 1:
+            if st.replicated(g):
                 st.rows[g] = row
                 if g in st.expect:
                     st.expect.discard(g)
                 else:
                     writes.append(g)
-                    st.writes0[g] = st.writes0.get(g, 0) + 1
-                    st.writes1[g] = st.writes1.get(g, 0) + 1
+                    st.device.wrote(g)
+                    st.backend.wrote(g)
             else:
                 st.expect.discard(g)
         self.stats["pushes"] += len(writes)
@@ -252,7 +267,7 @@ class SwatReplication(Protocol):
             else:
                 still.append((qid, info, segs))
         st.waiting = still
-        coord.dirty.update(coord.by_source.get(key, ()))
+        coord.dirty.update(coord.by_source.get(key, {}))
 
     # -- answers ------------------------------------------------------------------------------
     def answer(self, coord, q):
@@ -264,39 +279,36 @@ class SwatReplication(Protocol):
                 rows = {g: fresh.get(g, st.rows.get(g)) for g in info["need"]}
                 if None not in rows.values():
                     est, lo, hi = evaluate(q, info["pos"], info["ws"], lambda i: rows[segment_of(i)])
-                    self.results[q.id] = {"estimate": est, "lo": lo, "hi": hi, "error": max(est - lo, hi - est),
+                    self.results[q.id] = {"estimate": est, "lo": lo, "hi": hi,
+                                          "error_bound": max(est - lo, hi - est),
                                           "read": info["read"], "first": info["first"], "last": info["last"],
                                           "local": info["local"]}
         got = self.results.get(q.id)
         if got is None:
-            return {"estimate": None, "lo": -INF, "hi": INF, "error": INF, "read": 0, "first": 0, "last": 0,
+            return {"estimate": None, "lo": -INF, "hi": INF, "error_bound": INF, "read": 0, "first": 0, "last": 0,
                     "local": False, "degraded": True, "reason": "no read answered yet"}
         return dict(got)
 
     # -- phase end (Fig. 8b) ----------------------------------------------------------------------
     def _phase_end(self, coord, key, t):
         st = self.src[key]
-        subs, read = st.subs, 0
+        before, read = st.subs, 0
         for g in range(self.nseg):
-            if (st.subs >> g) & 1:
-                decache, _, _ = phase_tests(False, True, st.reads1.get(g, {}), st.writes1.get(g, 0), (), (), None)
-                if decache:                                     # contraction at the backend
-                    subs &= ~(1 << g)
-                    st.rows.pop(g, None)
-                    continue
-            mine = {1} if (st.subs >> g) & 1 else set()
-            _, refresh, insert = phase_tests(True, False, st.reads0.get(g, {}), st.writes0.get(g, 0), mine,
-                                             st.interested0.get(g, ()), lambda v: True)
+            if st.replicated(g) and st.backend.tests(g, False, None)[0]:    # contraction at the backend
+                st.subscribe(g, False)
+                st.rows.pop(g, None)
+                continue
+            _, refresh, insert = st.device.tests(g, True, lambda v: True)
             if insert:                                          # expansion towards the backend
-                subs |= 1 << g
+                st.subscribe(g)
                 st.expect.add(g)
             if refresh:                                         # subscribed, but the copy was too coarse
                 read |= 1 << g
                 st.expect.add(g)
-        for d in (st.reads0, st.writes0, st.interested0, st.reads1, st.writes1):
-            d.clear()
-        if subs != st.subs or read:
-            st.subs = subs
+        st.device.new_phase()
+        st.device.interested.clear()
+        st.backend.new_phase()
+        if st.subs != before or read:
             self._control(coord, key, read=read)
 
 
@@ -319,7 +331,7 @@ class SwatAps(SwatReplication):
             w = q.extra.get("window", "random")
             segs = range(self.nseg) if w == "random" else {segment_of(min(i, self.window - 1)) for i in range(w[0], w[1] + 1)}
             for g in segs:
-                st.subs |= 1 << g
+                st.subscribe(g)
                 st.pads[g] = self.width0 / 2
                 st.expect.add(g)
 
@@ -327,13 +339,12 @@ class SwatAps(SwatReplication):
         pass                                        # no replication tests: APS caches everything
 
     def forwarded(self, st, need):
-        for g in need:
-            p = st.pads.get(g, self.width0 / 2) / (1 + self.alpha)
-            st.pads[g] = 0.0 if p < self.tau0 / 2 else p
+        for g in need:                              # pads are half widths
+            st.pads[g] = aps_narrow(st.pads.get(g, self.width0 / 2), self.alpha, self.tau0 / 2)
 
     def pushed(self, coord, key, st, segs, t):
         for g in segs:
-            st.pads[g] = max(st.pads.get(g, 0.0), self.tau0 / 2) * (1 + self.alpha)
+            st.pads[g] = aps_widen(st.pads.get(g, 0.0), self.alpha, self.tau0 / 2)
         self._control(coord, key)
 
 
@@ -355,27 +366,21 @@ class SwatDc(SwatReplication):
     def _phase_end(self, coord, key, t):
         pass
 
-    def _event(self, st, g, t, tol):
-        ev = st.events.setdefault(g, [])
-        ev.append((t, tol))
-        if len(ev) > self.history:
-            ev.pop(0)
-
     def _choose(self, st, g, t):
         k = divergence_width(st.events.get(g, []), t, self.M, self.w)
         if k >= self.M:
-            st.subs &= ~(1 << g)
+            st.subscribe(g, False)
             st.rows.pop(g, None)
         else:
-            if not (st.subs >> g) & 1:
+            if not st.replicated(g):
                 st.expect.add(g)
-            st.subs |= 1 << g
+            st.subscribe(g)
             st.pads[g] = k * self.unit / 2
 
     def note_read(self, st, need, q, ws, t):
         tol = int(q.precision / max(sum(abs(x) for x in ws), 1e-300) / self.unit)
         for g in need:
-            self._event(st, g, t, tol)
+            dc_event(st.events.setdefault(g, []), t, tol, self.history)
         self._t = t
 
     def forwarded(self, st, need):
@@ -384,7 +389,7 @@ class SwatDc(SwatReplication):
 
     def pushed(self, coord, key, st, segs, t):
         for g in segs:
-            self._event(st, g, t, None)
+            dc_event(st.events.setdefault(g, []), t, None, self.history)
             self._choose(st, g, t)
         self._control(coord, key)
 

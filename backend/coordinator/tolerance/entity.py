@@ -165,10 +165,14 @@ class EntityProtocol(Protocol):
 
     def answer(self, coord, q):
         st = self.states.get(q.id)
-        if st is None:
-            return {"members": [], "degraded": True}
-        return {"members": sorted(st.members()),
-                "degraded": not st.ready or st.busy() or coord.latency > 0}
+        why = ("no state for the query" if st is None else "waiting for a first value of every source"
+               if not st.ready else "probe replies outstanding" if st.busy() else
+               "network delay: the tolerance assumes instantaneous reports and probes (§3)"
+               if coord.latency > 0 else None)
+        out = {"members": sorted(st.members()) if st is not None else [], "degraded": why is not None}
+        if why is not None:
+            out["reason"] = why
+        return out
 
     def target(self, coord, key):
         per = self.cons.get(key, {})

@@ -18,6 +18,7 @@ import time
 import paho.mqtt.client as mqtt
 
 from edge.agent import Agent
+from edge.core import topics
 from edge.runtime.cpython import config, inputs
 from edge.runtime.outbox import Outbox
 from edge.runtime.pump import Pump
@@ -36,7 +37,7 @@ class Runtime:
         # a random boot id: a restart within the same second must not look like a duplicate birth
         boot = cfg["boot"] if cfg["boot"] is not None else int.from_bytes(os.urandom(4), "little")
         self.agent = Agent(cfg["device"], names, boot=boot, width=cfg["width"])
-        self.prefix = "qf/%s/d/%s/" % (cfg["fleet"], cfg["device"])
+        self.prefix = topics.device_prefix(cfg["fleet"], cfg["device"])
         self.truth = open(cfg["ground_truth"], "a", buffering=1) if cfg["ground_truth"] else None
         self.pump = Pump(self.agent, inputs.build(cfg, now), Outbox(cfg["outbox"]), self._send, self.truth)
         self.connected = False

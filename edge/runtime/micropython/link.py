@@ -10,6 +10,7 @@ import select
 import struct
 import time
 
+from edge.core import topics
 from edge.core.codec import MAX_PAYLOAD
 from umqtt.simple import MQTTClient
 
@@ -68,7 +69,7 @@ class Client(MQTTClient):
 
 class Link:
     def __init__(self, cfg, will):
-        self.prefix = "qf/%s/d/%s/" % (cfg["fleet"], cfg["device"])
+        self.prefix = topics.device_prefix(cfg["fleet"], cfg["device"])
         self.keepalive = cfg.get("keepalive", 30)
         c = Client("qf-%s-%s" % (cfg["fleet"], cfg["device"]), cfg.get("host", "127.0.0.1"),
                        cfg.get("port", 1883), cfg["device"], cfg["password"], self.keepalive)

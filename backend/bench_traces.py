@@ -1,0 +1,262 @@
+"""``quietfleet bench`` section: the real-trace suite (issue #18 item 6), dev and held-out traces apart.
+
+For every trace of ``backend.traces`` with its default AVG query: messages (up + down) of each protocol
+column in ``COLUMNS``, the clairvoyant piecewise-constant and piecewise-linear minima per source at
+the deadband width, ratios to deadband, their geometric means, simulator samples/s, and plots.
+Each simulation runs in a child process under a wall-clock limit, so a trace the simulator cannot yet
+finish shows as a timeout instead of stalling the report.
+"""
+import csv
+import math
+import multiprocessing
+import os
+import time
+
+from backend import traces
+from backend.coordinator.core import aggregate
+from backend.coordinator.core.queries import parse_query
+from backend.coordinator.protocols import PROTOCOLS
+from backend.sim import engine
+from backend.sim.clairvoyant import minimum_reports, minimum_segments
+from backend.sim.sources import samples
+from backend.sim.workload import load
+
+# The protocol columns. More (filter models, segment mode at two lags) are appended here: ``params`` and
+# ``query`` may be dicts or functions of the catalogue entry, e.g. a segment column
+# {"label": "segment L=10", "protocol": ..., "query": lambda c: {"lag": 10 * c["interval_s"]}}.
+# ``static`` marks a fixed allocation whose messages cannot depend on the adjustment period: it runs with
+# the period set to the trace's span, which only skips the idle ticks the coordinator makes today
+# (checked equal on a short trace in tests/backend/test_traces.py).
+COLUMNS = [
+    {"label": "deadband", "protocol": "deadband", "static": True},
+    {"label": "optimal_static", "protocol": "optimal_static", "static": True},
+    {"label": "adaptive", "protocol": "adaptive"},
+]
+MINIMA = (("clairvoyant_pc", lambda t, v, w: minimum_reports(v, w)), ("clairvoyant_pl", minimum_segments))
+
+
+def _of(x, c):
+    """A column's ``params``/``query``: a dict, a function of the catalogue entry, or None."""
+    return (x(c) if callable(x) else x) or {}
+
+
+def _child(spec, conn):
+    r = engine.run(spec)
+    conn.send({k: r[k] for k in ("messages", "samples", "violations", "runtime_s", "samples_per_s")})
+    conn.close()
+
+
+def run_limited(spec, limit):
+    """engine.run(spec) in a child process; its figures, or None if it did not finish within ``limit`` s."""
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_child, args=(spec, child), daemon=True)
+    p.start()
+    child.close()
+    out = parent.recv() if parent.poll(limit) else None
+    if out is None:
+        p.terminate()
+    p.join()
+    if out is None and p.exitcode not in (0, -15, None):
+        raise RuntimeError("simulation of %s failed in its child process (exit %s)" % (spec["name"], p.exitcode))
+    return out
+
+
+def minima(spec):
+    """{label: fewest reports summed over sources} at each source's deadband width for ``spec``'s queries."""
+    w = load(dict(spec, protocol="deadband"))
+    width = {}
+    for q in w.queries:
+        pq = parse_query(q, w.source_ids)
+        for s in pq.sources:
+            width[s] = min(width.get(s, math.inf), aggregate.uniform_width(pq))
+    t, s, v = samples(w)
+    out = {}
+    for label, fn in MINIMA:
+        total = 0
+        for i, name in enumerate(w.source_ids):
+            m = s == i
+            if name in width and m.any():
+                total += fn(t[m].tolist(), v[m].tolist(), width[name])
+        out[label] = total
+    return out
+
+
+def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
+    """One row per trace and one run record per (trace, column)."""
+    rows, runs = [], []
+    for c in cat:
+        row = {"trace": c["name"], "split": c["split"], "domain": c["domain"], "sources": c["sources"],
+               "span": traces.human(duration if duration is not None else c["span_s"]),
+               "interval": traces.human(c["interval_s"])}
+        base = None
+        for col in columns or COLUMNS:
+            label, proto = col["label"], col["protocol"]
+            if proto not in PROTOCOLS:
+                continue
+            p = dict(_of(col.get("params"), c))
+            if col.get("static"):
+                p["period"] = c["span_s"] + 1.0
+            spec = traces.workload(c, trace_dir, proto, p, duration)
+            extra = _of(col.get("query"), c)
+            spec["queries"] = [dict(q, **extra) for q in spec["queries"]]
+            log("  %s / %s" % (c["name"], label))
+            r = run_limited(spec, limit)
+            rec = {"trace": c["name"], "split": c["split"], "column": label, "protocol": proto,
+                   "params": p, "limit_s": limit}
+            if r is None:
+                rec.update(status="timeout")
+                row[label] = "> %g s" % limit
+            else:
+                m = r["messages"]["up"] + r["messages"]["down"]
+                rec.update(status="ok", samples=r["samples"], up=r["messages"]["up"], down=r["messages"]["down"],
+                           messages=m, violations=r["violations"], runtime_s=round(r["runtime_s"], 3),
+                           samples_per_s=int(r["samples_per_s"] or 0))
+                row["samples"] = r["samples"]
+                row[label] = m
+                row[label + " samples/s"] = rec["samples_per_s"]
+                if label == "deadband":
+                    base = m
+            runs.append(rec)
+        row.update(minima(traces.workload(c, trace_dir, "deadband", duration=duration)))
+        for label in [col["label"] for col in columns or COLUMNS] + [m[0] for m in MINIMA]:
+            if isinstance(row.get(label), int) and base:
+                row[label + "/db"] = round(row[label] / base, 4)
+        rows.append(row)
+    return rows, runs
+
+
+def geomeans(rows):
+    """Geometric mean of each ratio column over the traces of each split that have it: [(split, {col: (g, n)})]."""
+    out = []
+    keys = [k for k in rows[0] if k.endswith("/db")] if rows else []
+    for split in ("dev", "held-out"):
+        got = {}
+        for k in keys:
+            xs = [r[k] for r in rows if r["split"] == split and r.get(k)]
+            if xs:
+                got[k] = (math.exp(sum(math.log(x) for x in xs) / len(xs)), len(xs))
+        if got:
+            out.append((split, got))
+    return out
+
+
+def _table(rows, labels, protocols):
+    head = ["trace", "samples", "span", "interval", "sources"] + labels + ["samples/s (%s)" % ", ".join(protocols)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["trace"], str(r.get("samples", "")), r["span"], r["interval"], str(r["sources"])]
+        for lab in labels:
+            v = r.get(lab, "")
+            cells.append("%s (%.3f)" % (v, r[lab + "/db"]) if lab + "/db" in r else str(v))
+        cells.append(" / ".join(str(r.get(p + " samples/s", "timeout")) for p in protocols))
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def _plots(out_dir, rows, labels, cat, trace_dir, duration):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4.5))
+    width = 0.8 / max(1, len(labels))
+    for j, lab in enumerate(labels):
+        xs = [i + j * width for i, r in enumerate(rows) if lab + "/db" in r]
+        ys = [r[lab + "/db"] for r in rows if lab + "/db" in r]
+        ax.bar(xs, ys, width, label=lab)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
+    ax.set_xticklabels(["%s%s" % (r["trace"], "\n(held-out)" if r["split"] == "held-out" else "") for r in rows],
+                       rotation=30, ha="right")
+    ax.axhline(1.0, color="grey", linestyle="--")
+    ax.set_ylabel("messages / deadband")
+    ax.set_title("Real traces: messages relative to deadband (missing bar = timeout)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "traces_ratio.png"), dpi=90)
+    plt.close(fig)
+    cols = 3
+    nrow = int(math.ceil(len(rows) / cols))
+    fig, axes = plt.subplots(nrow, cols, figsize=(4.5 * cols, 2.6 * nrow), squeeze=False)
+    for ax, r, c in zip(axes.ravel(), rows, cat):
+        w = load(traces.workload(c, trace_dir, "deadband", duration=duration))
+        t, s, v = samples(w)
+        unit, size = next((u, k) for u, k in (("years", traces.YEAR), ("days", traces.DAY), ("hours", 3600.0),
+                                              ("s", 1.0)) if t[-1] >= 2 * k or u == "s")
+        for i in range(min(4, len(w.source_ids))):
+            m = s == i
+            ax.plot(t[m] / size, v[m], linewidth=0.6, label=w.source_ids[i])
+        ax.set_xlabel(unit, fontsize=7)
+        ax.set_title("%s (%s, every %s)" % (r["trace"], r["split"], r["interval"]), fontsize=9)
+        ax.tick_params(labelsize=7)
+    for ax in axes.ravel()[len(rows):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "traces_data.png"), dpi=80)
+    plt.close(fig)
+    return ["traces_ratio.png", "traces_data.png"]
+
+
+def _tick_cost(cat, trace_dir, limit, runs, log, name="nox-switzerland"):
+    """One sentence: deadband on a year of daily data with the default period versus period = span."""
+    c = next(x for x in cat if x["name"] == name)
+    log("  %s / deadband with the default period" % name)
+    r = run_limited(traces.workload(c, trace_dir, "deadband"), limit)
+    fast = next(x for x in runs if x["trace"] == name and x["column"] == "deadband")
+    got = ("%.1f s (%d samples/s)" % (r["runtime_s"], r["samples_per_s"])) if r else "more than %g s" % limit
+    same = "" if r is None else ("; the messages are the same" if r["messages"]["up"] + r["messages"]["down"]
+                                 == fast.get("messages") else "; the messages DIFFER")
+    return ("Idle ticks: deadband on %s (%s of daily data) with the default period of 10 s takes %s, with the "
+            "period set to the span %.2f s (%d samples/s)%s." % (
+                name, traces.human(c["span_s"]), got, fast.get("runtime_s", math.nan), fast.get("samples_per_s", 0),
+                same))
+
+
+def _write_csv(path, rows):
+    keys = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=None):
+    """Run the suite; write CSVs and plots into ``out_dir``. Returns (Markdown lines, violations)."""
+    trace_dir = trace_dir or (os.path.join(out_dir, "traces") if smoke else os.path.join("results", "traces"))
+    names = ["seismic-rjob"] if smoke else None
+    limit = limit or (60.0 if smoke else (20.0 if quick else 120.0))
+    t0 = time.time()
+    cat = traces.convert(trace_dir, names, log=log)
+    rows, runs = measure(cat, trace_dir, limit, duration=5.0 if smoke else None, log=log)
+    _write_csv(os.path.join(out_dir, "traces.csv"), rows)
+    _write_csv(os.path.join(out_dir, "traces_runs.csv"), runs)
+    protocols = [c["label"] for c in COLUMNS if c["protocol"] in PROTOCOLS]
+    labels = protocols + [m[0] for m in MINIMA]
+    plots = _plots(out_dir, rows, labels, cat, trace_dir, 5.0 if smoke else None)
+    viol = sum(r.get("violations", 0) for r in runs)
+    lines = ["## Real traces (issue #18)", "",
+             "Public recordings shipped inside pinned packages, converted by `scripts/traces.py` (catalogue with "
+             "licences below). Every trace runs its default query: one AVG over all sources, precision %g × the "
+             "median per-source 5–95 %% spread. Cells are messages (up + down) and, in brackets, the ratio to "
+             "deadband on the same trace. `clairvoyant_pc` / `clairvoyant_pl`: fewest reports any sender could make "
+             "with constant / linear pieces at the deadband width per source (offline, exact). A run over its "
+             "wall-clock limit shows `> limit`: today the coordinator advances period by period (10 s), so "
+             "adaptive with default parameters cannot cover spans of months or years; the static columns run with "
+             "the period set to the span (no effect on their messages). Violations in these runs: **%d**. "
+             "Section took %.0f s." % (traces.PRECISION_FRACTION, viol, time.time() - t0), ""]
+    for split, title in (("dev", "Development traces"), ("held-out", "Held-out traces (never tuned on)")):
+        part = [r for r in rows if r["split"] == split]
+        if part:
+            lines += ["### " + title, ""] + _table(part, labels, protocols) + [""]
+    lines += ["### Geometric mean of the ratio to deadband", "", "| split | " + " | ".join(labels) + " |",
+              "|" + "---|" * (len(labels) + 1)]
+    for split, got in geomeans(rows):
+        lines.append("| %s | %s |" % (split, " | ".join(
+            "%.3f (%d traces)" % got[lab + "/db"] if lab + "/db" in got else "–" for lab in labels)))
+    lines += ["", "Every run's figures (samples/s, runtime, up/down, status) are in `traces_runs.csv`.", ""]
+    if not smoke:
+        lines += [_tick_cost(cat, trace_dir, limit, runs, log), ""]
+    lines += ["![ratios](%s)" % plots[0], "", "![traces](%s)" % plots[1], "", "### Catalogue", "",
+              traces.catalogue_md(cat)]
+    return lines, viol

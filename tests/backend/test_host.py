@@ -1,0 +1,171 @@
+"""backend/host.py, the adapter every driver shares: the spec rule (event time, waiting specs, dynamic
+"all", removal), robustness against bad specs, and one guarantee vocabulary on every answer path
+(live adapter JSON, Spark rows)."""
+import json
+import math
+
+import pytest
+
+import drivers
+from backend import host
+from backend.host import Host
+from backend.spark import job
+from edge.agent import Agent
+from edge.core import topics
+
+FLEET = drivers.FLEET
+
+
+def born(device, names, values, now, boot=1):
+    """A device's birth payload carrying ``values`` as its last readings."""
+    a = Agent(device, names, boot=boot)
+    for i, v in enumerate(values):
+        a.handle_sample(now, i, v)
+    return a, a.start(now)[0][1]
+
+
+def kinds(out):
+    return [a[0] for a in out]
+
+
+def answers(out):
+    return [a[1] for a in out if a[0] == "answer"]
+
+
+def test_specs_take_effect_at_event_time_never_before_the_clock():
+    h = Host(protocol="naive", latency=2.0, t0=0.0)
+    _, birth = born("d1", ["a"], [5.0], 10.0)
+    assert h.record(10.0, "d1", "state", birth) == []                  # held for λ
+    h.record(13.0, None, "tick", b"")
+    assert h.coord.clock == 10.0                                       # the tick at t0 + T = 10
+    first = answers(h.record(13.0, "q1", "spec", b'{"kind": "sum", "sources": ["a"]}'))
+    assert [a["time"] for a in first] == [11.0]                        # now - λ
+    late = answers(h.record(13.5, "q2", "spec", b'{"kind": "max", "sources": ["a"]}'))
+    assert [a["time"] for a in late] == [11.5]
+    h.record(40.0, None, "tick", b"")
+    assert h.coord.clock == 30.0
+    early = answers(h.record(35.0, "q3", "spec", b'{"kind": "min", "sources": ["a"]}'))
+    assert [a["time"] for a in early] == [38.0]                        # arrival times are made monotone
+    assert h.event_time(0.0) == h.coord.clock == 30.0                  # and never before the clock
+
+
+def test_specs_for_unborn_sources_wait_and_all_follows_births():
+    h = Host(protocol="deadband", period=5.0)
+    out = h.spec(1.0, "tot", '{"kind": "sum", "sources": "all", "precision": 2}')
+    assert out == [("error", "tot", "waiting for sources all to be born")]
+    out = h.spec(1.0, "two", {"kind": "sum", "sources": ["a", "c"], "precision": 2})
+    assert out == [("error", "two", "waiting for sources a, c to be born")] and sorted(h.pending) == ["tot", "two"]
+    _, birth = born("d1", ["a", "b"], [1.0, 2.0], 2.0)
+    tot = answers(h.record(2.0, "d1", "state", birth))
+    assert [(a["query"], a["lo"] <= 3.0 <= a["hi"]) for a in tot] == [("tot", True)]
+    assert h.coord.queries["tot"].sources == ["a", "b"] and list(h.pending) == ["two"]
+    _, birth = born("d2", ["c"], [10.0], 3.0)
+    out = answers(h.record(3.0, "d2", "state", birth))
+    assert sorted(a["query"] for a in out) == ["tot", "two"] and not h.pending
+    assert h.coord.queries["tot"].sources == ["a", "b", "c"]          # "all" took the newcomer in
+    assert all(a["lo"] <= 13.0 <= a["hi"] for a in out if a["query"] == "tot")
+    assert h.stats["bad_specs"] == 0 and h.records == 2
+
+
+def test_bad_specs_are_refused_with_a_reason_and_removal_retracts():
+    h = Host(protocol="naive", t0=0.0)
+    _, birth = born("d1", ["a"], [1.0], 1.0)
+    h.record(1.0, "d1", "state", birth)
+    caller = {"kind": "sum", "sources": ["a"]}
+    assert answers(h.spec(2.0, "q", caller)) and caller == {"kind": "sum", "sources": ["a"]}
+    for bad, why in ((b"{x", "not JSON"), (b"\xff\xfe", "not JSON"), ("[1]", "JSON object"), (7, "JSON object"),
+                     ({"kind": "sum", "id": "other"}, "differs"), ({"kind": "median"}, "kind must be"),
+                     ({"kind": "sum", "sources": ["a"], "precision": "x"}, "precision")):
+        out = h.spec(3.0, "bad", bad)
+        assert kinds(out) == ["error"] and why in out[0][2], (bad, out)
+    assert h.spec(3.0, "", {"kind": "sum"})[0][0] == "error" and h.spec(3.0, None, b"")[0][0] == "error"
+    assert h.set_precision(3.0, "nope", 1.0)[0][0] == "error"
+    assert h.stats["bad_specs"] == 10 and "bad" not in h.coord.queries
+    assert h.record(4.0, "q", "spec", b"  ")[-1] == ("retract", "q") and "q" not in h.coord.queries
+    assert h.record(4.0, None, "ctl", b"x") == [] and h.stats["foreign"] == 1 and h.records == 3
+
+
+def test_a_protocol_refusing_a_query_leaves_nothing_behind():
+    h = Host(protocol="relay", declared=["r1", "r2"], t0=0.0)
+    out = h.spec(1.0, "j", {"kind": "sum", "sources": ["r1"], "window": "yesterday"})
+    assert kinds(out) == ["error"] and "window" in out[0][2]
+    assert not h.coord.queries and not h.specs and not any(h.coord.by_source.get(s) for s in ("r1", "r2"))
+
+
+def test_t0_is_the_first_record_or_the_given_one():
+    h = Host()
+    h.record(1234.7, None, "tick", b"")
+    assert h.t0 == h.coord.t0 == 1234.0
+    live = Host(t0=99.25)
+    live.record(1234.7, None, "tick", b"")
+    assert live.coord.t0 == 99.25
+
+
+def test_guarantee_vocabulary_and_strict_json():
+    assert host.guarantee({"lo": 1, "hi": 2, "degraded": False}) == "interval"
+    assert host.guarantee({"members": [], "degraded": False}) == "tolerance"
+    assert host.guarantee({"lo": 1, "hi": 2, "guarantee": "probabilistic", "degraded": True}) == "degraded"
+    with pytest.raises(ValueError):
+        host.guarantee({"lo": 1, "hi": 2, "guarantee": "set"})
+    rec = json.loads(host.answer_json({"time": 1.0, "query": "q", "lo": -math.inf, "hi": math.inf, "degraded": True}))
+    assert rec == {"time": 1.0, "query": "q", "lo": "-inf", "hi": "inf", "degraded": True, "guarantee": "degraded",
+                   "reason": "degraded by the protocol"}
+    assert set(host.GUARANTEES) >= {"interval", "probabilistic", "tolerance", "degraded"}
+
+
+def _live(settings, records, tmp_path):
+    """The JSON lines the live adapter writes for ``records`` (``(now, topic, payload)``)."""
+    from backend.live import LiveCoordinator
+    path = tmp_path / "answers.jsonl"
+    live = LiveCoordinator(Host(settings), FLEET, "127.0.0.1", 9, "unused", answers_path=str(path))
+    for now, topic, payload in records:
+        live.timer(now) if topic == topics.tick(FLEET) else live.message(now, topic, payload)
+    live.close()
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _spark(settings, records):
+    from backend.spark.source import parse_topic
+    cols = job.run_batch(Host(settings), [(t, *parse_topic(topic), p, False) for t, topic, p in records])
+    return [(g, json.loads(b)) for k, g, b in zip(cols["kind"], cols["guarantee"], cols["body"]) if k == "answer"]
+
+
+def test_brownian_answers_stay_probabilistic_through_the_live_adapter(tmp_path):
+    answers, inputs = drivers.record("brownian")
+    lines = _live(drivers.settings("brownian"), drivers.spool_records(inputs), tmp_path)
+    assert len(lines) == len(answers)
+    fine = [a for a in lines if not a["degraded"]]
+    assert fine and all(a["guarantee"] == ("probabilistic" if "confidence" in a else "none") for a in fine)
+    assert sum(a["guarantee"] == "probabilistic" for a in fine) > 50
+
+
+def _fleet_records():
+    """Two devices born, a range (entity) or sum query, then device d2's Last Will."""
+    a1, b1 = born("d1", ["a", "b"], [100.0, 130.0], 1.0)
+    a2, b2 = born("d2", ["c"], [101.0], 1.0)
+    return [(1.0, topics.device(FLEET, "d1", "state"), b1), (1.0, topics.device(FLEET, "d2", "state"), b2),
+            (2.0, topics.query(FLEET, "r", "spec"), b'{"kind": "range", "range": [90, 110], "fp_tolerance": 0.2}'),
+            (2.0, topics.query(FLEET, "s", "spec"), b'{"kind": "sum", "sources": ["a", "c"], "precision": 1}'),
+            (3.0, topics.tick(FLEET), b""), (4.0, topics.device(FLEET, "d2", "state"), a2.will())]
+
+
+@pytest.mark.parametrize("protocol, query", [("ft-nrp", "r"), ("deadband", "s")])
+def test_members_say_tolerance_and_degraded_answers_give_a_reason(tmp_path, protocol, query):
+    records = [r for r in _fleet_records() if not r[1].endswith("/spec") or "/%s/" % query in r[1]]
+    settings = host.settings(protocol=protocol, period=10.0)
+    live = [a for a in _live(settings, records, tmp_path) if a["query"] == query]
+    spark = [(g, a) for g, a in _spark(settings, records) if a["query"] == query]
+    assert [a["guarantee"] for a in live] == [g for g, _ in spark]
+    fine, degraded = live[-2], live[-1]
+    assert fine["guarantee"] == ("tolerance" if protocol == "ft-nrp" else "interval")
+    if protocol == "ft-nrp":
+        assert fine["members"] == ["a", "c"]
+    assert degraded["time"] == 4.0 and degraded["guarantee"] == "degraded" and degraded["reason"].startswith("offline: c")
+
+
+@pytest.mark.parametrize("bad", [{"period": "10"}, {"latency": math.nan}, {"shrink": True}, {"t0": "now"},
+                                 {"protocol": 3}, {"params": [1]}, {"colour": "red"},
+                                 {"protocol": "adaptive", "params": {"nonsense": 1}}, {"protocol": "nope"}])
+def test_bad_settings_are_a_clear_error(bad):
+    with pytest.raises(ValueError):
+        Host(bad)

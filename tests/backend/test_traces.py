@@ -1,0 +1,111 @@
+"""The real-trace suite: converted traces match the datasets' documented sizes, load in the simulator,
+and the bench section runs on one short trace with self-consistent figures."""
+import csv
+import math
+
+import pytest
+
+from backend import bench_traces, traces
+from backend.sim import engine
+from backend.sim.sources import samples
+from backend.sim.workload import load
+
+# (sources, samples) from each dataset's documentation: rows × columns less its missing values.
+EXPECTED = {
+    "seismic-rjob": (3, 3 * 3000),
+    "ppg": (2, 2483 + 15000),
+    "weather-nyc": (3, 26115 - 1),          # one hour without a temperature
+    "elec-victoria": (1, 365 * 48),
+    "nox-switzerland": (13, 366 * 13 - 171),  # 171 site-days without a measurement
+    "eu-stocks": (4, 1860 * 4),
+    "ozone-grid": (576, 24 * 24 * 72),
+    "great-lakes": (4, 92 * 4),
+    "djia": (1, 37931),
+}
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    d = tmp_path_factory.mktemp("traces")
+    return str(d), {c["name"]: c for c in traces.convert(str(d))}
+
+
+def test_the_suite_spans_domains_intervals_and_a_held_out_set(converted):
+    _, cat = converted
+    assert set(cat) == set(EXPECTED)
+    assert len({c["domain"] for c in cat.values()}) >= 4
+    assert min(c["interval_s"] for c in cat.values()) <= 1.0
+    assert max(c["interval_s"] for c in cat.values()) >= 86400.0
+    assert sum(c["split"] == "held-out" for c in cat.values()) >= 2
+    assert all(c["licence"] and c["version"] and c["split"] in ("dev", "held-out") for c in cat.values())
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_converted_trace_counts_order_and_values(converted, name):
+    d, cat = converted
+    with open("%s/%s.csv" % (d, name), newline="") as fh:
+        rd = csv.reader(fh)
+        assert next(rd) == ["time", "source", "value"]
+        rows = [(float(t), s, float(v)) for t, s, v in rd]
+    n_src, n = EXPECTED[name]
+    assert len(rows) == n == cat[name]["samples"]
+    assert len({s for _, s, _ in rows}) == n_src == cat[name]["sources"]
+    assert rows[0][0] == 0.0 and all(a[0] <= b[0] for a, b in zip(rows, rows[1:]))
+    assert all(math.isfinite(t) and math.isfinite(v) for t, _, v in rows)
+    last = {}
+    for t, s, _ in rows:                     # one reading per source and instant
+        assert t > last.get(s, -1.0)
+        last[s] = t
+    assert math.isclose(cat[name]["span_s"], rows[-1][0])
+    q = cat[name]["queries"][0]
+    assert q["kind"] == "avg" and q["sources"] == "all"
+    assert math.isclose(q["precision"], traces.PRECISION_FRACTION * cat[name]["spread"]) and q["precision"] > 0
+    w = load(traces.workload(cat[name], d, "deadband"))
+    assert len(samples(w)[0]) == n
+
+
+def test_static_columns_do_not_depend_on_the_period(converted):
+    """The bench runs deadband and optimal_static with period = span; on a short trace both periods agree."""
+    d, cat = converted
+    c = cat["ppg"]
+    for proto in ("deadband", "optimal_static"):
+        a = engine.run(traces.workload(c, d, proto, duration=20.0))
+        b = engine.run(traces.workload(c, d, proto, {"period": c["span_s"] + 1.0}, duration=20.0))
+        assert a["messages"] == b["messages"] and a["reports"] == b["reports"] > 0
+
+
+def test_a_run_over_its_limit_is_reported_not_waited_for(converted):
+    d, cat = converted
+    assert bench_traces.run_limited(traces.workload(cat["great-lakes"], d, "deadband"), 0) is None
+
+
+def test_bench_section_smoke(tmp_path):
+    lines, viol = bench_traces.section(str(tmp_path), smoke=True, log=lambda s: None)
+    assert viol == 0
+    text = "\n".join(lines)
+    assert "| seismic-rjob | 1503 |" in text and "Held-out" not in text
+    (row,) = list(csv.DictReader(open(tmp_path / "traces.csv")))
+    db = int(row["deadband"])
+    assert float(row["deadband/db"]) == 1.0
+    assert 0 < int(row["clairvoyant_pl"]) <= int(row["clairvoyant_pc"]) <= db
+    runs = list(csv.DictReader(open(tmp_path / "traces_runs.csv")))
+    assert {r["column"] for r in runs} >= {"deadband", "optimal_static", "adaptive"}
+    assert all(r["status"] == "ok" and int(r["samples"]) == 1503 for r in runs)
+    for png in ("traces_ratio.png", "traces_data.png"):
+        assert (tmp_path / png).stat().st_size > 0
+
+
+def test_geometric_means_per_split():
+    rows = [{"split": "dev", "a/db": 0.5}, {"split": "dev", "a/db": 2.0}, {"split": "held-out", "a/db": 0.25}]
+    assert [(s, {k: (round(g, 9), n) for k, (g, n) in got.items()}) for s, got in bench_traces.geomeans(rows)] == [
+        ("dev", {"a/db": (1.0, 2)}), ("held-out", {"a/db": (0.25, 1)})]
+
+
+def test_extra_columns_hook_changes_the_query(converted):
+    """A column's ``query`` hook reaches the simulator: twice the precision sends fewer messages."""
+    d, cat = converted
+    cols = bench_traces.COLUMNS[:1] + [{"label": "deadband-2x", "protocol": "deadband", "static": True,
+                                        "query": lambda c: {"precision": 2 * c["queries"][0]["precision"]}}]
+    rows, runs = bench_traces.measure([cat["seismic-rjob"]], d, 60, duration=5.0, columns=cols, log=lambda s: None)
+    assert [r["column"] for r in runs] == ["deadband", "deadband-2x"]
+    assert 0 < rows[0]["deadband-2x"] < rows[0]["deadband"]
