@@ -161,7 +161,7 @@ def test_the_protocol_pickles_mid_run_and_continues_identically():
 
 @pytest.mark.parametrize("bad,msg", [
     ({"rule": "other"}, "rule"), ({"memory": 0}, "memory"), ({"every": 0.5}, "every"), ({"guard": "x"}, "guard"),
-    ({"hysteresis": 1.0}, "hysteresis"), ({"prior": 0}, "prior"),
+    ({"hysteresis": 1.0}, "hysteresis"), ({"prior": 0}, "prior"), ({"cap": 0.2}, "rule=shrink"),
 ])
 def test_bad_params_of_the_default_rule_are_explained(bad, msg):
     with pytest.raises(ValueError, match=msg):

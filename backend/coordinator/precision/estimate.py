@@ -150,7 +150,9 @@ class Estimated(Adaptive):
         return super().__new__(cls)
 
     def __init__(self, rule="estimate", cost=1.0, seed=0, immediate=True, rate=None, eps=1e-8, memory=32,
-                 every=None, hysteresis=0.1, guard=None, prior=2.0):
+                 every=None, hysteresis=0.1, guard=None, prior=2.0, **shrink_only):
+        if shrink_only:
+            raise ValueError("%s: parameters of rule=shrink (Olston §3.2) only" % ", ".join(sorted(shrink_only)))
         Adaptive.__init__(self, cost=cost, seed=seed, immediate=immediate, rate=rate, eps=eps)
         for name, v in (("memory", memory), ("every", every), ("guard", guard)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 1):
