@@ -12,19 +12,27 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 
 from backend.coordinator.protocols import PROTOCOLS
 from backend.sim import engine
+from backend import synthetic
 from backend.sim.clairvoyant import minimum_reports
 from backend.sim.sources import samples
 from backend.sim.workload import load
 
 
-def workloads(scale):
-    """The shared workloads: (name, spec). ``scale`` shrinks durations for quick and smoke runs."""
+def workloads(scale, data_dir=None):
+    """The shared workloads: (name, spec). ``scale`` shrinks durations for quick and smoke runs; traces
+    that no generator makes are written (seeded) to ``data_dir`` (default: the temp folder)."""
     d = lambda x: max(60, int(x * scale))
     ids = ["s%d" % i for i in range(40)]
+    data_dir = data_dir or os.path.join(tempfile.gettempdir(), "quietfleet-bench")
+    os.makedirs(data_dir, exist_ok=True)
+    days = max(3, int(137 * scale))
+    years = max(2, int(18 * scale))
+    hid = ids[:24]
     return [
         ("single-avg-10", {"seed": 11, "duration": d(3000),
                            "sources": {"generator": "random_walk", "count": 10, "start": [90, 110], "step": [0.1, 2.0]},
@@ -49,7 +57,31 @@ def workloads(scale):
                                         "sources": ["sea-%02d" % m for m in range(1, 13)]},
                                        {"id": "sf_avg", "kind": "avg", "precision": 1.0,
                                         "sources": ["sf-%02d" % m for m in range(1, 13)]}]}),
+        ("hetero-24", {"seed": 21, "duration": d(6000),
+                       "sources": {"generator": "random_walk", "count": 24, "per_device": 2, "start": [90, 110],
+                                   "step": [0.25, 8.0], "steps": "normal"},
+                       "queries": _hetero_queries(hid)}),
+        ("changing-rates", {"seed": 0, "duration": d(6000) - 1, "queries": _hetero_queries(hid),
+                            "sources": {"trace": synthetic.changing_rates(data_dir, 24, d(6000), seed=22)}}),
+        ("slow-temps-%dd" % days, {"seed": 0, "duration": days * 86400.0,
+                                   "sources": {"trace": synthetic.slow_temperatures(data_dir, 10, days, seed=23)},
+                                   "queries": [{"id": "avg", "kind": "avg", "sources": "all", "precision": 1.0},
+                                               {"id": "warmest", "kind": "max", "precision": 1.0,
+                                                "sources": ["t%d" % i for i in range(5)]}]}),
+        ("daily-%dy" % years, {"seed": 0, "duration": years * 365 * 86400.0,
+                               "sources": {"trace": synthetic.daily_walks(data_dir, 12, years, seed=24)},
+                               "queries": [{"id": "sum", "kind": "sum", "sources": "all", "precision": 30.0},
+                                           {"id": "half", "kind": "avg", "precision": 2.0,
+                                            "sources": ["p%d" % i for i in range(6)]}]}),
     ]
+
+
+def _hetero_queries(ids):
+    """Three overlapping SUM/AVG queries and one MAX over 24 sources (the heterogeneous workloads)."""
+    return [{"id": "a", "kind": "avg", "sources": ids[2:14], "precision": 30.0},
+            {"id": "b", "kind": "sum", "sources": ids[8:20], "precision": 250.0},
+            {"id": "c", "kind": "avg", "sources": ids[14:], "precision": 20.0},
+            {"id": "m", "kind": "max", "sources": ids[:8], "precision": 40.0}]
 
 
 def _variants():
@@ -60,26 +92,36 @@ def _variants():
     return out
 
 
+# The heterogeneous and long-span workloads run the precision protocols only: the Brownian and SWAT
+# protocols tick every period, and a heartbeat sends a message per minute over years.
+PRECISION = ("naive", "deadband", "optimal_static", "adaptive")
+FIRST_PRECISION_ONLY = "hetero-24"
+
+
 def protocol_table(scale, log):
     rows = []
+    only = False
     for wname, spec in workloads(scale):
         kinds = {q["kind"] for q in spec["queries"]}
         runs = {}
+        only = only or wname == FIRST_PRECISION_ONLY
         for label, proto, extra in _variants():
-            if not kinds <= set(PROTOCOLS[proto].kinds):
+            if not kinds <= set(PROTOCOLS[proto].kinds) or (only and label not in PRECISION):
                 continue
             w = dict(spec, protocol=proto, params=dict(spec.get("params", {}), **extra))
             log("  %s / %s" % (wname, label))
             runs[label] = engine.run(w)
-        base = runs["naive"]["messages"]["up"] + runs["naive"]["messages"]["down"]
-        dead = runs["deadband"]["messages"]["up"] + runs["deadband"]["messages"]["down"]
+        total = lambda r: r["messages"]["up"] + r["messages"]["down"]
+        base, dead = total(runs["naive"]), total(runs["deadband"])
+        opt = total(runs["optimal_static"]) if "optimal_static" in runs else None
         for label, r in runs.items():
-            m = r["messages"]["up"] + r["messages"]["down"]
+            m = total(r)
             rows.append({"workload": wname, "seed": r["seed"], "protocol": label, "samples": r["samples"],
                          "up": r["messages"]["up"], "down": r["messages"]["down"],
                          "bytes": r["bytes"]["up"] + r["bytes"]["down"],
                          "vs_naive": round(m / base, 4), "vs_deadband": round(m / dead, 4),
-                         "violations": r["violations"]})
+                         "vs_optimal_static": round(m / opt, 4) if opt else "",
+                         "violations": r["violations"], "samples_per_s": int(r["samples_per_s"] or 0)})
     return rows
 
 

@@ -1,12 +1,12 @@
 """Every protocol the simulator, the live coordinator and the Spark job can run, by name."""
 from backend.coordinator.brownian import deferral
-from backend.coordinator.precision import adaptive, deadband, optimal
+from backend.coordinator.precision import adaptive, deadband, estimate, optimal
 from backend.coordinator.relay import central
 from backend.coordinator.swat import replication
 from backend.coordinator.tolerance import entity, fraction, rank
 
 PROTOCOLS = {}
-for _module in (deadband, adaptive, optimal, central, deferral, entity, fraction, rank, replication):
+for _module in (deadband, adaptive, estimate, optimal, central, deferral, entity, fraction, rank, replication):
     PROTOCOLS.update(_module.PROTOCOLS)
 
 

@@ -33,12 +33,15 @@ from backend.coordinator.precision.adaptive import REFINED
 from backend.sim import engine
 
 PAPER = {"multi_adaptive": 1.6, "multi_uniform": 5.4}
-# The protocol as shipped (pooled burden estimate, capped growth, growth messages priced) and the
-# paper's §3.2 exactly (per-period counts, the top object takes all the slack): see ``precision.Adaptive``.
-ADAPTIVE = (("adaptive", REFINED), ("adaptive (paper)", {"reports": 0, "cap": None, "growth_cost": 0.0}))
+# The protocol as shipped (``precision.estimate``: measured rates, the static optimum, priced moves, no
+# shrink), the §3.2 shrink rule refined (pooled burden estimate, capped growth, growth messages priced)
+# and the paper's §3.2 exactly (per-period counts, the top object takes all the slack): ``precision.Adaptive``.
+SHRINK = dict(REFINED, rule="shrink")
+ADAPTIVE = (("adaptive", {}), ("adaptive (refined §3.2)", SHRINK),
+            ("adaptive (paper)", {"rule": "shrink", "reports": 0, "cap": None, "growth_cost": 0.0}))
 SEEDS = (1, 2, 3, 4, 5)
 # At δ=20 a source reports ~0.07 times per period; there the paper's S=0.05 shrink itself costs reports.
-LOW_RATE = ("adaptive (S=0.01)", dict(REFINED, shrink=0.01))
+LOW_RATE = ("adaptive (refined §3.2, S=0.01)", dict(SHRINK, shrink=0.01))
 
 
 def _possible(g):
@@ -179,7 +182,7 @@ def _experiments(tmp, quick, smoke):
     rows = []
     seed = 1
     # -- §5.2 multi-query workload: adaptive vs uniform ----------------------------------------
-    _say("multi-query workload (uniform, adaptive, adaptive (paper))")
+    _say("multi-query workload (uniform and the adaptive rules)")
     dur, warm = (300, 100) if smoke else (2400, 400) if quick else (7200, 1200)
     deltas = [4.0] if quick or smoke else [1.0, 2.0, 4.0, 10.0]
     for stationary in (False, True):
@@ -217,28 +220,28 @@ def _experiments(tmp, quick, smoke):
     _say("effect of T and S")
     grid = [(5.0, 0.05), (10.0, 0.01), (10.0, 0.02), (10.0, 0.05), (10.0, 0.1), (20.0, 0.05)]
     for T, S in grid[:1] if smoke else grid:
-        params = dict(REFINED, period=T, shrink=S)
+        params = dict(SHRINK, period=T, shrink=S)
         same = [dict(r, experiment="T_S") for r in rows if (r["experiment"], r["workload"], r["delta"], r["seed"],
-                r["protocol"], r["T"], r["S"]) == ("random_walk", "randomwalk-1q", 5.0, seed, "adaptive", T, S)]
+                r["protocol"], r["T"], r["S"]) == ("random_walk", "randomwalk-1q", 5.0, seed, ADAPTIVE[1][0], T, S)]
         if same:
             rows.append(same[0])
         else:
             spec = dict(_rw_spec(seed, 5.0, False, "normal"), duration=rdur, warmup=rwarm, protocol="adaptive",
                         params=params)
-            rows.append(_row("T_S", "randomwalk-1q", seed, "adaptive", params, _run(spec), 5.0,
+            rows.append(_row("T_S", "randomwalk-1q", seed, ADAPTIVE[1][0], params, _run(spec), 5.0,
                              "N(0,s²) steps U[0.1,2]"))
         if not (quick or smoke):
             path = os.path.join(tmp, "multiquery.csv")
             qs = [dict(q, precision=4.0 if q["id"] in ("Q2", "Q5") else 0.04) for q in queries]
             res = _run({"name": "multiquery", "seed": seed, "duration": dur, "warmup": warm, "protocol": "adaptive",
                         "sources": {"trace": path, "per_device": 31}, "queries": qs, "params": params})
-            rows.append(_row("T_S", "multiquery", seed, "adaptive", params, res, 4.0, "dQ1,Q3,Q4=delta/100"))
+            rows.append(_row("T_S", "multiquery", seed, ADAPTIVE[1][0], params, res, 4.0, "dQ1,Q3,Q4=delta/100"))
     # -- §4 latency: serialising queue vs §4.1 padding, delays changing while running ----------
     _say("latency: queue vs padding while delays change")
     step_hi = 2.0
     for proto, params, label in (
-            ("adaptive", dict(REFINED, period=10.0, shrink=0.05), "queue lambda=1.5"),
-            ("adaptive", dict(REFINED, period=10.0, shrink=0.05, rate=step_hi), "padding R=2 lambda=1.5"),
+            ("adaptive", dict(SHRINK, period=10.0, shrink=0.05), "queue lambda=1.5"),
+            ("adaptive", dict(SHRINK, period=10.0, shrink=0.05, rate=step_hi), "padding R=2 lambda=1.5"),
             ("uniform", {}, "queue lambda=1.5")):
         spec = {"name": "randomwalk-1q-delay", "seed": seed, "duration": rdur, "warmup": rwarm, "protocol": proto,
                 "sources": {"generator": "random_walk", "count": 10, "step": [0.1, step_hi], "start": [0.0, 100.0]},

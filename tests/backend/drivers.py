@@ -26,7 +26,7 @@ FLEET = "det"
 IDS = ["s%d" % i for i in range(16)]
 # every protocol that runs on aggregate workloads (relay protocols need relay workloads), and the refined adaptive
 CASES = {"naive": ("naive", {}), "deadband": ("deadband", {}), "uniform": ("uniform", {}),
-         "adaptive": ("adaptive", {}), "adaptive-refined": ("adaptive", REFINED),
+         "adaptive": ("adaptive", {}), "adaptive-refined": ("adaptive", dict(REFINED, rule="shrink")),
          "optimal_static": ("optimal_static", {"steps": {s: 0.5 + (i % 5) * 0.4 for i, s in enumerate(IDS)}}),
          "brownian": ("brownian", {"min_obs": 5})}
 

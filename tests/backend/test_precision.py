@@ -100,6 +100,7 @@ def test_adaptive_grows_to_the_budget_and_never_beyond():
                        {"id": "b", "kind": "sum", "sources": ["s%d" % i for i in range(3, 10)], "precision": 9.0,
                         "weights": [1, -1, 2, 1, 1, 0.5, 1]},
                        {"id": "m", "kind": "max", "sources": ["s0", "s9"], "precision": 1.5}]
+    spec["params"]["rule"] = "shrink"
     res, worst, sim = _widths_over_time(spec)
     assert res["violations"] == 0 and res["precision_misses"] == 0
     assert 0.9 < worst <= 1.0 + 1e-9          # slack is handed out, constraints always hold
@@ -123,7 +124,7 @@ def test_adaptive_beats_uniform_on_overlapping_queries():
 
 
 def _single_avg_spec(params):
-    return {"seed": 3, "duration": 1500, "protocol": "adaptive", "params": dict(params, period=10.0, shrink=0.05),
+    return {"seed": 3, "duration": 1500, "protocol": "adaptive", "params": dict(params, rule="shrink", period=10.0, shrink=0.05),
             "sources": {"generator": "random_walk", "count": 8, "step": [0.1, 2.0], "start": [0.0, 100.0]},
             "queries": [{"id": "q", "kind": "avg", "sources": "all", "precision": 6.0}]}
 
@@ -247,8 +248,8 @@ def _gaussian_walk(delta, duration=4000):
 
 def test_default_sends_fewer_reports_than_the_paper_setting_on_a_low_rate_random_walk():
     spec = _gaussian_walk(10.0)
-    paper = engine.run(dict(spec, protocol="adaptive", params=PAPER))
-    ours = engine.run(dict(spec, protocol="adaptive", params=adaptive.REFINED))
+    paper = engine.run(dict(spec, protocol="adaptive", params=dict(PAPER, rule="shrink")))
+    ours = engine.run(dict(spec, protocol="adaptive", params=dict(adaptive.REFINED, rule="shrink")))
     assert paper["violations"] == ours["violations"] == 0
     assert ours["messages"]["up"] < 0.95 * paper["messages"]["up"]
 
@@ -258,7 +259,7 @@ def test_default_is_within_ten_percent_of_optimal_static_on_a_random_walk(delta)
     # §3.3 idealized (growth messages free): the offline optimum knows the step sizes, adaptive does not.
     spec = _gaussian_walk(delta, 6000)
     static = engine.run(dict(spec, protocol="optimal_static"))
-    ours = engine.run(dict(spec, protocol="adaptive", params=adaptive.REFINED))
+    ours = engine.run(dict(spec, protocol="adaptive", params=dict(adaptive.REFINED, rule="shrink")))
     assert static["violations"] == ours["violations"] == 0
     assert ours["messages"]["up"] <= 1.10 * static["messages"]["up"]
 
@@ -294,7 +295,7 @@ def test_zero_violations_while_queries_precisions_and_delays_change(protocol):
 
 @pytest.mark.parametrize("immediate", [True, False])
 def test_tighter_precision_narrows_at_once_or_by_shrinking(immediate):
-    spec = {"seed": 2, "duration": 900, "protocol": "adaptive", "params": {"immediate": immediate},
+    spec = {"seed": 2, "duration": 900, "protocol": "adaptive", "params": {"immediate": immediate, "rule": "shrink"},
             "sources": {"generator": "random_walk", "count": 6, "step": [0.2, 1.0]},
             "queries": [{"id": "q", "kind": "avg", "sources": "all", "precision": 8.0}],
             "events": [{"time": 200.5, "set_precision": {"id": "q", "precision": 1.0}}]}
@@ -315,7 +316,7 @@ def test_padding_mode_answers_hold_under_delay_without_the_queue():
     for seed in range(3):
         w = random_workload(300 + seed, "adaptive", delay=0.1, jitter=0.4, duration=200)
         w["sources"].update({"arrival": "periodic", "interval": 0.25, "steps": "binary"})
-        w["params"]["rate"] = 3.0 / 0.25                 # largest step per time unit
+        w["params"].update(rate=3.0 / 0.25, rule="shrink")    # largest step per time unit
         w["network"]["latency_tolerance"] = 0.75         # ≥ max delay + one sample interval
         w["events"] = [{"time": 100, "delay": {"delay": 0.45, "jitter": 0.05}}]
         sim = engine.Simulation(w)
@@ -330,7 +331,7 @@ def test_checker_catches_padding_that_is_too_small():
     w = random_workload(301, "adaptive", delay=0.0, jitter=0.9, count=8)
     w["sources"].update({"arrival": "periodic", "interval": 0.25, "steps": "binary", "step": [2.0, 3.0]})
     w["queries"] = [{"id": "q%d" % i, "kind": "avg", "sources": ["s%d" % i], "precision": 10.0} for i in range(8)]
-    w["params"]["rate"] = 0.01                           # claims sources barely move
+    w["params"].update(rate=0.01, rule="shrink")        # claims sources barely move
     w["network"]["latency_tolerance"] = 0.9
     res = engine.run(w)
     assert res["late"] > 0 and res["violations"] > 0
@@ -368,6 +369,7 @@ def test_serialising_queue_orders_reports_by_timestamp():
 def test_width_messages_carry_the_adjustment_period():
     from edge.core import codec
     w = random_workload(5, "adaptive", count=4, duration=200, delay=0.3)
+    w["params"]["rule"] = "shrink"
     sim = engine.Simulation(w)
     sent = []
     orig = sim.send
@@ -393,7 +395,7 @@ def test_width_messages_carry_the_adjustment_period():
 ])
 def test_bad_adaptive_params_are_explained(bad, msg):
     with pytest.raises(ValueError, match=msg):
-        protocols.make("adaptive", **bad)
+        protocols.make("adaptive", rule="shrink", **bad)
 
 
 @pytest.mark.parametrize("ev,msg", [
@@ -425,7 +427,7 @@ def test_experiment_smoke(tmp_path):
 
 def test_padded_answers_keep_the_original_precision():
     # δ' = δ − φ is what allocation uses, so padded answers (φ = 2·R·λ) still meet δ, also after ticks
-    spec = {"seed": 1, "duration": 1500, "protocol": "adaptive", "params": {"rate": 2.0},
+    spec = {"seed": 1, "duration": 1500, "protocol": "adaptive", "params": {"rate": 2.0, "rule": "shrink"},
             "sources": {"generator": "random_walk", "count": 10, "step": [0.1, 2.0], "steps": "binary"},
             "queries": [{"id": "avg", "kind": "avg", "sources": "all", "precision": 10.0}],
             "network": {"delay": 0.1, "latency_tolerance": 1.5},

@@ -31,6 +31,10 @@ class Protocol:
     def period(self, coord, t):
         pass
 
+    def quiet(self, coord):
+        """Whether an adjustment tick changes nothing now (the coordinator may then skip it)."""
+        return type(self).period is Protocol.period
+
     def queue_latency(self, latency):
         """How long the serialising queue holds uplinks, given the latency tolerance λ (§4)."""
         return latency

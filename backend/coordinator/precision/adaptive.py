@@ -363,4 +363,4 @@ class Adaptive(Protocol):
             saved -= r * w0 * w0 * (1 / (w1 * w1) - 1 / ((w1 + room) * (w1 + room)))
         return saved * coord.period / coord.shrink >= self.growth_cost * self.cost(key)
 
-PROTOCOLS = {"adaptive": Adaptive}
+PROTOCOLS = {}     # registered as "adaptive" with rule="shrink" by precision.estimate

@@ -1,0 +1,370 @@
+"""Self-tuning adaptive precision (Olston et al. 2003 §3.3, App. E–F, estimated online): the static optimum of measured rates.
+
+The default ``adaptive`` rule. Olston's §3.2 rule (``rule="shrink"``, ``precision.adaptive``) pays a
+growth message every period for the slack its shrink frees, and needs T and S tuned to the data
+(a period must span a few reports). Here nothing shrinks (S = 0: devices keep no timers) and widths move
+only when a measured saving pays for the messages:
+
+- **Rates.** Each source's report rate is modelled as r_i = v_i·W_i^(−α) (App. E: α = 2 for a random
+  walk; α = 1 for a steady drift). Per source the coordinator keeps, over about ``memory`` of its own
+  reports (exponential decay per report, so a busy and a quiet source both keep a window of reports
+  whatever the time scale), the exits N_i, the exposure E_i(α) = ∫ W_i(t)^(−α) dt and Σ log W at the
+  exits; v_i = (N_i + p)/(E_i + p/v̄) (``prior`` p pseudo-reports at the group's mean rate v̄). α ∈ {2, 1.5, 1}
+  is the group's maximum-likelihood exponent (Poisson exits), 2 until the data say otherwise.
+- **Lattices.** Real readings are quantised (0.1 °C): a width admits only whole steps, so 0.91 and 0.99
+  behave alike. Once a source's reported changes show a common step q (and not only one multiple of it),
+  its width counts as the midpoint 2q(k + ½) of the k whole steps it admits, and targets are placed there,
+  the leftover slack buying one more step where that saves the most.
+- **Reallocation** every ``every`` reports of the group (default: as many as queried sources, so the
+  adjustment interval follows the report rate whether readings come every millisecond or every day):
+  the widths minimising Σ C_i·v_i·W_i^(−α) under the query rows (App. F, solved by dual multiplicative
+  updates in plain floats, bit-reproducible in every process) are the targets. Sources more than
+  ``hysteresis`` away from their target (and with about 8 reports' worth of evidence) move if the
+  reports saved over a horizon pay for the messages: a widening costs one downlink, a narrowing a
+  downlink and its acknowledging report. The horizon is the estimate's span (``memory`` reports per
+  source), at most the time the run has lasted so far (ski-rental: short runs move little). Narrowings
+  go first; the slack they free is granted once the devices have confirmed them.
+- **No regret.** Every report of the group is counted against an online estimate of what uniform
+  deadband would have sent: an exit at width W is worth (W/U_i)^α exits at the uniform width U_i, any
+  other report one. When the measured total (reports and this rule's downlinks) exceeds the estimate
+  by ``guard`` messages (default: the number of queried sources, at least 8) plus the moves still paying
+  back, every source goes back to U_i for a back-off that doubles each time; each later try may lose
+  at most ``guard`` more.
+
+Idle coordinator ticks change nothing here (``quiet``), so the coordinator skips them.
+"""
+import math
+
+from edge.core import codec
+from backend.coordinator.precision.adaptive import INF, _MARGIN, Adaptive
+
+ALPHAS = (2.0, 1.5, 1.0)        # candidate exponents of r ∝ W^−α; the first is the prior
+_SWITCH = 2.0                   # log-likelihood gain needed to leave the prior α
+
+
+_EVIDENCE = 8                  # exits of a source plus those the mean source would have made in its exposure
+_QUANTUM_AFTER = 8             # value changes seen before a common quantum is trusted
+
+
+def _fgcd(a, b, tol):
+    """Greatest common quantum of two positive floats, up to ``tol`` (0 when there is none above it)."""
+    while b > tol:
+        a, b = b, math.fmod(a, b)
+        if a - b <= tol:
+            b = 0.0
+    return a if a > tol else 0.0
+
+
+class _Source:
+    """Decayed exit count, exposures per α and Σ log W of one source (exposure accrued up to ``t``),
+    and the quantum of its values: readings on a lattice of step q only ever exit whole quanta away."""
+    __slots__ = ("n", "e", "lw", "t", "w", "q", "changes", "last", "dmin", "dmax")
+
+    def __init__(self, t, w):
+        self.n, self.lw, self.t, self.w = 0.0, 0.0, t, w
+        self.e = [0.0] * len(ALPHAS)
+        self.q, self.changes, self.last, self.dmin, self.dmax = 0.0, 0, None, INF, 0.0
+
+    def observe(self, v):
+        """Refine the quantum from one reported value (0 once the values have no common step)."""
+        if self.last is not None and v != self.last and (self.changes == 0 or self.q > 0):
+            d = abs(v - self.last)
+            self.dmin, self.dmax = min(self.dmin, d), max(self.dmax, d)
+            tol = 1e-9 * max(abs(v), abs(self.last), d)
+            self.q = d if self.changes == 0 else _fgcd(max(self.q, d), min(self.q, d), tol)
+            if self.q < 1e-4 * d:
+                self.q = 0.0            # no step worth the name: continuous values
+            self.changes += 1
+        self.last = v
+
+    def quantum(self):
+        """The step, once seen in enough changes that are not all the same multiple of it (exits from a
+        bound always lie the same whole number of steps away, so a lone multiple proves nothing)."""
+        return self.q if self.changes >= _QUANTUM_AFTER and self.dmax > self.dmin * (1 + 1e-6) else 0.0
+
+    def eff(self, w):
+        """The width that governs exits: on a lattice, the midpoint between the whole quanta it admits."""
+        q = self.quantum()
+        if q <= 0 or not w < INF:
+            return w
+        return 2.0 * q * (math.floor(w / (2.0 * q) + 1e-6) + 0.5)
+
+    def accrue(self, t):
+        w = self.eff(self.w)
+        if self.t > -INF and t > self.t and 0 < w < INF:
+            dt = t - self.t
+            for a, alpha in enumerate(ALPHAS):
+                self.e[a] += dt * w ** -alpha
+        self.t = t
+
+
+def allocate(rows, weight, alpha, lam=None, iters=20, tol=1e-4):
+    """Widths minimising Σ weight_i·W_i^(−α) under ``rows`` (App. F), and the row multipliers λ.
+
+    KKT: W_i = (α·weight_i / Σ_j λ_j·|K_ij|)^(1/(α+1)); λ_j is scaled by (used_j/b_j)^((α+1)/2) per pass
+    (exact in one pass for a single row) until no width moves by more than ``tol`` (the caller warm-starts
+    λ, so successive calls keep converging). Rows with no budget pin their sources at width 0. Plain
+    Python floats in a fixed order: the same widths in every process.
+    """
+    keys = sorted(rows.of)
+    m = len(rows.coef)
+    lam = list(lam) if lam is not None and len(lam) == m else [1.0] * m
+    zero = {s for j, c in enumerate(rows.coef) if rows.budget[j] <= 0 for s in c}
+    p = 1.0 / (alpha + 1.0)
+    step = (alpha + 1.0) / 2.0
+    widths, last = {}, {}
+    for it in range(iters):
+        moved = 0.0
+        for key in keys:
+            if key in zero:
+                widths[key] = 0.0
+                continue
+            d = math.fsum(lam[j] * k for j, k in rows.of[key])
+            w = widths[key] = (alpha * weight[key] / d) ** p if d > 0 else INF
+            w0 = last.get(key, 0.0)
+            moved = max(moved, abs(w - w0) / w if 0 < w < INF else (0.0 if w == w0 else 1.0))
+        if it == iters - 1 or moved < tol:
+            break
+        last = dict(widths)
+        for j, used in enumerate(rows.used(widths)):
+            b = rows.budget[j]
+            if b > 0:
+                r = used / b if used < INF else 1e6
+                lam[j] = min(max(lam[j] * max(r, 1e-6) ** step, 1e-300), 1e300)
+    for key in keys:
+        if widths[key] == INF:
+            widths[key] = rows.uniform(key)
+    return rows.fit(widths), lam
+
+
+class Estimated(Adaptive):
+    """Adaptive precision tuned online: measured rates, the static optimum, priced moves and a guard."""
+    name = "adaptive"
+    shrinks = False
+
+    def __new__(cls, rule="estimate", **params):
+        if rule == "shrink":
+            return Adaptive(**params)       # Olston §3.2: periodic shrink, burden-driven growth
+        if rule != "estimate":
+            raise ValueError("rule must be estimate or shrink, got %r" % (rule,))
+        return super().__new__(cls)
+
+    def __init__(self, rule="estimate", cost=1.0, seed=0, immediate=True, rate=None, eps=1e-8, memory=32,
+                 every=None, hysteresis=0.1, guard=None, prior=2.0, **shrink_only):
+        if shrink_only:
+            raise ValueError("%s: parameters of rule=shrink (Olston §3.2) only" % ", ".join(sorted(shrink_only)))
+        Adaptive.__init__(self, cost=cost, seed=seed, immediate=immediate, rate=rate, eps=eps)
+        for name, v in (("memory", memory), ("every", every), ("guard", guard)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 1):
+                raise ValueError("%s must be a number >= 1%s, got %r" % (name, "" if name == "memory" else " or null", v))
+        if isinstance(hysteresis, bool) or not isinstance(hysteresis, (int, float)) or not 0 <= hysteresis < 1:
+            raise ValueError("hysteresis must be a number in [0, 1), got %r" % (hysteresis,))
+        if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not prior > 0:
+            raise ValueError("prior must be a number > 0, got %r" % (prior,))
+        self.prior = float(prior)
+        self.decay = 1.0 - 1.0 / memory
+        self.memory, self.every, self.hysteresis, self.guard = memory, every, hysteresis, guard
+        self.src = {}                   # key -> _Source
+        self.alpha = ALPHAS[0]
+        self.mult = None                # row multipliers of the last allocation (warm start)
+        self.target = {}                # key -> width granted once the narrowings are confirmed
+        self.narrowing = set()          # keys whose narrowing from a reallocation is not confirmed yet
+        self.count = 0                  # reports since the last reallocation
+        self.seen = 0                   # reports of the group so far, and since when
+        self.since = None
+        self.spent = 0.0                # measured: reports and this rule's downlinks
+        self.static = 0.0               # estimate of uniform deadband's messages
+        self.allow = None               # the guard fires when spent − static exceeds this plus the credit
+        self.credit = []                # (time, messages, horizon) of reallocations still paying back
+        self.until = -INF               # backing off to uniform widths until then
+        self.backoff = 0.0
+        self.stats.update({"reallocations": 0, "moves": 0, "backoffs": 0})
+
+    def quiet(self, coord):
+        return True
+
+    def period(self, coord, t):
+        pass
+
+    # -- measurements -----------------------------------------------------------------
+    def _source(self, coord, key):
+        st = self.src.get(key)
+        if st is None:
+            st = self.src[key] = _Source(coord.clock, self._width(coord.cache.sources[key]))
+        return st
+
+    def _install(self, coord, key, width):
+        if key in self.rows.of:
+            st = self._source(coord, key)
+            st.accrue(coord.clock)
+            Adaptive._install(self, coord, key, width)
+            st.w = self._width(coord.cache.sources[key])
+        else:
+            Adaptive._install(self, coord, key, width)
+
+    def reported(self, coord, key, m):
+        if key not in self.rows.of:
+            return
+        s = coord.cache.sources[key]
+        st = self._source(coord, key)
+        t = coord.clock
+        st.accrue(t)
+        c = self.cost(key)
+        self.spent += c
+        if m["why"] == codec.WHY_EXIT:
+            u, w = st.eff(self.rows.uniform(key)), st.eff(st.w)
+            self.static += c * ((w / u) ** self.alpha if 0 < u < INF and w < INF else 1.0)
+            d = self.decay
+            st.n = st.n * d + 1.0
+            st.lw = st.lw * d + (math.log(w) if 0 < w < INF else 0.0)
+            st.e = [e * d for e in st.e]
+        elif m["why"] == codec.WHY_ASSIGN and key in self.narrowing:
+            if not s.old:
+                self.narrowing.discard(key)
+                if not self.narrowing:
+                    self._widen(coord)
+        else:
+            self.static += c
+        st.w = self._width(s)
+        if m["v"] != codec.NO_VALUE:
+            st.observe(m["v"])
+        if self.since is None:
+            self.since = t
+        self.seen += 1
+        self.count += 1
+        if self.count >= (self.every or max(8, len(self.rows.of))):
+            self.count = 0
+            self._reallocate(coord, t)
+
+    def _send(self, coord, key, width):
+        self.spent += self.cost(key)
+        self.stats["moves"] += 1
+        self._install(coord, key, width)
+
+    # -- reallocation -----------------------------------------------------------------
+    def _fit_alpha(self):
+        """The group's maximum-likelihood α (Poisson exits at rate v·W^−α), the prior unless clearly worse."""
+        ll = []
+        for a, alpha in enumerate(ALPHAS):
+            total = 0.0
+            for key in sorted(self.src):
+                st = self.src[key]
+                if st.n > 0 and st.e[a] > 0:
+                    total += st.n * math.log(st.n / st.e[a]) - alpha * st.lw
+            ll.append(total)
+        best = max(range(len(ALPHAS)), key=lambda a: (ll[a] - (0 if a == 0 else _SWITCH), -a))
+        return ALPHAS[best]
+
+    def _guard(self, coord, t):
+        """Back off to uniform widths when the measured cost exceeds the uniform estimate; True while backing off."""
+        if t < self.until:
+            return True
+        limit = self.guard if self.guard is not None else max(8.0, float(len(self.rows.of)))
+        excess = self.spent - self.static
+        if self.allow is None:
+            self.allow = limit
+        self.credit = [c for c in self.credit if t < c[0] + c[2]]
+        if excess <= self.allow + math.fsum(m * (1.0 - (t - t0) / h) for t0, m, h in self.credit):
+            return False
+        self.stats["backoffs"] += 1
+        self.backoff = max(2 * self.backoff, t - self.since)
+        self.until = t + self.backoff
+        self.allow = excess + limit     # the next try may lose at most ``limit`` more
+        self.target, self.narrowing, self.credit = {}, set(), []
+        for key in sorted(self.rows.of):
+            s = coord.cache.sources.get(key)
+            if s is not None and s.filt.width != self.rows.uniform(key):
+                self._send(coord, key, self.rows.uniform(key))
+        return True
+
+    def _reallocate(self, coord, t):
+        if self.narrowing or self._guard(coord, t):
+            return
+        src = coord.cache.sources
+        keys = [k for k in sorted(self.rows.of) if k in src]
+        for k in keys:
+            self._source(coord, k).accrue(t)
+        self.alpha = alpha = self._fit_alpha()
+        a = ALPHAS.index(alpha)
+        n = math.fsum(self.src[k].n for k in keys)
+        e = math.fsum(self.src[k].e[a] for k in keys)
+        if not n or not e:
+            return
+        mean = n / e
+        rate = {}
+        for k in sorted(self.rows.of):
+            st = self.src.get(k)
+            rate[k] = (st.n + self.prior) / (st.e[a] + self.prior / mean) if st else mean
+        weight = {k: self.cost(k) * r for k, r in rate.items()}
+        want, self.mult = allocate(self.rows, weight, alpha, self.mult)
+        want = self._snap(want, weight, alpha)
+        self.stats["reallocations"] += 1
+        band = 1.0 + self.hysteresis
+        gain = msgs = 0.0
+        narrow, widen = [], []
+        for k in keys:
+            s, st = src[k], self.src[k]
+            w, w1 = self._width(s), want[k]
+            e, e1 = st.eff(w), st.eff(w1)
+            if not s.online or st.n + st.e[a] * mean < _EVIDENCE or e1 == e or (e1 < e * band and e < e1 * band):
+                continue
+            gain += weight[k] * ((e ** -alpha if 0 < e < INF else 0.0) - (e1 ** -alpha if e1 > 0 else INF))
+            msgs += self.cost(k) * (2.0 if w1 < w else 1.0)
+            (narrow if w1 < w else widen).append(k)
+        # the estimate's span (memory reports per source), but no longer than the run so far: a run
+        # is expected to last about as long again as it has lasted (short runs move little)
+        horizon = min(self.memory * len(keys) / self.seen, 1.0) * (t - self.since)
+        if not (narrow or widen) or gain * horizon < msgs:
+            return
+        self.credit.append((t, msgs, horizon))     # written off over the horizon it must pay back in
+        self.target = {k: want[k] for k in widen}
+        for k in narrow:
+            self._send(coord, k, want[k])
+            self.narrowing.add(k)
+            self.target[k] = want[k]
+        if not self.narrowing:
+            self._widen(coord)
+
+    def _snap(self, want, weight, alpha):
+        """On lattice sources, widths at the midpoint of the whole quanta they admit, the leftover
+        slack spent on one more quantum where it saves the most reports per unit of slack."""
+        rows = self.rows
+        snapped, bump = dict(want), []
+        for k, w in want.items():
+            st = self.src.get(k)
+            q = st.quantum() if st is not None else 0.0
+            if not q or not w < INF or w < q:
+                continue
+            lo = 2.0 * q * (math.floor(w / (2.0 * q) - 0.5 + 1e-9) + 0.5)
+            hi = lo + 2.0 * q
+            snapped[k] = lo
+            bump.append((weight[k] * (lo ** -alpha - hi ** -alpha) / (2.0 * q * math.fsum(c for _, c in rows.of[k])), k, hi))
+        slack = [b - u for b, u in zip(rows.budget, rows.used(snapped))]
+        for _, k, hi in sorted(bump, key=lambda x: (-x[0], x[1])):
+            dw = hi - snapped[k]
+            if all(slack[j] >= c * dw * (1 + _MARGIN) for j, c in rows.of[k]):
+                for j, c in rows.of[k]:
+                    slack[j] -= c * dw
+                snapped[k] = hi
+        return snapped
+
+    def _widen(self, coord):
+        """Grant the pending widenings as far as the confirmed widths leave room (largest gain first)."""
+        src = coord.cache.sources
+        rows = self.rows
+        widths = {k: self._width(s) for k, s in src.items() if k in rows.of}
+        slack = [b - u for b, u in zip(rows.budget, rows.used(widths))]
+        order = sorted((k for k in self.target if k in src and self.target[k] > widths[k]),
+                       key=lambda k: (-self.target[k] / max(widths[k], 1e-300), k))
+        for k in order:
+            w = widths[k]
+            dw = min([self.target[k] - w] + [slack[j] / c for j, c in rows.of[k]]) * (1 - _MARGIN)
+            if dw <= 0 or (w > 0 and (w + dw) < w * (1.0 + self.hysteresis / 2)):
+                continue
+            for j, c in rows.of[k]:
+                slack[j] -= c * dw
+            self._send(coord, k, w + dw)
+        self.target = {}
+
+
+PROTOCOLS = {"adaptive": Estimated}

@@ -1,0 +1,65 @@
+"""Seeded synthetic traces for ``quietfleet bench`` that no workload generator makes (DESIGN.md §8).
+
+Each writes ``time,source,value`` rows to a CSV in ``folder`` (once per set of arguments) and returns its
+path: random walks whose step sizes change during the run (Olston et al. 2003 §3.3: where an adaptive
+allocation should beat every static one), 10-minute temperatures in 0.1° over months (slow, quantised
+signals with daily cycles), and daily random walks over years (a long time span with few samples).
+"""
+import math
+import os
+
+import numpy as np
+
+
+def _write(path, times, names, values, fmt):
+    tmp = path + ".part"
+    with open(tmp, "w") as fh:
+        fh.write("time,source,value\n")
+        for k, t in enumerate(times):
+            for i, name in enumerate(names):
+                fh.write(("%g,%s," + fmt + "\n") % (t, name, values[i][k]))
+    os.replace(tmp, path)
+    return path
+
+
+def changing_rates(folder, n, duration, seed):
+    """n Gaussian walks sampled once per time unit, step sizes U[0.25, 8] reshuffled at 1/3 and 2/3 of the run."""
+    path = os.path.join(folder, "changing-rates-%d-%d-%d.csv" % (n, duration, seed))
+    if os.path.exists(path):
+        return path
+    rng = np.random.default_rng(seed)
+    steps = rng.uniform(0.25, 8.0, n)
+    d = rng.normal(0.0, 1.0, (duration, n))
+    for k, cut in enumerate(np.array_split(np.arange(duration), 3)):
+        d[cut] *= steps if k == 0 else rng.permutation(steps)
+    d[0] = 0.0
+    v = rng.uniform(90, 110, n) + np.cumsum(d, axis=0)
+    return _write(path, np.arange(duration, dtype=float), ["s%d" % i for i in range(n)], v.T, "%.6f")
+
+
+def slow_temperatures(folder, n, days, seed):
+    """n sensors every 600 s for ``days``, in 0.1°: seasonal drift, a daily cycle and weather."""
+    path = os.path.join(folder, "slow-temperatures-%d-%d-%d.csv" % (n, days, seed))
+    if os.path.exists(path):
+        return path
+    rng = np.random.default_rng(seed)
+    t = np.arange(0, days * 86400, 600.0)
+    rows = []
+    for _ in range(n):
+        wx = np.cumsum(rng.normal(0, 0.05, t.size))
+        wx -= np.convolve(wx, np.ones(144) / 144, mode="same")
+        rows.append(np.round(15 + 5 * rng.random() + 4 * np.sin(2 * math.pi * t / (365 * 86400) + rng.random())
+                             + (3 + 4 * rng.random()) * np.sin(2 * math.pi * t / 86400 + 6.3 * rng.random())
+                             + wx + rng.normal(0, 0.05, t.size), 1))
+    return _write(path, t, ["t%d" % i for i in range(n)], rows, "%.1f")
+
+
+def daily_walks(folder, n, years, seed):
+    """n daily values (cents) over ``years``: walks with step sizes U[0.2, 2]."""
+    path = os.path.join(folder, "daily-walks-%d-%d-%d.csv" % (n, years, seed))
+    if os.path.exists(path):
+        return path
+    rng = np.random.default_rng(seed)
+    t = np.arange(years * 365) * 86400.0
+    rows = [np.round(100 + np.cumsum(rng.normal(0, rng.uniform(0.2, 2.0), t.size)), 2) for _ in range(n)]
+    return _write(path, t, ["p%d" % i for i in range(n)], rows, "%.2f")

@@ -1,0 +1,168 @@
+"""The default adaptive rule (precision.estimate): allocation, lattice, no regret, ratio to the static optimum."""
+import math
+import pickle
+
+import numpy as np
+import pytest
+
+from backend.coordinator import protocols
+from backend.coordinator.core.queries import parse_query
+from backend.coordinator.precision import estimate, optimal
+from backend.coordinator.precision.adaptive import Rows, _per_key
+from backend.sim import engine
+
+
+def _rows(specs, ids):
+    return Rows({q.id: q for q in (parse_query(s, ids) for s in specs)})
+
+
+def test_allocation_matches_the_offline_optimiser_on_overlapping_rows():
+    rng = np.random.default_rng(3)
+    ids = ["s%d" % i for i in range(12)]
+    specs = [{"id": "a", "kind": "avg", "sources": ids[:8], "precision": 3.0},
+             {"id": "b", "kind": "sum", "sources": ids[5:], "precision": 9.0, "weights": [1, -2, 1, 0.5, 1, 1, 3]},
+             {"id": "m", "kind": "max", "sources": ids[2:4], "precision": 1.0}]
+    rows = _rows(specs, ids)
+    var = {k: float(v) for k, v in zip(ids, rng.uniform(0.01, 4.0, len(ids)))}
+    want = optimal.solve(rows, var, _per_key(1.0, "cost"))            # SLSQP on Σ 4·var/W²
+    got, _ = estimate.allocate(rows, {k: 4.0 * v for k, v in var.items()}, 2.0, iters=2000, tol=1e-9)
+    cost = lambda w: sum(var[k] / w[k] ** 2 for k in ids)
+    assert all(u <= b * (1 + 1e-9) for u, b in zip(rows.used(got), rows.budget))
+    assert cost(got) <= cost(want) * 1.001
+    for k in ids:
+        assert got[k] == pytest.approx(want[k], rel=0.02)
+
+
+def test_one_row_allocation_is_the_closed_form_for_any_exponent():
+    ids = ["a", "b", "c"]
+    rows = _rows([{"id": "q", "kind": "sum", "sources": ids, "precision": 6.0}], ids)
+    for alpha in estimate.ALPHAS:
+        w, _ = estimate.allocate(rows, {"a": 1.0, "b": 8.0, "c": 27.0}, alpha)
+        share = {k: v ** (1 / (alpha + 1)) for k, v in {"a": 1.0, "b": 8.0, "c": 27.0}.items()}
+        total = sum(share.values())
+        for k in ids:
+            assert w[k] == pytest.approx(6.0 * share[k] / total, rel=1e-6)
+
+
+def test_quantum_of_lattice_values_and_none_for_continuous_ones():
+    rng = np.random.default_rng(1)
+    lattice, cont = estimate._Source(0.0, 1.0), estimate._Source(0.0, 1.0)
+    v = 20.0
+    for _ in range(50):
+        v = round(v + 0.1 * int(rng.integers(-4, 5)), 1)
+        lattice.observe(v)
+        cont.observe(float(v + rng.normal()))
+    assert lattice.quantum() == pytest.approx(0.1, rel=1e-6) and cont.quantum() == 0.0
+    # a width admits whole quanta only: 0.91 and 0.99 both let the value move 4 quanta either way
+    assert lattice.eff(0.91) == lattice.eff(0.99) == pytest.approx(0.9) and cont.eff(0.91) == 0.91
+    # exits from a bound all lie the same number of steps away: one repeated change size proves no step
+    lone = estimate._Source(0.0, 1.0)
+    for k in range(50):
+        lone.observe(3.3 * (k % 2))
+    assert lone.quantum() == 0.0 and lone.eff(5.0) == 5.0
+
+
+def _hetero(seed, duration, n=24):
+    ids = ["s%d" % i for i in range(n)]
+    return {"seed": seed, "duration": duration,
+            "sources": {"generator": "random_walk", "count": n, "per_device": 2, "start": [90, 110],
+                        "step": [0.25, 8.0], "steps": "normal"},
+            "queries": [{"id": "a", "kind": "avg", "sources": ids[2:14], "precision": 30.0},
+                        {"id": "b", "kind": "sum", "sources": ids[8:20], "precision": 250.0},
+                        {"id": "c", "kind": "avg", "sources": ids[14:], "precision": 20.0},
+                        {"id": "m", "kind": "max", "sources": ids[:8], "precision": 40.0}]}
+
+
+def test_default_is_near_the_static_optimum_on_a_heterogeneous_walk():
+    # a regression bound on one seeded run; optimal_static knows every step size in advance
+    spec = _hetero(1, 8000)
+    total = lambda r: r["messages"]["up"] + r["messages"]["down"]
+    static = engine.run(dict(spec, protocol="optimal_static"))
+    ours = engine.run(dict(spec, protocol="adaptive"))
+    uniform = engine.run(dict(spec, protocol="deadband"))
+    assert static["violations"] == ours["violations"] == 0
+    assert total(ours) <= 1.05 * total(static) < total(uniform)
+
+
+def _alternating(tmp_path, per=400, phases=40, n=8):
+    """Half the sources busy, half quiet, swapping every ``per`` samples: rates the estimate always lags."""
+    rng = np.random.default_rng(1)
+    steps = np.zeros((per * phases, n))
+    for ph in range(phases):
+        for i in range(n):
+            steps[ph * per:(ph + 1) * per, i] = rng.normal(0, 1.0 if (i < n // 2) == (ph % 2 == 0) else 0.05, per)
+    v = 100 + np.cumsum(steps, axis=0)
+    path = tmp_path / "alt.csv"
+    with open(path, "w") as fh:
+        fh.write("time,source,value\n")
+        for t in range(per * phases):
+            for i in range(n):
+                fh.write("%d,s%d,%r\n" % (t, i, float(v[t, i])))
+    return {"seed": 0, "duration": per * phases, "sources": {"trace": str(path)},
+            "queries": [{"id": "a", "kind": "avg", "sources": "all", "precision": 4.0}]}
+
+
+def test_the_guard_backs_off_where_reallocating_loses(tmp_path):
+    spec = _alternating(tmp_path)
+    total = lambda r: r["messages"]["up"] + r["messages"]["down"]
+    uniform = total(engine.run(dict(spec, protocol="deadband")))
+    unguarded = engine.run(dict(spec, protocol="adaptive", params={"guard": 1e9}))
+    guarded = engine.run(dict(spec, protocol="adaptive"))
+    assert unguarded["violations"] == guarded["violations"] == 0
+    assert total(unguarded) > 1.05 * uniform                 # the estimate lags the swaps: a real loss
+    assert guarded["protocol_stats"]["backoffs"] >= 1
+    assert total(guarded) <= uniform + 200                   # 8 sources, a few back-off episodes
+
+
+def _slow_temperatures(tmp_path, days=20, n=6):
+    """10-minute readings in 0.1 °C of daily cycles plus weather: the shape that cost 199× deadband."""
+    rng = np.random.default_rng(7)
+    t = np.arange(0, days * 86400, 600.0)
+    path = tmp_path / "temps.csv"
+    series = []
+    for _ in range(n):
+        wx = np.cumsum(rng.normal(0, 0.05, t.size))
+        series.append(np.round(15 + 5 * rng.random() + (3 + 4 * rng.random()) * np.sin(2 * math.pi * t / 86400
+                               + 6 * rng.random()) + wx - np.convolve(wx, np.ones(144) / 144, "same"), 1))
+    with open(path, "w") as fh:
+        fh.write("time,source,value\n")
+        for k in range(t.size):
+            for i in range(n):
+                fh.write("%g,t%d,%.1f\n" % (t[k], i, series[i][k]))
+    ids = ["t%d" % i for i in range(n)]
+    return {"seed": 0, "duration": float(t[-1]), "sources": {"trace": str(path)},
+            "queries": [{"id": "avg", "kind": "avg", "sources": ids, "precision": 1.0},
+                        {"id": "mx", "kind": "max", "sources": ids[:3], "precision": 1.0}]}
+
+
+def test_slow_signals_cost_no_more_than_deadband(tmp_path):
+    spec = _slow_temperatures(tmp_path)
+    total = lambda r: r["messages"]["up"] + r["messages"]["down"]
+    uniform = engine.run(dict(spec, protocol="deadband"))
+    ours = engine.run(dict(spec, protocol="adaptive"))
+    assert ours["violations"] == uniform["violations"] == 0
+    assert total(ours) <= total(uniform) + 12
+    assert ours["by_kind"]["config"] == 6                           # once per device: no T or S to send
+    day = dict(spec, duration=86400.0)                              # the §3.2 rule: a growth round every 10 s
+    paper = engine.run(dict(day, protocol="adaptive", params={"rule": "shrink"}))
+    assert total(paper) > 3 * total(engine.run(dict(day, protocol="deadband")))
+
+
+def test_the_protocol_pickles_mid_run_and_continues_identically():
+    spec = _hetero(2, 600, n=8)
+    spec["queries"] = [{"id": "a", "kind": "avg", "sources": "all", "precision": 20.0}]
+    sim = engine.Simulation(dict(spec, protocol="adaptive"))
+    sim.run()
+    p = sim.protocol
+    q = pickle.loads(pickle.dumps(p))
+    assert type(q) is type(p) and q.src.keys() == p.src.keys() and q.mult == p.mult
+    assert [(s.n, s.e, s.q) for s in q.src.values()] == [(s.n, s.e, s.q) for s in p.src.values()]
+
+
+@pytest.mark.parametrize("bad,msg", [
+    ({"rule": "other"}, "rule"), ({"memory": 0}, "memory"), ({"every": 0.5}, "every"), ({"guard": "x"}, "guard"),
+    ({"hysteresis": 1.0}, "hysteresis"), ({"prior": 0}, "prior"), ({"cap": 0.2}, "rule=shrink"),
+])
+def test_bad_params_of_the_default_rule_are_explained(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        protocols.make("adaptive", **bad)
