@@ -11,12 +11,9 @@ import signal
 import subprocess
 import sys
 
+from firmware.build import compile_modules
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MP_DIR = os.path.join(ROOT, "edge", "runtime", "micropython")
-MP_MODULES = ["edge/__init__.py", "edge/agent.py", "edge/core/__init__.py", "edge/core/codec.py",
-              "edge/core/interval.py", "edge/runtime/__init__.py", "edge/runtime/outbox.py",
-              "edge/runtime/pump.py", "edge/runtime/sensors.py"]
-MP_LOCAL = ["link.py", "qfagent.py", "umqtt/simple.py"]
 
 
 def _tool(name):
@@ -30,12 +27,8 @@ def micropython_available():
 
 def precompile(dest):
     """The MicroPython agent compiled with mpy-cross into ``dest`` (a MICROPYPATH folder), so it
-    runs in a small heap."""
-    for rel, base in [(m, ROOT) for m in MP_MODULES] + [(m, MP_DIR) for m in MP_LOCAL]:
-        out = os.path.join(dest, rel[:-3] + ".mpy")
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        subprocess.run([_tool("mpy-cross"), "-o", out, os.path.join(base, rel)], check=True, capture_output=True)
-    return dest
+    runs in a small heap: the board's module list (firmware.build.MODULES)."""
+    return compile_modules(dest)
 
 
 class Device:

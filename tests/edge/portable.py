@@ -38,3 +38,22 @@ class Rng:
 
     def choice(self, seq):
         return seq[self.below(len(seq))]
+
+
+INC = 7     # backend incarnation used by the tests' control messages
+
+
+def ctl(agent, kind, **fields):
+    """A control message addressed to ``agent``'s latest birth, from backend run INC."""
+    from edge.core import codec
+    fields.setdefault("inc", INC)
+    fields.setdefault("to", agent.token)
+    return codec.encode(kind, fields)
+
+
+def session(agent, now=0.0, seq=1, period=0, shrink=0.0, beat=0, t0=0, clock=0, tick=0):
+    """Birth plus a config (times in integer ms): afterwards ``ctl`` messages reach the agent."""
+    out = agent.start(now)
+    out += agent.handle_message(now, ctl(agent, "config", seq=seq, period=period, shrink=shrink, beat=beat,
+                                         t0=t0, now=clock, tick=tick))
+    return out
