@@ -79,7 +79,7 @@ class Device:
 class Fleet:
     """Agents for ``broker`` (a started ``backend.broker.Broker``) with files under ``folder``."""
 
-    def __init__(self, broker, folder, heap="48k", keepalive=5, width=1.0, period=0.1):
+    def __init__(self, broker, folder, heap="56k", keepalive=5, width=1.0, period=0.1):
         self.broker = broker
         self.folder = os.path.abspath(folder)
         self.heap = heap

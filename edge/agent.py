@@ -43,7 +43,7 @@ class Agent:
         self.index = {}
         for i, name in enumerate(self.names):
             self.index[name] = i
-        self.rnd = rnd          # None (native floats) or interval.f32 (emulate a single-precision board)
+        self.rnd = rnd          # None (native floats) or edge.core.float32.f32 (emulate a single-precision board)
         self.filters = [IntervalFilter(width, (), 0, rnd) for _ in self.names]
         self.values = [None] * len(self.names)
         self.boot = boot

@@ -9,32 +9,13 @@ leaves the bound or changes the membership of any constraint. ``width = inf`` wi
 never reports. Cheng's false-positive filter is the constraint ``(-inf, inf)`` (always inside),
 the false-negative filter / shutdown is ``(inf, inf)`` (never inside).
 
-Float precision: a filter built with ``rnd=f32`` rounds the result of every operation to float32, which
-is exactly what a single-precision board computes (double rounding through a double is innocuous for
-+, -, *, / of float32 operands), so the backend's mirror of such a device is bit-identical to it; a
-mirror (``pad=True``) also widens what it states by one float32 step on each side, in case a board
-flushes or rounds differently. On a device, ``rnd`` is None: the hardware rounds.
+Float precision: a filter built with ``rnd=float32.f32`` rounds the result of every operation to
+float32, which is exactly what a single-precision board computes (double rounding through a double is
+innocuous for +, -, *, / of float32 operands), so the backend's mirror of such a device is
+bit-identical to it; a mirror (``pad=True``) also widens what it states by one float32 step on each
+side, in case a board flushes or rounds differently. On a device, ``rnd`` is None: the hardware rounds.
 """
-import struct
-
 INF = float("inf")
-
-
-def f32(x):
-    """``x`` rounded to the nearest float32 (the portable struct round trip)."""
-    return struct.unpack("<f", struct.pack("<f", x))[0]
-
-
-def f32_step(x, up):
-    """The float32 next to the float32 ``x`` towards +inf (``up``) or -inf; infinities stay."""
-    if x != x or x == INF or x == -INF:
-        return x
-    if x == 0:
-        tiny = struct.unpack("<f", struct.pack("<I", 1))[0]
-        return tiny if up else -tiny
-    b = struct.unpack("<I", struct.pack("<f", x))[0]
-    b += 1 if (x > 0) == up else -1
-    return struct.unpack("<f", struct.pack("<I", b))[0]
 
 
 def membership(cons, v):
@@ -151,7 +132,8 @@ class IntervalFilter:
                     hi = l
             bit <<= 1
         if self.pad:
-            lo, hi = f32_step(lo, False), f32_step(hi, True)
+            from edge.core.float32 import step      # backend only: boards never pad
+            lo, hi = step(lo, False), step(hi, True)
         return lo, hi
 
     def copy(self):

@@ -4,35 +4,19 @@ parts, epochs. Oracle: every source's ground truth (logged in device time) lies 
 backend states for it at its event clock, whenever the source is online."""
 import bisect
 import heapq
+import os
+import sys
 
 from backend.coordinator.core.boundcache import BoundCache
 from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.protocols import make
 from edge.agent import Agent
 from edge.core import codec
-from edge.core.interval import f32
+from edge.core.float32 import f32
 from edge.runtime.clock import Clock
 
-WRAP = 1 << 30
-
-
-class Board:
-    """A board's ``time``: ticks_ms wrapping at 2**30, wall clock unset (no RTC, NTP failed)."""
-
-    def __init__(self, ticks):
-        self.ms = ticks
-
-    def ticks_ms(self):
-        return self.ms % WRAP
-
-    def ticks_diff(self, a, b):
-        return ((a - b + WRAP // 2) % WRAP) - WRAP // 2
-
-    def time(self):
-        return 2
-
-    def gmtime(self, t):
-        return (2000, 1, 1, 0, 0, 0, 0, 1)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "edge"))
+from portable import PERIOD as WRAP, Ticks  # noqa: E402  (the board's time stand-in of the edge tests)
 
 
 class Rig:
@@ -61,7 +45,7 @@ class Rig:
 
     def boot(self, dev, ticks, boot):
         i = int(dev[1:])
-        board = self.boards[dev] = Board(ticks)
+        board = self.boards[dev] = Ticks(2, ticks, epoch=2000)     # no RTC, NTP failed
         clock = self.clocks[dev] = Clock(board)
         a = self.agents[dev] = Agent(dev, ["s%d" % (2 * i), "s%d" % (2 * i + 1)], boot=boot, width=1.0,
                                      unit=1000, synced=clock.synced, rnd=f32)

@@ -5,32 +5,9 @@ precision board does; the clock is driven by a stand-in ``time`` whose ticks wra
 """
 from edge.agent import Agent
 from edge.core import codec
-from edge.core.interval import f32
+from edge.core.float32 import f32
 from edge.runtime.clock import Clock, EPOCH_2000
-from portable import Rng, ctl, session
-
-PERIOD = 1 << 30        # ticks_ms wraps here on most MicroPython ports
-
-
-class Ticks:
-    """A board's ``time``: wrapping ``ticks_ms`` and a wall clock that may be unset (near 0)."""
-
-    def __init__(self, wall_s, start_ticks, epoch=1970):
-        self.ms = start_ticks          # true elapsed ms since the stand-in's start, offset by start_ticks
-        self.wall_s = wall_s
-        self.epoch = epoch
-
-    def ticks_ms(self):
-        return self.ms % PERIOD
-
-    def ticks_diff(self, a, b):
-        return ((a - b + PERIOD // 2) % PERIOD) - PERIOD // 2
-
-    def time(self):
-        return self.wall_s
-
-    def gmtime(self, t):
-        return (self.epoch, 1, 1, 0, 0, 0, 0, 1)
+from portable import PERIOD, Rng, Ticks, ctl, session
 
 
 def test_clock_is_exact_integer_ms_across_tick_wrap_near_1_7e9():

@@ -6,7 +6,8 @@ arithmetic gives the bound the backend meant.
 """
 import struct
 
-from edge.core.interval import IntervalFilter, INF, membership, f32
+from edge.core.float32 import f32, step as f32_step
+from edge.core.interval import IntervalFilter, INF, membership
 from portable import Rng, raises
 
 
@@ -178,11 +179,6 @@ def _float(q):
     return q[0] / q[1]
 
 
-def _step_out(x, up):
-    b = struct.unpack("<I", struct.pack("<f", x))[0]
-    return struct.unpack("<f", struct.pack("<I", b + (1 if (x > 0) == up else -1)))[0]
-
-
 def _oracle_walk(seed, steps):
     """A float32 device filter against software float32 and exact rationals; the backend's padded
     float32 mirror (fed the backend's doubles) must contain the device's bound at every step, and
@@ -228,7 +224,7 @@ def _oracle_walk(seed, steps):
             tol = (abs(_float(c)) + _float(meant) + 1e-30) * 2.0 ** -20 * (step + 2)
             assert min(abs(x - _float(e_lo)), abs(x - _float(e_hi))) <= tol, (seed, step)
         klo, khi = mirror.known()
-        assert klo <= _step_out(dev.lo, False) and _step_out(dev.hi, True) <= khi, (seed, step)
+        assert klo <= f32_step(dev.lo, False) and f32_step(dev.hi, True) <= khi, (seed, step)
         if naive.lo > dev.lo or naive.hi < dev.hi:
             narrower += 1
     return narrower
@@ -238,4 +234,5 @@ def test_float32_device_matches_software_float32_and_the_padded_mirror_contains_
     narrower = 0
     for seed in range(30):
         narrower += _oracle_walk(seed, 300)
-    assert narrower > 0                 # a double mirror would claim less than the device holds
+    if 1.0 + 2.0 ** -30 != 1.0:         # where floats are doubles: a double mirror claims less than the device holds
+        assert narrower > 0

@@ -10,7 +10,8 @@ and pads what it states by one float32 step (edge.core.interval).
 """
 import math
 
-from edge.core.interval import IntervalFilter, f32
+from edge.core.float32 import f32
+from edge.core.interval import IntervalFilter
 
 
 class Source:

@@ -19,7 +19,7 @@ from backend.coordinator.core import aggregate
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
 from backend.coordinator.core.queries import parse_query
-from edge.core.interval import f32
+from edge.core.float32 import f32
 
 _TICK = 0      # event order within one timestamp: uplinks, then the adjustment tick
 _UP = -1
