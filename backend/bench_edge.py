@@ -146,7 +146,7 @@ def _scenario(broker, folder, heap, mpy, seconds=3.0):
         to = births[-1] if births else 0
         for kind, fields in (
                 ("config", {"seq": 3 * i, "inc": 1, "to": to, "period": 1000, "shrink": 0.1, "beat": 5000, "t0": 0,
-                            "now": int(time.time() * 1000), "tick": 0}),
+                            "now": int(time.time() * 1000), "tick": int(time.time())}),
                 ("filter", {"src": 0, "epoch": i, "seq": 3 * i + 1, "inc": 1, "to": to, "width": 2.0, "ack": 1,
                             "cons": [{"l": 1.0, "u": 2.0}]}),
                 ("probe", {"src": 0, "seq": 3 * i + 2, "inc": 1, "to": to, "probe": i})):

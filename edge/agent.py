@@ -20,6 +20,7 @@ from edge.core.interval import IntervalFilter, INF
 
 FIRMWARE = "qf-0.2"
 WINDOW = 30             # downlink sequence numbers remembered below the highest (a small int on a board)
+CATCH_UP = 64           # missed shrinks applied one by one; after more (a stall, a clock jump) the width is 0
 _MASK = (1 << WINDOW) - 1
 F32 = 1.0 + 2.0 ** -30 == 1.0       # this interpreter's floats are single precision
 _HEAD = 2 + 4 + 8 + 4 + 1 + len(FIRMWARE) + 1 + 1 + 1     # a birth without its source records
@@ -263,13 +264,25 @@ class Agent:
         out = []
         if self.period_ms > 0 and self.shrink > 0:
             at = self._shrink_at()
+            n = 0
             while at <= now:
+                n += 1
+                jump = n > CATCH_UP     # a stall or a clock jump: no loop of millions; the narrowest
+                if jump:                # bound (width 0) is always safe
+                    ms = now if self.unit == 1000 else now * 1000
+                    self.period = int((ms - self.t0_ms) // self.period_ms) - 1
+                    at = self._shrink_at()
                 self.period += 1        # stamp the re-check at the shrink instant
                 for i, f in enumerate(self.filters):
-                    f.shrink(self.shrink)
+                    if jump:
+                        f.set_width(0.0, f.epoch)
+                    else:
+                        f.shrink(self.shrink)
                     v = self.values[i]
                     if v is not None and f.check(v):
                         out.append(self._report(at, i, codec.WHY_SHRINK))
+                if jump:
+                    break
                 at = self._shrink_at()
         if self.beat > 0 and self.last_up is not None and now - self.last_up >= self.beat and not out:
             out.append(self._up(now, "beat", {"t": now}))

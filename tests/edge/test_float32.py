@@ -107,3 +107,28 @@ def test_long_run_no_ntp_tick_wrap_float32_reports_follow_the_backend_clock():
             assert m["t"] >= last_t
             last_t = m["t"]
     assert a.period >= backend // 1000 - 1
+
+
+def test_backend_changes_period_and_shrink_online_by_a_config():
+    a = Agent("d", ["x"], width=8.0, unit=1000)
+    session(a, now=55000, period=10000, shrink=0.5, tick=5)
+    assert a.next_deadline() == 60000
+    a.handle_sample(55000, "x", 0.0)
+    # the backend moves to T = 4 s from its tick at 58 s (a new origin, counting from 0), S = 0.25
+    a.handle_message(58500, ctl(a, "config", seq=2, period=4000, shrink=0.25, beat=0, t0=58000, now=0, tick=0))
+    assert (a.period, a.next_deadline()) == (0, 62000)
+    a.handle_timer(62000)
+    assert a.filters[0].width == 6.0 and a.period == 1
+    a.handle_message(62100, ctl(a, "config", seq=3, period=4000, shrink=0.25, beat=0, t0=58000, now=0, tick=0))
+    assert a.period == 1                    # a late copy of the same schedule never repeats a shrink
+
+
+def test_a_clock_far_ahead_of_the_schedule_jumps_to_width_zero_not_a_million_shrinks():
+    a = Agent("d", ["x"], width=8.0, unit=1000)
+    session(a, now=1700000000000, period=1000, shrink=0.1, t0=0, tick=0)    # a backend that sent tick 0
+    a.handle_sample(1700000000000, "x", 1.0)
+    a.handle_sample(1700000000001, "x", 1.5)
+    out = a.handle_timer(1700000000001)
+    assert a.period == 1700000000 and a.filters[0].width == 0.0
+    assert len(out) <= 64 and a.next_deadline() == 1700000001000
+    assert a.handle_sample(1700000000002, "x", 1.5000001) != []      # width 0: every change is reported

@@ -134,6 +134,14 @@ class Coordinator:
                                        "cons": [{"l": l, "u": u} for l, u in cons]})
         self._touch(key)
 
+    def send_config(self, device):
+        """Tell ``device`` the adjustment schedule: ticks at t0 + k·T (integer ms), the shrink S, the
+        heartbeat, this backend's clock, and the number of ticks applied so far. Re-send it to every
+        device after changing the period or the shrink: the device counts periods from it."""
+        self.send(device, "config", {"period": self.period_ms, "shrink": self.shrink,
+                                     "beat": round(self.beat * 1000), "t0": self.t0_ms,
+                                     "now": round(self.wall * 1000), "tick": self.tick - 1})
+
     def probe(self, key, probe_id=0):
         s = self.cache.sources[key]
         self.send(s.device, "probe", {"src": s.index, "probe": probe_id & 0xFFFF})
@@ -219,9 +227,7 @@ class Coordinator:
             d["single"] = bool(m["caps"] & CAP_F32)
             d["online"] = False
             self._set_online(device, True)
-            self.send(device, "config", {"period": self.period_ms, "shrink": self.shrink,
-                                         "beat": round(self.beat * 1000), "t0": self.t0_ms,
-                                         "now": round(self.wall * 1000), "tick": self.tick - 1})
+            self.send_config(device)
         for i, rec in enumerate(m["sources"], m["first"]):
             key = rec["name"]
             s = self.cache.sources.get(key)

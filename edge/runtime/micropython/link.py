@@ -9,8 +9,9 @@ reads instead of allocated whole.
 QoS 1 control messages are acknowledged only after the agent has handled them (``ack``), as
 umqtt.simple and mqtt_as do by sending PUBACK after their callback returns; here the callback may run
 inside a publish's PUBACK wait, where the agent must not be re-entered, so messages wait unacknowledged
-in the inbox. The broker keeps at most its in-flight limit of them unacknowledged, so the inbox stays
-small; if it still overflows (INBOX messages or INBOX_BYTES), the link is dropped without
+in the inbox, and ``wait`` stops reading while the inbox is full. The broker keeps at most its
+in-flight limit of them unacknowledged, so the inbox stays small; if a PUBACK wait still overflows
+it (INBOX messages or INBOX_BYTES), the link is dropped without
 acknowledging: with a clean session the broker forgets the rest, and the birth after reconnecting
 resynchronises every source. No acknowledged message is ever lost.
 """
@@ -22,7 +23,7 @@ from edge.core.codec import MAX_PAYLOAD
 from umqtt.simple import MQTTClient
 
 IO_TIMEOUT = 5          # seconds a started packet (or a PUBACK) may take: a half-open link fails, not hangs
-INBOX = 16              # unacknowledged control messages held between two loop passes
+INBOX = 20              # unacknowledged control messages held: Mosquitto's default max_inflight_messages
 INBOX_BYTES = 6144      # ... and their bytes; more drops the link (counted), never an acknowledged message
 BACKOFF_MS = (200, 30000)
 
@@ -183,8 +184,8 @@ class Link:
                 self.last_tx = now
             if time.ticks_diff(now, self.last_rx) > self.keepalive * 1500:
                 raise OSError("no traffic from the broker for 1.5 keepalives")
-            ready = self.poller.poll(ms)
-            while ready:
+            ready = self.poller.poll(ms) if len(self.inbox) < INBOX else ()
+            while ready and len(self.inbox) < INBOX:    # full: the rest waits in TCP (backpressure)
                 if ready[0][1] & (select.POLLHUP | select.POLLERR):
                     raise OSError("socket closed")
                 self.last_rx = time.ticks_ms()
