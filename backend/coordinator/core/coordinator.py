@@ -35,8 +35,6 @@ class Coordinator:
         self.latency = protocol.queue_latency(latency)   # λ (0 when the protocol pads instead)
         self.beat = beat
         self.t0 = t0
-        self.period_ms = round(period * 1000)
-        self.t0_ms = round(t0 * 1000)
         self.inc = incarnation & 0xFFFFFFFF     # this backend run, stamped on every downlink
         self.wall = 0.0                 # the adapter's clock at the current call (a config's "now")
         self.cache = BoundCache()
@@ -106,9 +104,15 @@ class Coordinator:
                                         "to": 0, "single": False}
         return d
 
+    def schedule_ms(self):
+        """``(t0, T)`` in integer ms, from ``t0`` and ``period`` as they are now (an adapter or a
+        protocol may change them): what devices are told and what ticks are computed from."""
+        return round(self.t0 * 1000), round(self.period * 1000)
+
     def tick_time(self, k):
         """Event time of adjustment tick ``k``."""
-        return (self.t0_ms + k * self.period_ms) / 1000
+        t0, period = self.schedule_ms()
+        return (t0 + k * period) / 1000
 
     # -- downlink -----------------------------------------------------------------
     def send(self, device, kind, fields):
@@ -138,8 +142,9 @@ class Coordinator:
         """Tell ``device`` the adjustment schedule: ticks at t0 + k·T (integer ms), the shrink S, the
         heartbeat, this backend's clock, and the number of ticks applied so far. Re-send it to every
         device after changing the period or the shrink: the device counts periods from it."""
-        self.send(device, "config", {"period": self.period_ms, "shrink": self.shrink,
-                                     "beat": round(self.beat * 1000), "t0": self.t0_ms,
+        t0, period = self.schedule_ms()
+        self.send(device, "config", {"period": period, "shrink": self.shrink,
+                                     "beat": round(self.beat * 1000), "t0": t0,
                                      "now": round(self.wall * 1000), "tick": self.tick - 1})
 
     def probe(self, key, probe_id=0):
