@@ -6,6 +6,12 @@ portable timing script runs in each interpreter. Then the smallest MicroPython h
 agent still runs its live scenario (birth, reports, config/filter/probe control traffic against
 Mosquitto) is found by bisection. ``python -m backend.bench_edge [--quick]`` prints the figures
 next to the DESIGN targets.
+
+The unix port is 64-bit: every object there is about twice its size on a board. The 32-bit figure
+comes from a 32-bit, single-precision build of the same MicroPython (``scripts/build_mp32.sh``): the
+agent's live heap after a collection and the smallest ``-X heapsize`` it runs in, loading the agent
+as .mpy (a board's filesystem) and frozen into the image (firmware/manifest.py). There the agent
+runs offline (its broker refuses it), so its outbox fills: the state is at its largest.
 """
 import argparse
 import json
@@ -22,6 +28,9 @@ from firmware.build import MODULES, compile_modules
 
 ROOT = fleet_mod.ROOT
 TARGETS = {"filter_us": {"cpython": 5.0, "micropython": 50.0}, "heap": 32 * 1024}
+MP32 = os.path.join(ROOT, "build", "mp32")
+OFFLINE = {"fleet": "bench", "device": "m0", "password": "x", "host": "127.0.0.1", "port": 9, "period": 0.01,
+           "width": 1.0, "outbox": 32, "run_for": 2, "sources": [{"name": "x", "kind": "walk", "step": 0.5, "seed": 3}]}
 
 # Portable: runs unchanged under CPython and MicroPython. N samples of a seeded walk.
 SCRIPT = r"""
@@ -63,15 +72,15 @@ for x in vals:
 filt = ticks_diff(ticks_us(), t) / N
 gc.collect()
 m1 = gc.mem_alloc() if sys.implementation.name == "micropython" else 0
-a = Agent("d", ["x"], 1, 0, 4.0)
-a.start(0.0)
+a = Agent("d", ["x"], 1, 0, 4.0, 1000)     # a board's clock: integer milliseconds
+a.start(0)
 if m1:
     gc.collect()
     mem["heap_agent_state"] = gc.mem_alloc() - m1
 t = ticks_us()
-now = 0.0
+now = 1700000000000
 for x in vals:
-    now += 0.01
+    now += 10
     a.handle_sample(now, 0, x)
 agent = ticks_diff(ticks_us(), t) / N
 if sys.implementation.name != "micropython":
@@ -116,7 +125,18 @@ def _scenario(broker, folder, heap, mpy, seconds=3.0):
     fl.mpy = mpy
     be = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-be", protocol=mqtt.MQTTv311)
     be.username_pw_set(*broker.credentials("backend"))
+    births = []         # tokens of the device's births: controls must answer the latest
+
+    def on_message(client, userdata, msg):
+        try:
+            kind, m = codec.decode(msg.payload)
+        except codec.CodecError:
+            return
+        if kind == "birth" and m["first"] == 0:
+            births.append((m["boot"] ^ m["seq"]) & 0xFFFFFFFF)
+    be.on_message = on_message
     be.connect(broker.host, broker.port)
+    be.subscribe("qf/%s/d/m0/state" % broker.fleet, qos=1)
     be.loop_start()
     d = fl.start("micropython", "m0", {"name": "x", "kind": "walk", "step": 0.5, "seed": 3, "period": 0.05})
     time.sleep(0.8)
@@ -124,11 +144,13 @@ def _scenario(broker, folder, heap, mpy, seconds=3.0):
     i = 0
     while time.monotonic() < end and d.proc.poll() is None:
         i += 1
+        to = births[-1] if births else 0
         for kind, fields in (
-                ("config", {"seq": 3 * i, "period": 1.0, "shrink": 0.1, "beat": 5.0, "t0": 0.0}),
-                ("filter", {"src": 0, "epoch": i, "seq": 3 * i + 1, "width": 2.0, "ack": 1,
+                ("config", {"seq": 3 * i, "inc": 1, "to": to, "period": 1000, "shrink": 0.1, "beat": 5000, "t0": 0,
+                            "now": int(time.time() * 1000), "tick": int(time.time())}),
+                ("filter", {"src": 0, "epoch": i, "seq": 3 * i + 1, "inc": 1, "to": to, "width": 2.0, "ack": 1,
                             "cons": [{"l": 1.0, "u": 2.0}]}),
-                ("probe", {"src": 0, "seq": 3 * i + 2, "probe": i})):
+                ("probe", {"src": 0, "seq": 3 * i + 2, "inc": 1, "to": to, "probe": i})):
             be.publish(topics.device(broker.fleet, "m0", "ctl"), codec.encode(kind, fields), qos=1)
         time.sleep(0.1)
     stats = fl.stop("m0", signal.SIGINT)
@@ -155,6 +177,40 @@ def smallest_heap(mpy, lo=24, hi=96, step=2):
         return best
 
 
+def _offline(binary, path, heap_kb):
+    """Stats of the offline agent on ``binary`` with ``heap_kb`` KB, or None when it does not run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = os.path.join(tmp, "qf.json")
+        with open(cfg, "w") as f:
+            json.dump(OFFLINE, f)
+        r = subprocess.run([binary, "-X", "heapsize=%dk" % heap_kb, "-m", "qfagent", cfg], cwd=tmp, timeout=60,
+                           env=dict(os.environ, MICROPYPATH=path or ".frozen"), capture_output=True, text=True)
+    for line in r.stdout.splitlines():
+        if line.startswith('{"stats"'):
+            return json.loads(line)["stats"]
+    return None
+
+
+def heap_32bit(mpy):
+    """Rows for the 32-bit single-precision port: ``{mode: (live heap B, smallest heap KB)}``."""
+    out = {}
+    for mode, binary, path in ((".mpy", "micropython-f32", mpy), ("frozen", "micropython-f32-frozen", None)):
+        binary = os.path.join(MP32, binary)
+        if not os.path.exists(binary):
+            out[mode] = None
+            continue
+        st = _offline(binary, path, 256)
+        lo, hi = 4, 96
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if _offline(binary, path, mid) is None:
+                lo = mid
+            else:
+                hi = mid
+        out[mode] = (st["heap_peak"] if st else None, hi)
+    return out
+
+
 def figures(quick=True, arm64=True):
     """Rows for the bench report: per agent kind µs/sample and memory, then the smallest heap."""
     n = 20000 if quick else 200000
@@ -175,6 +231,11 @@ def figures(quick=True, arm64=True):
                      "target_filter_us": "≤ %d KB" % (TARGETS["heap"] // 1024),
                      "memory": "failed even at 96 KB" if heap is None else
                      "%d KB (live heap after collection %d B)" % (heap, st["heap_peak"])})
+        for mode, got in heap_32bit(mpy).items():
+            rows.append({"agent kind": "micropython 32-bit float32 (%s)" % mode, "samples": "-", "filter_us": "-",
+                         "agent_us": "-", "target_filter_us": "≤ %d KB" % (TARGETS["heap"] // 1024),
+                         "memory": "skipped: run scripts/build_mp32.sh" if got is None else
+                         "smallest heap %d KB (live heap after collection %s B)" % (got[1], got[0])})
     return rows
 
 

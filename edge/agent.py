@@ -2,15 +2,28 @@
 
 Olston et al. 2003 §3.1 (report on exit, shrink every T and re-check), Cheng et al. 2005 §3
 (constraints, probes, shutdown), DESIGN.md §3 (epochs, sequence numbers, birth/resync, heartbeat).
-Sans-IO: every call takes ``now`` (the device clock) and returns a list of ``(channel, payload)``
+Sans-IO: every call takes ``now`` (the caller's clock) and returns a list of ``(channel, payload)``
 where channel is ``"up"`` or ``"state"``. Bad samples and bad messages are counted, never raised.
+
+Time is float32-safe (DESIGN.md §2). ``unit`` is the clock's units per second: 1000 on a board, whose
+clock is integer milliseconds, so every time computation is integer arithmetic and ``t`` goes on the
+wire exactly; 1 for float seconds (simulator, CPython). Device time is the caller's clock plus
+``offset``: a clock that is not ``synced`` (NTP failed) takes the backend's from every config.
+Shrink instants are the backend's: a config carries its tick origin, period and the number of periods
+it has applied, and a width carries the period it was computed for, so no wall clock is trusted for
+the count. Downlinks answer one birth (``to``) of one backend run (``inc``): a control message from
+before the latest birth or from another backend run is dropped, duplicates by a 30-entry window.
 """
 from edge.core import codec
-from edge.core.codec import NO_VALUE, newer
+from edge.core.codec import NO_VALUE, newer, CAP_F32, CAP_MS
 from edge.core.interval import IntervalFilter, INF
 
-FIRMWARE = "qf-0.1"
-_RECENT = 8             # downlink sequence numbers remembered for duplicate suppression
+FIRMWARE = "qf-0.2"
+WINDOW = 30             # downlink sequence numbers remembered below the highest (a small int on a board)
+CATCH_UP = 64           # missed shrinks applied one by one; after more (a stall, a clock jump) the width is 0
+_MASK = (1 << WINDOW) - 1
+F32 = 1.0 + 2.0 ** -30 == 1.0       # this interpreter's floats are single precision
+_HEAD = 2 + 4 + 8 + 4 + 1 + len(FIRMWARE) + 1 + 1 + 1     # a birth without its source records
 
 
 def _finite(v):
@@ -18,28 +31,55 @@ def _finite(v):
 
 
 class Agent:
-    def __init__(self, device, sources, boot=0, caps=0, width=0.0):
-        if not sources or len(sources) > 255:
+    def __init__(self, device, sources, boot=0, caps=0, width=0.0, unit=1, synced=True, rnd=None):
+        if not sources or len(sources) > codec.MAX_LIST:
             raise ValueError("an agent needs 1..255 sources")
+        for name in sources:
+            if not isinstance(name, str) or not 0 < len(name.encode()) <= codec.MAX_STR:
+                raise ValueError("source names are 1..%d bytes of utf-8: %r" % (codec.MAX_STR, name))
+        if unit != 1 and unit != 1000:
+            raise ValueError("unit is 1 (float seconds) or 1000 (integer milliseconds)")
         self.device = device
         self.names = list(sources)
         self.index = {}
         for i, name in enumerate(self.names):
             self.index[name] = i
-        self.filters = [IntervalFilter(width) for _ in self.names]
+        self.rnd = rnd          # None (native floats) or edge.core.float32.f32 (emulate a single-precision board)
+        self.filters = [IntervalFilter(width, (), 0, rnd) for _ in self.names]
         self.values = [None] * len(self.names)
         self.boot = boot
-        self.caps = caps
+        self.caps = caps | (CAP_F32 if F32 or rnd is not None else 0) | (CAP_MS if unit == 1000 else 0)
+        self.unit = unit
+        self.synced = synced
+        self.offset = 0         # device time = caller's clock + offset
         self.seq = 0
-        self.recent = []
-        self.period_len = 0.0   # T; 0 disables shrinking
+        self.token = None       # boot ^ seq of the latest birth: every downlink must carry it
+        self.inc = None         # incarnation of the backend run that configured us after that birth
+        self.top = None         # highest downlink sequence number accepted in this session
+        self.seen = 0           # bit k set: top - 1 - k was accepted
+        self.period_ms = 0      # T; 0 disables shrinking
+        self.t0_ms = 0          # tick origin: shrink k happens at t0 + k·T (backend time, ms)
         self.shrink = 0.0       # S
-        self.beat = 0.0         # heartbeat period; 0 disables
-        self.t0 = 0.0
-        self.period = 0         # number of shrinks applied since t0
+        self.beat = 0           # heartbeat period in clock units; 0 disables
+        self.period = 0         # number of shrinks applied (the backend's period count)
         self.last_up = None
         self.summaries = None   # source index -> swat.Replicator, allocated by the first summary control
-        self.stats = {"samples": 0, "reports": 0, "bad_samples": 0, "bad_messages": 0, "probes": 0}
+        self.stats = {"samples": 0, "reports": 0, "bad_samples": 0, "bad_messages": 0, "probes": 0,
+                      "stale": 0, "unsupported": 0}
+
+    # -- time -----------------------------------------------------------------
+    def _ms(self, ms):
+        """Integer milliseconds in this clock's units."""
+        return ms if self.unit == 1000 else ms / 1000
+
+    def stamp(self, now):
+        """Device time at the caller's ``now`` as decimal seconds text (ground-truth logs)."""
+        t = now + self.offset
+        if self.unit == 1:
+            return repr(t)
+        sign = "-" if t < 0 else ""
+        t = abs(t)
+        return "%s%d.%03d" % (sign, t // 1000, t % 1000)
 
     # -- outgoing -------------------------------------------------------------
     def _up(self, now, kind, fields):
@@ -57,7 +97,10 @@ class Agent:
         return self._up(now, "report", {"src": i, "epoch": f.epoch, "t": now, "v": v, "why": why})
 
     def start(self, now):
-        """Birth (also sent after every reconnect): recentres every source on its current value."""
+        """Birth (also sent after every reconnect), in parts when one payload cannot hold every source."""
+        return self._start(now + self.offset)
+
+    def _start(self, now):
         recs = []
         for i, f in enumerate(self.filters):
             v = self.values[i]
@@ -65,10 +108,23 @@ class Agent:
                 f.recenter(v)
             recs.append({"name": self.names[i], "epoch": f.epoch, "width": f.width,
                          "v": NO_VALUE if v is None else v})
-        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        out = []
+        first = 0
+        while first < len(recs):
+            size, j = _HEAD, first
+            while j < len(recs) and size + codec.record_size(recs[j]) <= codec.MAX_PAYLOAD:
+                size += codec.record_size(recs[j])
+                j += 1
+            self.seq = (self.seq + 1) & 0xFFFFFFFF
+            if first == 0:
+                self.token = (self.boot ^ self.seq) & 0xFFFFFFFF
+            out.append(("state", codec.encode("birth", {"seq": self.seq, "t": now, "boot": self.boot, "fw": FIRMWARE,
+                                                         "caps": self.caps, "first": first, "sources": recs[first:j]})))
+            first = j
+        self.inc = self.top = None
+        self.seen = 0
         self.last_up = now
-        return [("state", codec.encode("birth", {"seq": self.seq, "t": now, "boot": self.boot,
-                                                  "fw": FIRMWARE, "caps": self.caps, "sources": recs}))]
+        return out
 
     def will(self):
         """Payload of the Last Will registered with the broker."""
@@ -76,8 +132,15 @@ class Agent:
 
     # -- inputs ---------------------------------------------------------------
     def handle_sample(self, now, source, value):
+        now += self.offset
         i = self.index.get(source, source) if isinstance(source, str) else source
-        if not isinstance(i, int) or i < 0 or i >= len(self.filters) or not _finite(value):
+        ok = isinstance(i, int) and 0 <= i < len(self.filters) and _finite(value)
+        if ok:
+            try:
+                value = float(value) if self.rnd is None else self.rnd(value)
+            except OverflowError:
+                ok = False
+        if not ok or not _finite(value):
             self.stats["bad_samples"] += 1
             return []
         self.stats["samples"] += 1
@@ -96,30 +159,54 @@ class Agent:
     def handle_message(self, now, payload):
         try:
             kind, m = codec.decode(payload)
-            return self._apply(now, kind, m)
-        except (codec.CodecError, ValueError, KeyError):
+            return self._apply(now + self.offset, kind, m)
+        except (codec.CodecError, ValueError, KeyError, IndexError, TypeError):
             self.stats["bad_messages"] += 1
             return []
+
+    def _fresh(self, seq):
+        """Anti-replay window (RFC 4303 §3.4.3 style): True the first time ``seq`` is seen this session."""
+        top = self.top
+        if top is None:
+            self.top, self.seen = seq, 0
+            return True
+        d = (seq - top) & 0xFFFFFFFF
+        if d == 0:
+            return False
+        if d < 0x80000000:
+            self.seen = ((self.seen << d) | (1 << (d - 1))) & _MASK if d <= WINDOW else 0
+            self.top = seq
+            return True
+        back = (top - seq) & 0xFFFFFFFF
+        if back > WINDOW or self.seen >> (back - 1) & 1:
+            return False
+        self.seen |= 1 << (back - 1)
+        return True
 
     def _apply(self, now, kind, m):
         if codec.SCHEMAS[kind][1] != "down":
             raise ValueError("not a control message")
-        seq = m["seq"]
-        if seq in self.recent:
+        if kind == "rebirth":
+            return self._start(now)
+        if m["to"] != self.token or (kind != "config" and m["inc"] != self.inc):
+            self.stats["stale"] += 1    # sent before our latest birth, or by another backend run
             return []
-        self.recent.append(seq)
-        if len(self.recent) > _RECENT:
-            self.recent.pop(0)
+        if kind == "config" and m["inc"] != self.inc:
+            self.inc, self.top, self.seen = m["inc"], None, 0
+        if not self._fresh(m["seq"]):
+            return []
         if kind == "config":
             self._configure(now, m)
             return []
-        if kind == "rebirth":
-            return self.start(now)
         i = m["src"]
         if i >= len(self.filters):
             raise ValueError("unknown source index")
         if kind == "summary":
-            from edge.core import swat
+            try:
+                from edge.core import swat
+            except ImportError:         # a board built without SWAT: say so, keep running
+                self.stats["unsupported"] += 1
+                return []
             return swat.configure(self, now, i, m)
         f = self.filters[i]
         if kind == "probe":
@@ -133,11 +220,10 @@ class Agent:
         if not newer(m["epoch"], f.epoch):
             return []   # stale or duplicate assignment
         if kind == "width":
-            w = m["width"]
+            f.set_width(m["width"], m["epoch"])
             if self.shrink:
-                for _ in range(self.period - m["period"]):
-                    w = w * (1 - self.shrink)
-            f.set_width(w, m["epoch"])
+                for _ in range(self.period - m["period"]):   # the shrinks since the backend computed it
+                    f.shrink(self.shrink)
         elif kind == "bound":
             f.set_bound(m["lo"], m["hi"], m["epoch"])
         else:
@@ -148,36 +234,56 @@ class Agent:
         return []
 
     def _configure(self, now, m):
-        if m["period"] < 0 or not (0 <= m["shrink"] < 1) or m["beat"] < 0:
+        if not (0 <= m["shrink"] < 1):
             raise ValueError("bad config")
-        self.period_len = m["period"]
+        if not self.synced:
+            self.offset += self._ms(m["now"]) - now     # no clock of our own: take the backend's
+        same = m["t0"] == self.t0_ms and m["period"] == self.period_ms
+        self.t0_ms, self.period_ms = m["t0"], m["period"]
         self.shrink = m["shrink"]
-        self.beat = m["beat"]
-        self.t0 = m["t0"]
-        self.period = int((now - self.t0) // self.period_len) if self.period_len > 0 and now >= self.t0 else 0
+        self.beat = self._ms(m["beat"])
+        self.period = max(self.period, m["tick"]) if same else m["tick"]
 
     # -- time -----------------------------------------------------------------
+    def _shrink_at(self):
+        return self._ms(self.t0_ms + (self.period + 1) * self.period_ms)
+
     def next_deadline(self):
+        """The caller's time of the next shrink or heartbeat; None when none is due."""
         t = None
-        if self.period_len > 0 and self.shrink > 0:
-            t = self.t0 + (self.period + 1) * self.period_len
+        if self.period_ms > 0 and self.shrink > 0:
+            t = self._shrink_at()
         if self.beat > 0 and self.last_up is not None:
             b = self.last_up + self.beat
             if t is None or b < t:
                 t = b
-        return t
+        return None if t is None else t - self.offset
 
     def handle_timer(self, now):
+        now += self.offset
         out = []
-        if self.period_len > 0 and self.shrink > 0:
-            while self.t0 + (self.period + 1) * self.period_len <= now:
-                self.period += 1
-                at = self.t0 + self.period * self.period_len   # stamp the re-check at the shrink instant
+        if self.period_ms > 0 and self.shrink > 0:
+            at = self._shrink_at()
+            n = 0
+            while at <= now:
+                n += 1
+                jump = n > CATCH_UP     # a stall or a clock jump: no loop of millions; the narrowest
+                if jump:                # bound (width 0) is always safe
+                    ms = now if self.unit == 1000 else now * 1000
+                    self.period = int((ms - self.t0_ms) // self.period_ms) - 1
+                    at = self._shrink_at()
+                self.period += 1        # stamp the re-check at the shrink instant
                 for i, f in enumerate(self.filters):
-                    f.shrink(self.shrink)
+                    if jump:
+                        f.set_width(0.0, f.epoch)
+                    else:
+                        f.shrink(self.shrink)
                     v = self.values[i]
                     if v is not None and f.check(v):
                         out.append(self._report(at, i, codec.WHY_SHRINK))
+                if jump:
+                    break
+                at = self._shrink_at()
         if self.beat > 0 and self.last_up is not None and now - self.last_up >= self.beat and not out:
             out.append(self._up(now, "beat", {"t": now}))
         return out

@@ -1,7 +1,8 @@
 """Board glue for the MicroPython agent (DESIGN.md §7): Wi-Fi with backoff, watchdog, clock, ADC inputs.
 
 ``run(path)`` is what ``main.py`` calls: it reads the board config (``qf.json``), joins Wi-Fi
-(doubling backoff, never giving up), sets the clock by NTP when it can (reports carry device time),
+(doubling backoff, never giving up), sets the clock by NTP when it can (when it cannot, the agent
+takes the backend's time, so a failed NTP no longer makes every report late),
 arms ``machine.WDT`` when the port has one and feeds it from the agent loop, builds ``adc`` inputs
 from pins, then runs ``qfagent.main``. On the unix port (an emulated board) there is no ``network``
 and no WDT: both steps are skipped and said so.
@@ -9,7 +10,7 @@ and no WDT: both steps are skipped and said so.
 import time
 
 import qfagent
-from edge.runtime.sensors import Periodic
+from edge.runtime.sensors import Periodic, span
 
 
 def wifi(cfg, tries=8):
@@ -41,11 +42,18 @@ def wifi(cfg, tries=8):
 
 
 def set_clock():
+    """Set the board's clock by NTP; True on success. On failure the clock is not trusted: the
+    agent runs on integer ticks and takes the backend's time from its config (edge.agent)."""
     try:
         import ntptime
+    except ImportError:
+        print("qf: no ntptime (emulated board): judging the host's clock")
+        return None
+    try:
         ntptime.settime()
         return True
-    except Exception:           # no ntptime (unix port) or no answer: keep the board's clock
+    except Exception as e:
+        print("qf: NTP failed (%r): time from the backend" % (e,))
         return False
 
 
@@ -69,7 +77,7 @@ class Adc(Periodic):
         self.adc = ADC(Pin(spec["pin"]))
         self.scale = spec.get("scale", 1.0)
         self.offset = spec.get("offset", 0.0)
-        Periodic.__init__(self, spec["name"], t0, spec.get("period", period))
+        Periodic.__init__(self, spec["name"], t0, span(spec.get("period", period), 1000))
 
     def read(self, now):
         return self.adc.read_u16() * self.scale + self.offset
@@ -91,7 +99,7 @@ def run(path="qf.json"):
     board = cfg.get("board", {})
     while not wifi(cfg):
         print("qf: wifi unavailable, retrying")
-    set_clock()
+    synced = set_clock()
     feed = watchdog(board.get("watchdog_ms", 30000)) if board.get("watchdog_ms", 30000) else None
     print("qf: watchdog %s" % ("armed" if feed else "not available"))
-    qfagent.main(path, feed, inputs)
+    qfagent.main(path, feed, inputs, synced)

@@ -7,7 +7,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL = os.environ.get("QF_BOARD")
-HEAP = os.environ.get("QF_HIL_HEAP", "64k")
+HEAP = os.environ.get("QF_HIL_HEAP", "72k")
 
 
 def target():

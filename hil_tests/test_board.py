@@ -23,8 +23,15 @@ def _backend(broker):
     return be
 
 
-def _ctl(be, kind, **fields):
+def _ctl(be, birth, kind, **fields):
+    """A control from backend run 1 answering ``birth`` (times in integer ms)."""
+    fields.update(inc=1, to=(birth["boot"] ^ birth["seq"]) & 0xFFFFFFFF)
     be.publish(topics.device("h", "hil", "ctl"), codec.encode(kind, fields), qos=1).wait_for_publish(2)
+
+
+def _config(be, birth, seq, period=0, shrink=0.0, t0=0):
+    _ctl(be, birth, "config", seq=seq, period=period, shrink=shrink, beat=0, t0=t0,
+         now=int(time.time() * 1000), tick=0)
 
 
 def _up(kind, why=None):
@@ -45,22 +52,22 @@ def test_exit_shrink_shutdown_resume_probe_and_reconnect(hil, port):
     _, _, b, _ = expect(be, _up("report", codec.WHY_EXIT))
     assert abs(b["v"] - a["v"]) > 0.5 and b["t"] > a["t"]
     # shrink: a wide bound that halves every 0.3 s soon excludes the walk's value again
-    _ctl(be, "width", src=0, epoch=1, seq=1, period=0, width=50.0, ack=1)
+    _config(be, birth, 1)
+    _ctl(be, birth, "width", src=0, epoch=1, seq=2, period=0, width=50.0, ack=1)
     expect(be, lambda t, k, f: k == "report" and f["epoch"] == 1 and f["why"] == codec.WHY_ASSIGN)
-    now = time.time()
-    _ctl(be, "config", seq=2, period=0.3, shrink=0.5, beat=0.0, t0=now)
+    _config(be, birth, 3, period=300, shrink=0.5, t0=int(time.time() * 1000))
     expect(be, _up("report", codec.WHY_SHRINK), timeout=6)
-    _ctl(be, "config", seq=3, period=0.0, shrink=0.0, beat=0.0, t0=0.0)
+    _config(be, birth, 4)
     # shutdown: the (inf, inf) constraint silences the source; then resume with a width
     inf = float("inf")
-    _ctl(be, "filter", src=0, epoch=2, seq=4, width=inf, ack=0, cons=[{"l": inf, "u": inf}])
+    _ctl(be, birth, "filter", src=0, epoch=2, seq=5, width=inf, ack=0, cons=[{"l": inf, "u": inf}])
     ups = reports_during(be, topics.device("h", "hil", "up"), 0.3, 1.0)
     assert not ups, "reports while shut down: %r" % ups
-    _ctl(be, "width", src=0, epoch=3, seq=5, period=0, width=1.0, ack=1)
+    _ctl(be, birth, "width", src=0, epoch=3, seq=6, period=0, width=1.0, ack=1)
     expect(be, lambda t, k, f: k == "report" and f["epoch"] == 3 and f["why"] == codec.WHY_ASSIGN)
     expect(be, lambda t, k, f: k == "report" and f["epoch"] == 3 and f["why"] == codec.WHY_EXIT)
     # probe reply
-    _ctl(be, "probe", src=0, seq=6, probe=4242)
+    _ctl(be, birth, "probe", src=0, seq=7, probe=4242)
     _, _, reply, _ = expect(be, _up("reply"))
     assert reply["probe"] == 4242 and reply["epoch"] == 3
     # reconnect: the broker goes away and comes back; the board re-births with the same boot

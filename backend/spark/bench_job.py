@@ -29,7 +29,7 @@ def births(devices, now):
     out = []
     for d in range(devices):
         out.append((now, topics.device("bench", "d%d" % d, "state"), codec.encode("birth", {
-            "seq": 1, "t": now, "boot": 1, "fw": "bench", "caps": 0,
+            "seq": 1, "t": now, "boot": 1, "fw": "bench", "caps": 0, "first": 0,
             "sources": [{"name": "s%d" % d, "epoch": 0, "width": 0.0, "v": 100.0}]})))
     for g in range(devices // 10):
         spec = {"kind": "sum", "sources": ["s%d" % (10 * g + i) for i in range(10)], "precision": 5.0}

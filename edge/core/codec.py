@@ -7,7 +7,7 @@ Anything malformed, truncated, oversized, of an unknown version or kind, or carr
 """
 import struct
 
-VERSION = 1
+VERSION = 2          # 2: device times (T), integer-ms downlink times, incarnation and birth token on downlinks, birth parts
 MAX_PAYLOAD = 4096
 MAX_STR = 64
 MAX_LIST = 255
@@ -15,6 +15,11 @@ MAX_BLOB = 3072
 
 
 NO_VALUE = float("inf")     # value field of a birth/reply when a source has no reading yet
+
+
+CAP_RELAY = 2       # birth capability bits: this device is a relay node (edge.core.relay)
+CAP_F32 = 4         # the device computes in single-precision floats: the backend mirrors it in float32, padded
+CAP_MS = 8          # the device's times are integer milliseconds (``t`` fields hold ms, not seconds)
 
 
 def newer(a, b):
@@ -34,31 +39,58 @@ WHY_ASSIGN = 2    # re-check (or acknowledgement) after a bound/width/filter ass
 WHY_RESYNC = 3    # first report of a source after start or reconnect
 WHY_FIRST = 4     # first reading of a source
 
-# Field types: B u8, H u16, I u32, d f64, s short utf-8 string (u8 length), y byte blob (u16 length),
-# and * a list (u8 count) of records whose fields are all the remaining ones of the schema.
+# Field types: B u8, H u16, I u32, q signed 64-bit integer, d f64, s short utf-8 string (u8 length),
+# y byte blob (u16 length), T a device time: an IEEE double on the wire, which a device holding integer
+# milliseconds builds exactly from the integer's bits (a float32 board's struct 'd' would pack a float32
+# value: 128 s steps near 1.7e9), and * a list (u8 count) of records whose fields are all the remaining
+# ones of the schema. Downlink times are integer milliseconds (q), which a float32 device reads exactly.
 # kind name -> (code, direction, types, names): one struct-like type string and one space-separated
 # names string per kind, split only while a message is coded (a table of tuples cost ~10 KB of
 # MicroPython heap).
 SCHEMAS = {
-    # uplink: device -> backend
-    "report": (1, "up", "BHIddB", "src epoch seq t v why"),
-    "reply": (2, "up", "BHIddH", "src epoch seq t v probe"),
-    "beat": (3, "up", "Id", "seq t"),
-    "birth": (4, "up", "IdIsB*sHdd", "seq t boot fw caps sources name epoch width v"),
+    # uplink: device -> backend. A birth too large for one payload is sent in parts; ``first`` is the
+    # index of the part's first source.
+    "report": (1, "up", "BHITdB", "src epoch seq t v why"),
+    "reply": (2, "up", "BHITdH", "src epoch seq t v probe"),
+    "beat": (3, "up", "IT", "seq t"),
+    "birth": (4, "up", "ITIsBB*sHdd", "seq t boot fw caps first sources name epoch width v"),
     "gone": (5, "up", "I", "boot"),
-    "blob": (6, "up", "BIdBy", "src seq t tag data"),
-    # downlink: backend -> device
-    "width": (16, "down", "BHIIdB", "src epoch seq period width ack"),
-    "bound": (17, "down", "BHIddB", "src epoch seq lo hi ack"),
-    "filter": (18, "down", "BHIdB*dd", "src epoch seq width ack cons l u"),
-    "probe": (19, "down", "BIH", "src seq probe"),
-    "config": (20, "down", "Idddd", "seq period shrink beat t0"),
-    "rebirth": (21, "down", "I", "seq"),
+    "blob": (6, "up", "BITBy", "src seq t tag data"),
+    # downlink: backend -> device. Every one carries the backend's incarnation ``inc`` (one per backend
+    # run) and ``to``, the token of the device birth it answers (boot ^ the birth's seq): a device drops
+    # a control message from before its latest birth or from another backend run.
+    "width": (16, "down", "BHIIIIdB", "src epoch seq inc to period width ack"),
+    "bound": (17, "down", "BHIIIddB", "src epoch seq inc to lo hi ack"),
+    "filter": (18, "down", "BHIIIdB*dd", "src epoch seq inc to width ack cons l u"),
+    "probe": (19, "down", "BIIIH", "src seq inc to probe"),
+    # times in integer ms: period T, beat, the tick origin t0 and the backend's clock now; tick = the
+    # number of adjustment periods (shrinks) the backend has applied, so both sides count the same periods
+    "config": (20, "down", "IIIIdIqqI", "seq inc to period shrink beat t0 now tick"),
+    "rebirth": (21, "down", "III", "seq inc to"),
     # SWAT summary replication (Bulut & Singh 2003 §3): window 0 drops the tree; subs/read are segment masks
-    "summary": (22, "down", "BIHBII*Bd", "src seq window k subs read pad seg w"),
+    "summary": (22, "down", "BIIIHBII*Bd", "src seq inc to window k subs read pad seg w"),
     # querying-metadata for relay nodes (Zhang et al. 2005 §3.2): op 1 add / 0 remove, agg 0 count / 1 sum
-    "moq": (30, "down", "IBsddBd", "seq op qid tb te agg eta"),
+    "moq": (30, "down", "IIIBsddBd", "seq inc to op qid tb te agg eta"),
 }
+
+_M52 = (1 << 52) - 1
+
+
+def _time_bits(n):
+    """The IEEE-754 double bits of the integer ``n`` (|n| < 2**53), computed with integers only."""
+    if n == 0:
+        return 0
+    sign = 0
+    if n < 0:
+        sign, n = 1 << 63, -n
+    e = len(bin(n)) - 3          # floor(log2 n)
+    return sign | (1023 + e) << 52 | ((n << (52 - e)) & _M52)
+
+
+def record_size(rec):
+    """Encoded size of one birth source record (name epoch width v)."""
+    return 19 + len(rec["name"].encode())
+
 
 NAMES = {}
 for _name in SCHEMAS:
@@ -90,6 +122,14 @@ def _put(out, types, names, rec):
                 t = "%ds" % len(v)
         elif t == "d":
             ok = isinstance(v, (int, float)) and v == v
+        elif t == "T":
+            ok = not isinstance(v, bool) and (isinstance(v, float) and v == v or isinstance(v, int) and -(1 << 53) < v < 1 << 53)
+            if ok and isinstance(v, int):
+                t, v = "Q", _time_bits(v)
+            else:
+                t = "d"
+        elif t == "q":
+            ok = isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < 1 << 63
         else:
             ok = isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 8 * struct.calcsize(t)
         if not ok:
@@ -128,6 +168,8 @@ def _take(buf, pos, types, names, rec):
                 rec[name] = recs
                 return pos
             t = "%ds" % n
+        if t == "T":
+            t = "d"
         size = struct.calcsize(t)
         if pos + size > len(buf):
             raise CodecError("truncated in field %s" % name)

@@ -8,8 +8,13 @@ constraints ``[(l, u), ...]`` whose membership is tracked as a bitmask. A readin
 leaves the bound or changes the membership of any constraint. ``width = inf`` with no constraints
 never reports. Cheng's false-positive filter is the constraint ``(-inf, inf)`` (always inside),
 the false-negative filter / shutdown is ``(inf, inf)`` (never inside).
-"""
 
+Float precision: a filter built with ``rnd=float32.f32`` rounds the result of every operation to
+float32, which is exactly what a single-precision board computes (double rounding through a double is
+innocuous for +, -, *, / of float32 operands), so the backend's mirror of such a device is
+bit-identical to it; a mirror (``pad=True``) also widens what it states by one float32 step on each
+side, in case a board flushes or rounds differently. On a device, ``rnd`` is None: the hardware rounds.
+"""
 INF = float("inf")
 
 
@@ -27,14 +32,24 @@ def membership(cons, v):
 class IntervalFilter:
     """Bound/constraint filter for one numeric source. Sans-IO: no clock, no sockets."""
 
-    def __init__(self, width=INF, cons=(), epoch=0):
-        self.width = width
-        self.cons = list(cons)
+    def __init__(self, width=INF, cons=(), epoch=0, rnd=None, pad=False):
+        self.rnd = rnd       # None (native floats) or f32 (emulate a single-precision device)
+        self.pad = pad       # widen known() by one float32 step per side (a mirror of a float32 device)
+        self.width = self._r(width)
+        self.cons = self._cons(cons)
         self.epoch = epoch
         self.center = None   # last reported value; None until the first report
         self.mask = 0        # constraint membership of the last reported value
         self.lo = -INF
         self.hi = INF
+
+    def _r(self, x):
+        return x if self.rnd is None else self.rnd(x)
+
+    def _cons(self, cons):
+        if self.rnd is None:
+            return list(cons)
+        return [(self.rnd(l), self.rnd(u)) for l, u in cons]
 
     def _place(self):
         c = self.center
@@ -44,7 +59,7 @@ class IntervalFilter:
             self.lo, self.hi = -INF, INF
         else:
             half = self.width / 2
-            self.lo, self.hi = c - half, c + half
+            self.lo, self.hi = self._r(c - half), self._r(c + half)
 
     def check(self, v):
         """True when reading ``v`` must be reported under the current filter."""
@@ -56,6 +71,7 @@ class IntervalFilter:
 
     def recenter(self, v):
         """Apply a report of ``v``: centre the bound on it and record its constraint membership."""
+        v = self._r(v)
         self.center = v
         self.mask = membership(self.cons, v) if self.cons else 0
         self._place()
@@ -63,12 +79,13 @@ class IntervalFilter:
     def shrink(self, s):
         """One periodic shrink W := W·(1−S), symmetric about the centre (Olston §3.1)."""
         if self.width != INF and s:
-            self.width = self.width * (1 - s)
+            r = self._r
+            self.width = r(self.width * r(1 - r(s)))
             self._place()
 
     def set_width(self, width, epoch):
         """Grow or assign the width about the current centre (Olston §3.2)."""
-        self.width = width
+        self.width = self._r(width)
         self.epoch = epoch
         self._place()
 
@@ -76,19 +93,20 @@ class IntervalFilter:
         """Assign an explicit bound [lo, hi]; later reports recentre with width hi − lo."""
         if hi < lo:
             raise ValueError("bound with hi < lo")
+        lo, hi = self._r(lo), self._r(hi)
         self.epoch = epoch
         if lo == -INF or hi == INF:
             self.width = INF
             self._place()
             return
-        self.width = hi - lo
-        self.center = (lo + hi) / 2
+        self.width = self._r(hi - lo)
+        self.center = self._r(lo + hi) / 2
         self.lo, self.hi = lo, hi
 
     def set_filter(self, width, cons, epoch):
         """Install Cheng constraints ``cons`` (list of (l, u)) together with a bound width."""
-        self.width = width
-        self.cons = list(cons)
+        self.width = self._r(width)
+        self.cons = self._cons(cons)
         self.epoch = epoch
         if self.center is not None:
             self.mask = membership(self.cons, self.center) if self.cons else 0
@@ -113,7 +131,16 @@ class IntervalFilter:
                 if l < hi:
                     hi = l
             bit <<= 1
+        if self.pad:
+            from edge.core.float32 import step      # backend only: boards never pad
+            lo, hi = step(lo, False), step(hi, True)
         return lo, hi
+
+    def copy(self):
+        """An independent copy of this filter's state."""
+        c = IntervalFilter(self.width, self.cons, self.epoch, self.rnd, self.pad)
+        c.center, c.mask, c.lo, c.hi = self.center, self.mask, self.lo, self.hi
+        return c
 
     def silent(self):
         """True when no reading can ever trigger a report (width inf and only FP/FN constraints)."""

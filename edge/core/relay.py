@@ -23,7 +23,7 @@ from edge.core.sketch import HCount, check_item
 
 INF = float("inf")
 FIRMWARE = "qf-relay-0.1"
-CAP_RELAY = 2            # birth capability bit: this device is a relay node
+CAP_RELAY = codec.CAP_RELAY    # birth capability bit: this device is a relay node
 
 TAG_RAW = 1              # one raw item: "<I" k; blob t = the item's timestamp
 TAG_PRB = 2              # forecast bodies: "<d" te, records "<Ii" (k, f_e); blob t = tb
@@ -143,7 +143,7 @@ class RelayNode:
     def _birth(self, now):
         self.seq = (self.seq + 1) & 0xFFFFFFFF
         return ("state", codec.encode("birth", {
-            "seq": self.seq, "t": now, "boot": self.boot, "fw": FIRMWARE, "caps": CAP_RELAY,
+            "seq": self.seq, "t": now, "boot": self.boot, "fw": FIRMWARE, "caps": CAP_RELAY, "first": 0,
             "sources": [{"name": self.device, "epoch": 0, "width": INF, "v": INF}]}))
 
     def start(self, now):

@@ -38,7 +38,7 @@ class Pump:
         for inp in self.inputs:
             for source, value in inp.poll(now):
                 if self.truth is not None:
-                    self.truth.write("%r,%s,%r\n" % (now, source, value))
+                    self.truth.write("%s,%s,%r\n" % (self.agent.stamp(now), source, value))
                 self._emit(self.agent.handle_sample(now, source, value))
         deadline = self.agent.next_deadline()
         if deadline is not None and deadline <= now:

@@ -2,8 +2,14 @@
 
 An input has ``next_time()`` (device time of its next reading, or None when exhausted) and
 ``poll(now)`` (the ``(source, value)`` readings due by ``now``). Runs on MicroPython and CPython;
-the walk uses its own xorshift32 so a seed gives the same stream on both interpreters.
+the walk uses its own xorshift32 so a seed gives the same stream on both interpreters. Times are in
+the runtime's clock units: ``unit`` 1 (float seconds) or 1000 (integer milliseconds, a board).
 """
+
+
+def span(seconds, unit):
+    """A duration in clock units: integer milliseconds when ``unit`` is 1000."""
+    return seconds if unit == 1 else int(seconds * unit + 0.5)
 
 
 class Periodic:
@@ -57,9 +63,10 @@ class CsvReplay:
     The file is read one line at a time so a long trace costs no memory.
     """
 
-    def __init__(self, path, t0, speed=1.0, sources=None):
+    def __init__(self, path, t0, speed=1.0, sources=None, unit=1):
         self.f = open(path)
         self.t0 = t0
+        self.unit = unit
         self.speed = speed
         self.sources = sources
         self.base = None
@@ -85,7 +92,7 @@ class CsvReplay:
                 continue
             if self.base is None:
                 self.base = t
-            self.row = (self.t0 + (t - self.base) / self.speed, parts[1], v)
+            self.row = (self.t0 + span((t - self.base) / self.speed, self.unit), parts[1], v)
 
     def next_time(self):
         return None if self.row is None else self.row[0]
@@ -98,8 +105,9 @@ class CsvReplay:
         return out
 
 
-def make_inputs(specs, sources, t0, period):
-    """Inputs for ``{source: spec}`` where spec ``kind`` is ``walk`` or ``csv``; csv files are shared.
+def make_inputs(specs, sources, t0, period, unit=1):
+    """Inputs for ``{source: spec}`` where spec ``kind`` is ``walk`` or ``csv``; csv files are shared;
+    ``t0`` is in clock units, ``period`` (and a spec's) in seconds.
 
     Returns ``(inputs, unknown)``: the built inputs and the ``(source, spec)`` pairs of other kinds,
     which a runtime may build itself (serial ports, user functions).
@@ -111,7 +119,7 @@ def make_inputs(specs, sources, t0, period):
         spec = specs[name]
         kind = spec.get("kind", "walk")
         if kind == "walk":
-            inputs.append(RandomWalk(name, t0, spec.get("period", period), spec.get("start", 0.0),
+            inputs.append(RandomWalk(name, t0, span(spec.get("period", period), unit), spec.get("start", 0.0),
                                      spec.get("step", 1.0), spec.get("seed", 1)))
         elif kind == "csv":
             key = (spec["path"], spec.get("speed", 1.0))
@@ -121,5 +129,5 @@ def make_inputs(specs, sources, t0, period):
         else:
             unknown.append((name, spec))
     for key in csvs:
-        inputs.append(CsvReplay(key[0], t0, key[1], csvs[key]))
+        inputs.append(CsvReplay(key[0], t0, key[1], csvs[key], unit))
     return inputs, unknown

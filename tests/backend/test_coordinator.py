@@ -47,7 +47,7 @@ def test_duplicates_garbage_and_downlink_kinds_are_counted_and_dropped():
     before = c.cache.sources["a"].reports
     _deliver(c, a, 0.0, rep)                      # QoS 1 redelivery
     assert c.stats["duplicates"] == 1 and c.cache.sources["a"].reports == before
-    for junk in (b"", b"\x01\x01", b"\x07\x01abc", codec.encode("probe", {"src": 0, "seq": 1, "probe": 1})):
+    for junk in (b"", b"\x01\x01", b"\x07\x01abc", codec.encode("probe", {"src": 0, "seq": 1, "inc": 0, "to": 0, "probe": 1})):
         c.handle_uplink(0.0, "d", junk)
     assert c.stats["bad_messages"] == 4
 

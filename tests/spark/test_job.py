@@ -99,7 +99,7 @@ def downlinks(sent):
 
 def test_host_pending_specs_errors_and_removal():
     f = Host(protocol="naive", period=5.0)
-    birth = codec.encode("birth", {"seq": 1, "t": 1.0, "boot": 3, "fw": "x", "caps": 0,
+    birth = codec.encode("birth", {"seq": 1, "t": 1.0, "boot": 3, "fw": "x", "caps": 0, "first": 0,
                                    "sources": [{"name": "a", "epoch": 0, "width": 0.0, "v": 10.0}]})
     out = f.record(1.0, "q1", "spec", json.dumps({"kind": "sum", "sources": ["a"], "precision": 2}).encode())
     assert out == [("error", "q1", "waiting for sources a to be born")] and f.pending

@@ -3,22 +3,25 @@
 Each source is mirrored by the same ``IntervalFilter`` the device runs. A change that widens the
 device's filter is applied at once (the device stays narrower until it hears of it, which is safe).
 A change that may narrow it keeps the previous mirror alive as well until an uplink carrying the new
-epoch confirms that the device applied it; meanwhile ``known`` is the hull of both.
+epoch confirms that the device applied it; meanwhile ``known`` is the hull of both. Only the exact
+current epoch confirms: an epoch the backend has not assigned yet is stale, not a confirmation.
+The mirror of a float32 device (birth capability CAP_F32) computes in float32 as the device does
+and pads what it states by one float32 step (edge.core.interval).
 """
 import math
 
-from edge.core.codec import newer
+from edge.core.float32 import f32
 from edge.core.interval import IntervalFilter
 
 
 class Source:
     __slots__ = ("key", "device", "index", "filt", "old", "online", "reports", "last_t", "value")
 
-    def __init__(self, key, device, index, width, epoch):
+    def __init__(self, key, device, index, width, epoch, single=False):
         self.key = key
         self.device = device
         self.index = index
-        self.filt = IntervalFilter(width, (), epoch)
+        self.filt = IntervalFilter(width, (), epoch, f32 if single else None, single)
         self.old = []          # mirrors of states the device may still be in
         self.online = True
         self.reports = 0       # reports received in the current adjustment period
@@ -30,8 +33,9 @@ class BoundCache:
     def __init__(self):
         self.sources = {}
 
-    def add(self, key, device, index, width, epoch, value=None):
-        s = Source(key, device, index, width, epoch)
+    def add(self, key, device, index, width, epoch, value=None, single=False):
+        """Mirror a new source; ``single``: the device computes in float32."""
+        s = Source(key, device, index, width, epoch, single)
         if value is not None:
             s.filt.recenter(value)
             s.value = value
@@ -54,7 +58,7 @@ class BoundCache:
     def report(self, key, epoch, t, v):
         """Apply a report (or probe reply) of value ``v`` stamped ``t`` under ``epoch``."""
         s = self.sources[key]
-        if s.old and not newer(s.filt.epoch, epoch):
+        if s.old and epoch == s.filt.epoch:
             s.old = []                      # the device has confirmed the newest assignment
         s.filt.recenter(v)
         for f in s.old:
@@ -70,10 +74,7 @@ class BoundCache:
                 f.shrink(s_frac)
 
     def _keep_old(self, s):
-        f = s.filt
-        copy = IntervalFilter(f.width, f.cons, f.epoch)
-        copy.center, copy.mask, copy.lo, copy.hi = f.center, f.mask, f.lo, f.hi
-        s.old.append(copy)
+        s.old.append(s.filt.copy())
 
     def set_width(self, key, width):
         """Assign a width under a new epoch; returns (epoch, narrowing)."""

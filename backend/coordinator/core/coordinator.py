@@ -4,25 +4,31 @@ Uplink messages enter a serialising queue ordered by their device timestamp and 
 ``now >= t + λ`` (the latency tolerance), so the bound cache and the answers advance in event time.
 Each release of one timestamp is atomic; the answers it changes are returned with that logical time.
 Every call returns a list of actions: ``("down", device, payload)`` or ``("answer", change)``.
+
+Devices (DESIGN.md §2, §3): times of a device whose birth says CAP_MS are integer milliseconds and are
+read as seconds here; a CAP_F32 device is mirrored in float32. Adjustment ticks fall at
+``(t0_ms + k·T_ms) / 1000``, the expression a device computes in integers, so both agree to the bit.
+Every downlink carries the backend's ``incarnation`` and the token of the device birth it answers.
 """
 import heapq
 import math
 
-from edge.core.codec import NO_VALUE
+from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, newer
 from edge.core import codec
 from backend.coordinator.core import aggregate
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
 from backend.coordinator.core.queries import QueryError, parse_query
+from edge.core.float32 import f32
 
 _TICK = 0      # event order within one timestamp: uplinks, then the adjustment tick
 _UP = -1
 
 
 class Coordinator:
-    def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, lazy=True):
-        if period <= 0 or not (0 <= shrink < 1) or latency < 0 or beat < 0:
-            raise ValueError("need period > 0, 0 <= shrink < 1, latency >= 0, beat >= 0")
+    def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, lazy=True, incarnation=0):
+        if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or beat < 0:
+            raise ValueError("need period >= 1 ms, 0 <= shrink < 1, latency >= 0, beat >= 0")
         self.protocol = protocol
         self.period = period            # T, the adjustment period
         self.shrink = shrink            # S, the shrink fraction (0 for static protocols)
@@ -30,10 +36,13 @@ class Coordinator:
         self.beat = beat
         self.t0 = t0
         self.lazy = lazy                # skip idle ticks in O(1); False ticks every period (the test oracle)
+        self.inc = incarnation & 0xFFFFFFFF     # this backend run, stamped on every downlink
+        self.wall = 0.0                 # the adapter's clock at the current call (a config's "now")
         self.cache = BoundCache()
         self.queries = {}
         self.by_source = {}             # key -> {query id: None} (an ordered set)
-        self.devices = {}               # device -> {"boot", "seq", "down", "keys", "online"}
+        self.devices = {}               # device -> {"boot", "seq", "down", "keys", "online", "to", "single"}
+        self.unit = {}                  # device -> 1000 when its times are integer milliseconds
         self.queue = []                 # (t, order, n, device, kind, fields)
         self.n = 0
         self.tick = 1                   # index of the next adjustment tick t0 + tick·T
@@ -106,11 +115,30 @@ class Coordinator:
     def _now(self, now):
         return self.clock if now is None else now
 
+    def _device(self, device):
+        d = self.devices.get(device)
+        if d is None:
+            d = self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False,
+                                        "to": 0, "single": False}
+        return d
+
+    def schedule_ms(self):
+        """``(t0, T)`` in integer ms, from ``t0`` and ``period`` as they are now (an adapter or a
+        protocol may change them): what devices are told and what ticks are computed from."""
+        return round(self.t0 * 1000), round(self.period * 1000)
+
+    def tick_time(self, k):
+        """Event time of adjustment tick ``k``."""
+        t0, period = self.schedule_ms()
+        return (t0 + k * period) / 1000
+
     # -- downlink -----------------------------------------------------------------
     def send(self, device, kind, fields):
         d = self.devices[device]
         d["down"] = (d["down"] + 1) & 0xFFFFFFFF
         fields["seq"] = d["down"]
+        fields["inc"] = self.inc
+        fields["to"] = d["to"]
         self.out.append(("down", device, codec.encode(kind, fields)))
 
     def assign_width(self, key, width):
@@ -127,6 +155,15 @@ class Coordinator:
         self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": ack,
                                        "cons": [{"l": l, "u": u} for l, u in cons]})
         self._touch(key)
+
+    def send_config(self, device):
+        """Tell ``device`` the adjustment schedule: ticks at t0 + k·T (integer ms), the shrink S, the
+        heartbeat, this backend's clock, and the number of ticks applied so far. Re-send it to every
+        device after changing the period or the shrink: the device counts periods from it."""
+        t0, period = self.schedule_ms()
+        self.send(device, "config", {"period": period, "shrink": self.shrink,
+                                     "beat": round(self.beat * 1000), "t0": t0,
+                                     "now": round(self.wall * 1000), "tick": self.tick - 1})
 
     def probe(self, key, probe_id=0):
         s = self.cache.sources[key]
@@ -155,23 +192,24 @@ class Coordinator:
         if kind == "birth":
             if retained:
                 # A retained birth may be stale (we restarted): ask the device for a fresh one.
-                if device not in self.devices:
-                    self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False}
+                self._device(device)
                 self.send(device, "rebirth", {})
                 return self._advance(now)
             if rx is not None and rx[0] == m["boot"] and m["seq"] <= rx[1]:
                 self.stats["duplicates"] += 1
                 return self._advance(now)
+            self.unit[device] = 1000 if m["caps"] & CAP_MS else 1
         elif rx is None:
             self.stats["unknown_device"] += 1
-            if device not in self.devices:
-                self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False}
+            self._device(device)
             self.send(device, "rebirth", {})
             return self._advance(now)
         elif m["seq"] <= rx[1] and (rx[1] - m["seq"]) < 0x80000000:
             self.stats["duplicates"] += 1
             return self._advance(now)
         self.rx[device] = (m["boot"] if kind == "birth" else rx[0], m["seq"])
+        if self.unit.get(device) == 1000:
+            m["t"] = m["t"] / 1000
         t = m["t"]
         if t < self.clock:
             self.stats["late"] += 1     # later than λ: applied now, the answer was wrong meanwhile
@@ -205,15 +243,17 @@ class Coordinator:
                 self._touch(key)
 
     def _birth(self, device, m):
-        """Register or resynchronise a device from its birth (DESIGN.md §3 reconnect)."""
-        d = self.devices.get(device)
-        if d is None:
-            d = self.devices[device] = {"boot": m["boot"], "seq": m["seq"], "down": 0, "keys": [], "online": True}
-        d["boot"], d["seq"] = m["boot"], m["seq"]
-        d["online"] = False
-        self._set_online(device, True)
-        self.send(device, "config", {"period": self.period, "shrink": self.shrink, "beat": self.beat, "t0": self.t0})
-        for i, rec in enumerate(m["sources"]):
+        """Register or resynchronise a device from its birth, or from one part of it (DESIGN.md §3
+        reconnect). Controls sent from now on answer this birth; earlier ones are dropped by the device."""
+        d = self._device(device)
+        if m["first"] == 0:
+            d["boot"], d["seq"] = m["boot"], m["seq"]
+            d["to"] = (m["boot"] ^ m["seq"]) & 0xFFFFFFFF
+            d["single"] = bool(m["caps"] & CAP_F32)
+            d["online"] = False
+            self._set_online(device, True)
+            self.send_config(device)
+        for i, rec in enumerate(m["sources"], m["first"]):
             key = rec["name"]
             s = self.cache.sources.get(key)
             if s is not None and s.device != device:
@@ -221,18 +261,23 @@ class Coordinator:
                 continue
             v = None if rec["v"] == NO_VALUE else rec["v"]
             if s is None:
-                s = self.cache.add(key, device, i, rec["width"], rec["epoch"], v)
+                s = self.cache.add(key, device, i, rec["width"], rec["epoch"], v, d["single"])
                 d["keys"].append(key)
                 self.protocol.source_added(self, key)
             else:
-                # Trust the device's own state, then re-send what we want under a newer epoch.
+                # Trust the device's own state, then re-send what we want under an epoch newer than
+                # both sides' (the device may have rebooted to epoch 0, or kept ours).
                 want = (s.filt.width, list(s.filt.cons))
+                top = s.filt.epoch if newer(s.filt.epoch, rec["epoch"]) else rec["epoch"]
                 s.old = []
+                s.filt.rnd = f32 if d["single"] else None
+                s.filt.pad = d["single"]
                 s.filt.set_filter(rec["width"], [], rec["epoch"])
                 s.filt.center = None
                 if v is not None:
                     self.cache.report(key, rec["epoch"], m["t"], v)
                     self.models.observe(key, m["t"], v)
+                s.filt.epoch = top
                 self.protocol.resync(self, key, want)
             self._touch(key)
 
@@ -268,7 +313,7 @@ class Coordinator:
 
     def next_deadline(self):
         head = self.queue[0][0] if self.queue else math.inf
-        t = head if self.idle() else min(head, self.t0 + self.tick * self.period)
+        t = head if self.idle() else min(head, self.tick_time(self.tick))
         return t + self.latency
 
     def handle_timer(self, now):
@@ -276,10 +321,10 @@ class Coordinator:
 
     def _skip(self, limit):
         """Jump over the idle ticks strictly before ``limit`` but the last, which then runs as usual."""
-        k = int((limit - self.t0) // self.period)
-        while k > self.tick and self.t0 + k * self.period >= limit:
+        k = max(self.tick, int((limit - self.t0) // self.period))
+        while k > self.tick and self.tick_time(k) >= limit:
             k -= 1
-        while self.t0 + (k + 1) * self.period < limit:
+        while self.tick_time(k + 1) < limit:
             k += 1
         if k > self.tick:
             self.tick = k
@@ -287,17 +332,18 @@ class Coordinator:
                 s.reports = 0
 
     def _advance(self, now):
+        self.wall = now
         self._release(now)
         return self._flush(None)
 
     def _release(self, now):
         """Apply every uplink and tick due by ``now`` (time ``t`` is due at ``t + λ``)."""
         while True:
-            tick_t = self.t0 + self.tick * self.period
+            tick_t = self.tick_time(self.tick)
             head = self.queue[0][0] if self.queue else math.inf
             if tick_t < head and self.idle():
                 self._skip(min(head, now - self.latency) if head != math.inf else now - self.latency)
-                tick_t = self.t0 + self.tick * self.period
+                tick_t = self.tick_time(self.tick)
             t = min(head, tick_t)
             if t + self.latency > now:      # the same expression as next_deadline, so timers land
                 break

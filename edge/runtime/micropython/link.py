@@ -3,8 +3,17 @@
 umqtt.simple has no reconnect and delivers messages by callback, even from inside ``publish``
 while it waits for a PUBACK; umqtt.robust retries forever with sleeps. This layer instead never
 blocks the agent for long: failures mark the link down, ``up()`` reconnects with doubling backoff,
-re-subscribes and reports the new session; inbound payloads wait in a small bounded inbox, and a
-payload too large for the codec is drained in small reads instead of allocated whole.
+re-subscribes and reports the new session; a payload too large for the codec is drained in small
+reads instead of allocated whole.
+
+QoS 1 control messages are acknowledged only after the agent has handled them (``ack``), as
+umqtt.simple and mqtt_as do by sending PUBACK after their callback returns; here the callback may run
+inside a publish's PUBACK wait, where the agent must not be re-entered, so messages wait unacknowledged
+in the inbox, and ``wait`` stops reading while the inbox is full. The broker keeps at most its
+in-flight limit of them unacknowledged, so the inbox stays small; if a PUBACK wait still overflows
+it (INBOX messages or INBOX_BYTES), the link is dropped without
+acknowledging: with a clean session the broker forgets the rest, and the birth after reconnecting
+resynchronises every source. No acknowledged message is ever lost.
 """
 import select
 import struct
@@ -15,7 +24,8 @@ from edge.core.codec import MAX_PAYLOAD
 from umqtt.simple import MQTTClient
 
 IO_TIMEOUT = 5          # seconds a started packet (or a PUBACK) may take: a half-open link fails, not hangs
-INBOX = 8               # control messages held between two loop passes; more are dropped (counted)
+INBOX = 20              # unacknowledged control messages held: Mosquitto's default max_inflight_messages
+INBOX_BYTES = 6144      # ... and their bytes; more drops the link (counted), never an acknowledged message
 BACKOFF_MS = (200, 30000)
 
 
@@ -23,7 +33,8 @@ class Client(MQTTClient):
     """umqtt.simple whose receive never allocates more than MAX_PAYLOAD: a larger PUBLISH payload
     is skipped and delivered as None, which the agent counts as a bad message. Reads after the first
     byte (and the PUBACK wait of a QoS 1 publish) time out after IO_TIMEOUT instead of blocking
-    forever on a half-open connection."""
+    forever on a half-open connection. The callback gets the packet id (0 for QoS 0); the PUBACK is
+    sent by ``ack`` once the message has been handled."""
 
     def wait_msg(self):
         sock = self.sock
@@ -58,13 +69,14 @@ class Client(MQTTClient):
                 sz -= n
         else:
             msg = sock.read(sz)
-        self.cb(topic, msg)
-        if op & 6 == 2:
-            pkt = bytearray(b"\x40\x02\0\0")
-            struct.pack_into("!H", pkt, 2, pid)
-            sock.write(pkt)
-        elif op & 6 == 4:
+        if op & 6 == 4:
             raise OSError(-2)           # QoS 2 is never subscribed to
+        self.cb(topic, msg, pid)
+
+    def ack(self, pid):
+        pkt = bytearray(b"\x40\x02\0\0")
+        struct.pack_into("!H", pkt, 2, pid)
+        self.sock.write(pkt)
 
 
 class Link:
@@ -76,8 +88,9 @@ class Link:
         c.set_last_will(self.prefix + "state", will, True, 1)
         c.set_callback(self._inbound)
         self.client = c
-        self.inbox = []
-        self.dropped = 0
+        self.inbox = []         # (packet id, payload) not acknowledged yet, oldest first
+        self.held = 0           # their bytes
+        self.overflows = 0
         self.connected = False
         self.poller = None
         self.backoff = BACKOFF_MS[0]
@@ -85,15 +98,36 @@ class Link:
         self.last_tx = self.last_rx = self.retry_at
         self.failures = 0      # lost links and failed connects
 
-    def _inbound(self, topic, msg):
-        if len(self.inbox) < INBOX:
-            self.inbox.append(msg)
-        else:
-            self.dropped += 1
+    def _inbound(self, topic, msg, pid):
+        n = len(msg) if msg else 0
+        if len(self.inbox) >= INBOX or self.held + n > INBOX_BYTES:
+            self.overflows += 1
+            raise OSError("inbox full")     # unacknowledged: the broker keeps nothing of it (clean session)
+        self.inbox.append((pid, msg))
+        self.held += n
+
+    def take(self):
+        """The oldest waiting ``(packet id, payload)``; ``ack`` its id once it has been handled."""
+        pid, msg = self.inbox.pop(0)
+        self.held -= len(msg) if msg else 0
+        return pid, msg
+
+    def ack(self, pid):
+        """Acknowledge a handled message (QoS 1: its packet id); a failed write drops the link."""
+        if not pid or not self.connected:
+            return
+        try:
+            self.client.ack(pid)
+            self.last_tx = time.ticks_ms()
+        except Exception as e:
+            print("qf: ack failed: %r" % (e,))
+            self.down()
 
     def down(self):
         self.failures += 1
         self.connected = False
+        self.inbox = []         # never acknowledged; the birth after reconnecting resynchronises
+        self.held = 0
         try:
             self.client.sock.close()
         except Exception:
@@ -151,8 +185,8 @@ class Link:
                 self.last_tx = now
             if time.ticks_diff(now, self.last_rx) > self.keepalive * 1500:
                 raise OSError("no traffic from the broker for 1.5 keepalives")
-            ready = self.poller.poll(ms)
-            while ready:
+            ready = self.poller.poll(ms) if len(self.inbox) < INBOX else ()
+            while ready and len(self.inbox) < INBOX:    # full: the rest waits in TCP (backpressure)
                 if ready[0][1] & (select.POLLHUP | select.POLLERR):
                     raise OSError("socket closed")
                 self.last_rx = time.ticks_ms()

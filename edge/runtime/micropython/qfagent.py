@@ -7,6 +7,8 @@ The config is JSON: ``fleet``, ``device``, ``password``, ``host``, ``port``, ``k
 ``run_for`` (optional seconds, then stop as on Ctrl-C) and
 ``sources``: a list of ``{"name": ..., "kind": "walk" | "csv", ...}`` in source-index order.
 Ctrl-C (SIGINT) stops cleanly and prints the agent's counters as one JSON line.
+Time is integer milliseconds (edge.runtime.clock): the same code runs on a float32 board. Control
+messages are acknowledged only after the agent has handled them (link.py).
 """
 import gc
 import json
@@ -16,37 +18,27 @@ import sys
 import time
 
 from edge.agent import Agent
+from edge.runtime.clock import Clock
 from edge.runtime.outbox import Outbox
 from edge.runtime.pump import Pump
-from edge.runtime.sensors import make_inputs
+from edge.runtime.sensors import make_inputs, span
 from link import Link
 
 MAX_WAIT_MS = 500
 
 
-class Clock:
-    """Device seconds: wall time at start plus accumulated ``ticks_ms`` (safe across tick wrap)."""
-
-    def __init__(self):
-        self.now = float(time.time())
-        self.last = time.ticks_ms()
-
-    def __call__(self):
-        t = time.ticks_ms()
-        self.now += time.ticks_diff(t, self.last) / 1000
-        self.last = t
-        return self.now
-
-
-def main(path, hook=None, more_inputs=None):
+def main(path, hook=None, more_inputs=None, synced=None):
     """Run the agent from the JSON config at ``path`` until Ctrl-C (or ``run_for`` seconds).
 
     ``hook()`` runs once per loop pass (a board feeds its watchdog there); ``more_inputs(specs,
-    now, period)`` builds inputs for source kinds this module does not know (a board's ADC pins).
+    now, period)`` builds inputs for source kinds this module does not know (a board's ADC pins);
+    ``synced``: whether the board's clock was set (NTP); None judges by the clock's value.
     """
     with open(path) as f:
         cfg = json.load(f)
-    clock = Clock()
+    clock = Clock(time)
+    if synced is None:
+        synced = clock.synced
     now = clock()
     specs = {}
     names = []
@@ -56,8 +48,12 @@ def main(path, hook=None, more_inputs=None):
     # A random boot id: a board without a clock restarts at the same time.time(), and a
     # restart within a second must still read as a new boot to the backend.
     boot = cfg.get("boot") or struct.unpack("<I", os.urandom(4))[0]
-    agent = Agent(cfg["device"], names, boot, 0, cfg.get("width", 0.0))
-    inputs, rest = make_inputs(specs, names, now, cfg.get("period", 1.0))
+    try:
+        agent = Agent(cfg["device"], names, boot, 0, cfg.get("width", 0.0), 1000, synced)
+    except ValueError as e:
+        print("qf: bad config: %s" % e)       # no reset loop on a board: stop here
+        return
+    inputs, rest = make_inputs(specs, names, now, cfg.get("period", 1.0), 1000)
     if rest and more_inputs is not None:
         inputs += more_inputs(rest, now, cfg.get("period", 1.0))
     elif rest:
@@ -67,7 +63,7 @@ def main(path, hook=None, more_inputs=None):
     pump = Pump(agent, inputs, Outbox(cfg.get("outbox", 32)), link.send, truth)
     gc.collect()
     peak = gc.mem_alloc()
-    stop_at = now + cfg["run_for"] if cfg.get("run_for") else None
+    stop_at = now + span(cfg["run_for"], 1000) if cfg.get("run_for") else None
     n = 0
     try:
         while stop_at is None or now < stop_at:
@@ -80,11 +76,13 @@ def main(path, hook=None, more_inputs=None):
             if link.up():
                 pump.online(clock())
             while link.inbox:
-                pump.message(clock(), link.inbox.pop(0))
+                pid, msg = link.take()
+                pump.message(clock(), msg)
+                link.ack(pid)           # only now: an acknowledged control is never lost
             now = clock()
             pump.poll(now)
             wake = pump.wake()
-            ms = MAX_WAIT_MS if wake is None else int((wake - clock()) * 1000) + 1
+            ms = MAX_WAIT_MS if wake is None else wake - clock() + 1
             link.wait(min(max(ms, 0), MAX_WAIT_MS))
             if truth is not None:
                 truth.flush()
@@ -94,7 +92,7 @@ def main(path, hook=None, more_inputs=None):
     if truth is not None:
         truth.close()
     gc.collect()
-    stats = {"outbox": len(pump.outbox), "outbox_dropped": pump.outbox.dropped, "inbox_dropped": link.dropped,
+    stats = {"outbox": len(pump.outbox), "outbox_dropped": pump.outbox.dropped, "inbox_overflows": link.overflows,
              "link_failures": link.failures, "heap_free": gc.mem_free(), "heap_used": gc.mem_alloc(), "heap_peak": peak}
     stats.update(agent.stats)
     print(json.dumps({"stats": stats}))
