@@ -110,7 +110,7 @@ class Device:
 class Fleet:
     """Agents for ``broker`` (a started ``backend.broker.Broker``) with files under ``folder``."""
 
-    def __init__(self, broker, folder, heap="56k", keepalive=5, width=1.0, period=0.1, gateway="cpython"):
+    def __init__(self, broker, folder, heap="64k", keepalive=5, width=1.0, period=0.1, gateway="cpython"):
         self.broker = broker
         self.gateway = gateway          # how gateways run: cpython, or arm64 (QEMU user mode)
         self.boards = {}
