@@ -13,6 +13,7 @@ node in the order (level, R -> S -> L) that covers it and reconstruct with zero 
 import struct
 
 R, S, L = 0, 1, 2
+INF = float("inf")               # not a literal: 1e300 overflows a float32 board's frozen constants
 _END, _LO, _HI = 0, 1, 2          # node = [end, lo, hi, a_0 .. a_{m-1}] (a_0 = newest sub-block)
 
 
@@ -305,7 +306,7 @@ class Replicator:
         if subs >> self.tree.n or read >> self.tree.n:
             raise ValueError("segment mask beyond the window's %d segments" % self.tree.n)
         for s in pads:
-            if not 0 <= pads[s] < 1e300:
+            if not 0 <= pads[s] < INF:
                 raise ValueError("segment pads must be finite and >= 0")
         for s in list(self.sent):
             if not (subs >> s) & 1:
