@@ -7,6 +7,12 @@ which the job (``local[*]``, RocksDB, real Mosquitto for ctl and retained answer
 processing-time trigger. Protocol ``naive`` with λ = 0, so every report changes one answer at once;
 the latency of a report is the time its batch's answers were published minus its reading time.
 Workload: ``--devices`` single-source devices, one sum query per 10 sources.
+
+``--floor`` runs Spark's own floor instead: a no-op ``transformWithStateInPandas`` (reads the rows,
+keeps a ValueState counter, emits one status row) over the same source, trigger, offered rate and
+sink, whose latency is measured on an even sample of each batch's arrival times. ``--compare`` runs
+the floor and then the job and prints the job's ratios to it; ``--floor-ref N`` gives the floor's
+sustained rate from an earlier run instead.
 """
 import argparse
 import json
@@ -23,6 +29,34 @@ from backend.spark.spool import Spool
 from edge.core import codec, topics
 
 TARGET_RATE, TARGET_P99 = 20000, 1.5
+FLOOR_SAMPLE = 100      # arrival times per batch the floor's status row carries for its latency
+
+
+def floor_processor():
+    """A StatefulProcessor that does nothing but Spark's part: read the rows, count them in a
+    ValueState, emit one status row (``records`` total, ``batch_records``, sampled ``arrivals``)."""
+    import pandas as pd
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class Floor(StatefulProcessor):
+        def init(self, handle):
+            self.count = handle.getValueState("count", "n long")
+
+        def handleInputRows(self, key, rows, timerValues):
+            arrivals = sorted(pd.concat(list(rows), ignore_index=True)["arrival"].tolist())
+            n = len(arrivals)
+            total = (self.count.get()[0] if self.count.exists() else 0) + n
+            self.count.update((total,))
+            step = max(1, n // FLOOR_SAMPLE)
+            body = json.dumps({"records": total, "batch_records": n, "arrivals": arrivals[::step]})
+            cols = {c: [None] for c in job.COLUMNS}
+            cols.update(kind=["status"], body=[body], grp=[key[0]], seq=[0])
+            yield pd.DataFrame(cols)
+
+        def close(self):
+            pass
+
+    return Floor()
 
 
 def births(devices, now):
@@ -42,8 +76,8 @@ def percentile(xs, p):
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
 
 
-def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="local[*]"):
-    """Feed ``rate`` reports/s for ``seconds`` through the job; return the figures as a dict."""
+def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="local[*]", floor=False):
+    """Feed ``rate`` reports/s for ``seconds`` through the job (or Spark's floor); return the figures."""
     root = tempfile.mkdtemp(prefix="qf-bench-job-")
     broker = Broker(os.path.join(root, "broker"), "bench", []).start()
     spark = job.session(master, app="qf-bench-job")
@@ -53,7 +87,13 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
     def on_batch(batch_id, status, answers, published_at):
         g = status.get("bench", {})
         batches.append((published_at, g.get("records", 0), g.get("batch_records", 0)))
-        if state["measure_from"] is not None:
+        if state["measure_from"] is None:
+            return
+        if floor:
+            sample = g.get("arrivals", [])
+            weight = max(1, g.get("batch_records", 0) // max(1, len(sample)))
+            lat.extend(published_at - t for t in sample if t >= state["measure_from"] for _ in range(weight))
+        else:
             lat.extend(published_at - t for t in answers.column("time").to_pylist() if t >= state["measure_from"])
 
     pub = job.Publisher(broker.host, broker.port, "backend", broker.credentials("backend")[1], "qf-bench-job")
@@ -64,7 +104,8 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
         q = job.start(spark, spool.path, os.path.join(root, "out"), "bench",
                       host.settings(protocol="naive", period=10.0, latency=0.0), publisher=pub,
                       trigger=trigger, on_batch=on_batch,
-                      source_options={"minPartitionRecords": 4096, "maxPartitions": 2})
+                      source_options={"minPartitionRecords": 4096, "maxPartitions": 2},
+                      processor=floor_processor() if floor else None)
         while not batches:                                   # wait for the first batch (start-up)
             time.sleep(0.1)
         seq = [1] * devices
@@ -101,7 +142,8 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
         done_at = batches[-1][0]
         applied = batches[-1][1] - base_records
         in_window = [b for b in batches if t0 <= b[0] <= t1]
-        return {"devices": devices, "queries": devices // 10, "protocol": "naive", "trigger_s": trigger,
+        return {"devices": devices, "queries": devices // 10, "protocol": "floor" if floor else "naive",
+                "trigger_s": trigger,
                 "master": master, "offered_per_s": round(offered / (t1 - t0)),
                 "sustained_per_s": round(applied / max(done_at - t0, 1e-9)),
                 "drained": batches[-1][1] >= target, "batches": len(in_window),
@@ -129,8 +171,29 @@ def main(argv=None):
     ap.add_argument("--devices", type=int, default=2000)
     ap.add_argument("--trigger", type=float, default=0.25, help="processing-time trigger in seconds")
     ap.add_argument("--master", default="local[*]")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--floor", action="store_true", help="run Spark's no-op floor instead of the job")
+    mode.add_argument("--compare", action="store_true", help="run the floor, then the job, and print ratios")
+    mode.add_argument("--floor-ref", type=float, help="the floor's sustained reports/s from an earlier run")
     args = ap.parse_args(argv)
-    f = measure(args.rate, args.seconds, args.devices, args.trigger, args.master)
+    runs = [True] if args.floor else [True, False] if args.compare else [False]
+    ref = {"sustained_per_s": args.floor_ref} if args.floor_ref else None
+    for floor in runs:
+        f = measure(args.rate, args.seconds, args.devices, args.trigger, args.master, floor)
+        report(f)
+        if floor:
+            ref = f
+        elif ref is not None:
+            print("ratio to Spark's floor: sustained %.2f%s" % (
+                f["sustained_per_s"] / max(ref["sustained_per_s"], 1e-9),
+                ", p50 %.2f, p99 %.2f" % (f["p50_s"] / max(ref["p50_s"], 1e-9), f["p99_s"] / max(ref["p99_s"], 1e-9))
+                if "p50_s" in ref else ""))
+    return 0
+
+
+def report(f):
+    if f["protocol"] == "floor":
+        print("Spark floor: no-op transformWithStateInPandas (ValueState counter, one status row per batch)")
     print("workload: %d single-source devices, %d sum queries of 10 sources, protocol naive, lambda 0"
           % (f["devices"], f["queries"]))
     print("trigger interval: %.2f s, master %s, spark.sql.shuffle.partitions 1, RocksDB state store"
@@ -141,7 +204,6 @@ def main(argv=None):
     print("micro-batches while feeding: %d, records per batch median %d" % (f["batches"], f["batch_median"]))
     print("reading -> published answer latency over %d answer changes: p50 %.3f s, p99 %.3f s (target p99 <= %.1f s)"
           % (f["answers"], f["p50_s"], f["p99_s"], TARGET_P99))
-    return 0
 
 
 if __name__ == "__main__":

@@ -6,15 +6,17 @@ Plan of one micro-batch::
     RocksDB state store)  ->  foreachBatch(Sink): ctl downlinks (QoS 1), answers (retained QoS 0),
     Parquet answer table, status.json
 
-``CoordinatorProcessor`` is a thin adapter: it loads the group's ``backend.host.Host`` (which owns the
-unchanged ``Coordinator`` and the spec inbox every driver shares) from one ``ListState`` (chunks), feeds
-it the batch's records in offset order (``run_batch``) and stores it back. The host is pickled whole
-rather than decomposed into per-source state: its protocols keep cross-source state (allocations,
-queues, the serialising heap) that only the object itself knows how to keep consistent, and the
-``Host`` runs the very object the simulator runs. RocksDB versions the value per batch, so a batch
-that is replayed after a crash starts from the state of the batch before it; the ``Host`` is
-deterministic in its records (its clock is the records' arrival time), so the replay produces the
-same actions, with the same downlink sequence numbers, which agents drop as duplicates.
+``CoordinatorProcessor`` is a thin adapter: it takes the group's ``backend.host.Host`` (which owns the
+unchanged ``Coordinator`` and the spec inbox every driver shares) from ``state.GroupState`` (kept live
+in the Python worker, durable as a snapshot plus a journal of records), feeds it the batch's records
+in offset order (``run_batch``) and appends them to the journal. The host is not decomposed into
+per-source state: its protocols keep cross-source state (allocations, queues, the serialising heap)
+that only the object itself knows how to keep consistent, and the ``Host`` runs the very object the
+simulator runs. RocksDB versions the state per batch, so a batch that is replayed after a crash
+starts from the state of the batch before it (and ``GroupState`` rebuilds rather than trusting its
+cache); the ``Host`` is deterministic in its records (its clock is the records' arrival time), so the
+replay produces the same actions, with the same downlink sequence numbers, which agents drop as
+duplicates.
 
 The sink is idempotent per batch id: the Parquet part of a batch is written atomically under a name
 holding the batch id (a replay overwrites it with the same rows), retained answers are
@@ -28,22 +30,17 @@ devices to connected components of the query/device graph instead (a routing tab
 import json
 import math
 import os
-import pickle
 import sys
 import time
 
 from backend import host as hostmod
+from backend.spark import state
 from edge.core import topics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUTPUT_SCHEMA = ("grp string, seq int, kind string, target string, payload binary, body string, "
                  "time double, lo double, hi double, degraded boolean, guarantee string")
 COLUMNS = ("kind", "target", "payload", "body", "time", "lo", "hi", "degraded", "guarantee")
-STATE_SCHEMA = "host binary"
-# The pickled Host is kept as a list of chunks: ListState travels as Arrow, while a single large
-# ValueState update (hundreds of KB for thousands of sources) reached the JVM state server corrupted
-# ("invalid pickle opcode") in PySpark 4.0.1.
-CHUNK = 256 * 1024
 
 
 class Rows:
@@ -78,16 +75,16 @@ class Rows:
         self.row("retract", qid)
 
 
-def run_batch(host, records, status_sources=False):
+def run_batch(host, records, status_sources=False, extra=None):
     """Feed ``records`` ``(arrival, device, channel, payload, retained)`` (in offset order) to ``host``;
-    returns the output columns, the group's status row last."""
+    returns the output columns, the group's status row (plus ``extra``) last."""
     sink = Rows(host)
     last = -math.inf
     for arrival, device, channel, payload, retained in records:
         hostmod.dispatch(host.record(arrival, device, channel, payload, retained), sink)
         last = max(last, arrival)
     status = hostmod.digest(host, status_sources)
-    status.update(batch_records=len(records), last_arrival=last)
+    status.update(extra or {}, batch_records=len(records), last_arrival=last)
     sink.row("status", body=json.dumps(status))
     return sink.cols
 
@@ -98,23 +95,24 @@ def _processor_class():
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     class CoordinatorProcessor(StatefulProcessor):
-        """One ``Host`` per query group, pickled into the ListState ``host`` in chunks."""
+        """One ``Host`` per query group, kept in the worker and made durable as snapshot + journal."""
 
-        def __init__(self, settings, status_sources=False):
+        def __init__(self, settings, status_sources=False, snapshot_records=state.SNAPSHOT_RECORDS,
+                     snapshot_seconds=state.SNAPSHOT_SECONDS):
             self.settings = settings
             self.status_sources = status_sources
+            self.snapshot = (snapshot_records, snapshot_seconds)
 
         def init(self, handle):
-            self.state = handle.getListState("host", STATE_SCHEMA)
+            self.state = state.GroupState(handle, self.settings, *self.snapshot)
 
         def handleInputRows(self, key, rows, timerValues):
             pdf = pd.concat(list(rows), ignore_index=True).sort_values("offset", kind="stable")
-            host = pickle.loads(b"".join(r[0] for r in self.state.get())) if self.state.exists() \
-                else hostmod.Host(self.settings)
-            cols = run_batch(host, list(zip(pdf["arrival"].tolist(), pdf["device"].tolist(), pdf["channel"].tolist(),
-                                            pdf["payload"].tolist(), pdf["retained"].tolist())), self.status_sources)
-            blob = pickle.dumps(host, protocol=pickle.HIGHEST_PROTOCOL)
-            self.state.put([(blob[i:i + CHUNK],) for i in range(0, len(blob), CHUNK)])
+            host, journal, rebuilt = self.state.load(key[0])
+            records = list(zip(pdf["arrival"].tolist(), pdf["device"].tolist(), pdf["channel"].tolist(),
+                               pdf["payload"].tolist(), pdf["retained"].tolist()))
+            cols = run_batch(host, records, self.status_sources, {"rebuilt": rebuilt})
+            self.state.store(key[0], host, records, journal)
             cols["grp"] = key[0]
             cols["seq"] = range(len(cols["kind"]))
             yield pd.DataFrame(cols)
@@ -171,14 +169,15 @@ def _package_zip():
     return path
 
 
-def plan(spark, spool, fleet, settings, status_sources=False, source_options=None):
-    """The streaming DataFrame of actions for ``fleet`` read from the spool directory ``spool``."""
+def plan(spark, spool, fleet, settings, status_sources=False, source_options=None, processor=None):
+    """The streaming DataFrame of actions for ``fleet`` read from the spool directory ``spool``
+    (``processor``: another StatefulProcessor with the same output, e.g. the benchmark's no-op floor)."""
     from pyspark.sql import functions as F
     reader = spark.readStream.format("qfspool").option("path", str(spool))
     for k, v in (source_options or {}).items():
         reader = reader.option(k, str(v))
     df = reader.load().withColumn("grp", F.lit(fleet))
-    processor = _processor_class()(hostmod.settings(settings), status_sources)
+    processor = processor or _processor_class()(hostmod.settings(settings), status_sources)
     return (df.select("grp", "offset", "arrival", "device", "channel", "payload", "retained")
             .groupBy("grp")
             .transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "None"))
@@ -325,11 +324,11 @@ def check_settings(out_dir, settings):
 
 
 def start(spark, spool, out_dir, fleet, settings, publisher=None, trigger=0.25, available_now=False,
-          status_sources=False, on_batch=None, sink=None, source_options=None):
+          status_sources=False, on_batch=None, sink=None, source_options=None, processor=None):
     """Start the streaming query; checkpoint and answer table live under ``out_dir``."""
     check_settings(out_dir, settings)
     sink = sink or Sink(out_dir, fleet, publisher, on_batch)
-    w = (plan(spark, spool, fleet, settings, status_sources, source_options).writeStream
+    w = (plan(spark, spool, fleet, settings, status_sources, source_options, processor).writeStream
          .foreachBatch(sink).option("checkpointLocation", os.path.join(out_dir, "checkpoint"))
          .queryName("quietfleet-%s" % fleet))
     w = w.trigger(availableNow=True) if available_now else w.trigger(processingTime="%d milliseconds" % int(trigger * 1000))

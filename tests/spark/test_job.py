@@ -53,14 +53,15 @@ class CrashingSink(job.Sink):
                 raise Crash("injected crash after delivery")
 
 
-def run_until_done(spark, spool, out, settings, sink, total, timeout=120):
+def run_until_done(spark, spool, out, settings, sink, total, timeout=120, processor=None):
     """Run the job (re-starting it from its checkpoint after every crash) until it has applied
     ``total`` records; returns the number of crashes."""
     crashes = 0
     deadline = time.monotonic() + timeout
     status = os.path.join(out, "status.json")
     while True:
-        q = job.start(spark, spool, out, FLEET, settings, trigger=0.2, status_sources=True, sink=sink)
+        q = job.start(spark, spool, out, FLEET, settings, trigger=0.2, status_sources=True, sink=sink,
+                      processor=processor)
         try:
             while q.isActive and time.monotonic() < deadline:
                 if os.path.exists(status):
@@ -142,6 +143,58 @@ def compare(out, ref, total):
     assert status["stats"] == ref["coord"].stats
 
 
+def feed_in_cuts(spool, records, rng, cuts=6, delivered=None):
+    """A thread appending ``records`` to ``spool`` in random cuts with pauses, as a bridge would;
+    with ``delivered`` (a list) it waits until the previous cut has grown it, one batch per cut."""
+    ends = sorted(rng.sample(range(1, len(records)), cuts - 1)) + [len(records)]
+
+    def feed():
+        done = 0
+        for i, cut in enumerate(ends):
+            while delivered is not None and len(delivered) < i:
+                time.sleep(0.05)
+            spool.append(records[done:cut])
+            done = cut
+            time.sleep(rng.uniform(0.1, 0.8))
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    return feeder
+
+
+def test_cache_misses_rebuild_from_snapshot_and_journal(job_spark, tmp_path):
+    """Workers that lose their cached Host mid-run (another worker, a restart) rebuild it from the
+    snapshot plus journal and give the plain reference's answers, downlinks and state bit for bit."""
+    from backend.spark import state
+    settings = {"protocol": "deadband", "period": 5.0}
+    records, ref = record(settings, duration=30.0)
+    spool, out = str(tmp_path / "spool"), str(tmp_path / "out")
+    base = job._processor_class()
+
+    class Forgetful(base):
+        """Drops the worker's cache before every batch that starts at an odd offset."""
+
+        def handleInputRows(self, key, rows, timerValues):
+            rows = list(rows)
+            if min(int(r["offset"].min()) for r in rows) % 2:
+                state.forget()
+            return super().handleInputRows(key, iter(rows), timerValues)
+
+    statuses = []
+    pub = FakePublisher()
+    sink = job.Sink(out, FLEET, pub, on_batch=lambda b, status, a, t: statuses.append(status[FLEET]))
+    processor = Forgetful(hostmod.settings(settings), True, snapshot_records=150)
+    with Spool(spool, fsync="never") as sp:
+        feeder = feed_in_cuts(sp, records, random.Random(9), cuts=12, delivered=statuses)
+        try:
+            assert run_until_done(job_spark, spool, out, settings, sink, len(records), processor=processor) == 0
+        finally:
+            feeder.join()
+    compare(out, ref, len(records))
+    assert downlinks(pub.sent) == ref["downs"]
+    assert len(statuses) >= 12 and any(s["rebuilt"] for s in statuses)
+    assert sum(s["batch_records"] for s in statuses) == len(records)
+
+
 def test_crashes_and_restarts_lose_nothing_and_repeat_nothing(job_spark, tmp_path):
     settings = {"protocol": "deadband", "period": 5.0}
     records, ref = record(settings, duration=30.0)
@@ -151,16 +204,8 @@ def test_crashes_and_restarts_lose_nothing_and_repeat_nothing(job_spark, tmp_pat
     pub.fail_after = rng.randrange(1, 6)     # crash in the middle of publishing the first batch
     sink = CrashingSink(out, FLEET, pub)
     sink.crash_at = 1                        # then after delivering its replay, before Spark's commit
-    cuts = sorted(rng.sample(range(1, len(records)), 5)) + [len(records)]
     with Spool(spool, fsync="never") as sp:
-        def feed():
-            done = 0
-            for cut in cuts:
-                sp.append(records[done:cut])
-                done = cut
-                time.sleep(rng.uniform(0.1, 0.8))
-        feeder = threading.Thread(target=feed)
-        feeder.start()
+        feeder = feed_in_cuts(sp, records, rng)
         try:
             crashes = run_until_done(job_spark, spool, out, settings, sink, len(records))
         finally:
