@@ -30,6 +30,23 @@ def _finite(v):
     return (isinstance(v, float) or isinstance(v, int)) and not isinstance(v, bool) and v == v and v != INF and v != -INF
 
 
+def fresh(top, seen, seq):
+    """Anti-replay window (RFC 4303 §3.4.3 style) over downlink sequence numbers: ``top`` the highest
+    accepted (None: none yet), bit k of ``seen`` set when top - 1 - k was. Returns (first time seen,
+    top, seen)."""
+    if top is None:
+        return True, seq, 0
+    d = (seq - top) & 0xFFFFFFFF
+    if d == 0:
+        return False, top, seen
+    if d < 0x80000000:
+        return True, seq, ((seen << d) | (1 << (d - 1))) & _MASK if d <= WINDOW else 0
+    back = (top - seq) & 0xFFFFFFFF
+    if back > WINDOW or seen >> (back - 1) & 1:
+        return False, top, seen
+    return True, top, seen | 1 << (back - 1)
+
+
 class Agent:
     def __init__(self, device, sources, boot=0, caps=0, width=0.0, unit=1, synced=True, rnd=None):
         if not sources or len(sources) > codec.MAX_LIST:
@@ -165,23 +182,8 @@ class Agent:
             return []
 
     def _fresh(self, seq):
-        """Anti-replay window (RFC 4303 §3.4.3 style): True the first time ``seq`` is seen this session."""
-        top = self.top
-        if top is None:
-            self.top, self.seen = seq, 0
-            return True
-        d = (seq - top) & 0xFFFFFFFF
-        if d == 0:
-            return False
-        if d < 0x80000000:
-            self.seen = ((self.seen << d) | (1 << (d - 1))) & _MASK if d <= WINDOW else 0
-            self.top = seq
-            return True
-        back = (top - seq) & 0xFFFFFFFF
-        if back > WINDOW or self.seen >> (back - 1) & 1:
-            return False
-        self.seen |= 1 << (back - 1)
-        return True
+        ok, self.top, self.seen = fresh(self.top, self.seen, seq)
+        return ok
 
     def _apply(self, now, kind, m):
         if codec.SCHEMAS[kind][1] != "down":

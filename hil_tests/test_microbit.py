@@ -57,32 +57,41 @@ def test_exit_shrink_shutdown_resume_probe_reconnect_and_heap(board):
         gw = subprocess.Popen([sys.executable, "-m", "edge.runtime.gateway.gateway", str(d / "gw.json")], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            def ctl(kind, **fields):
+            def ctl(kind, **fields):      # from backend run 1, answering the board's latest birth
+                fields.update(inc=1, to=(birth["boot"] ^ birth["seq"]) & 0xFFFFFFFF)
                 be.publish("qf/h/d/hil/ctl", codec.encode(kind, fields), qos=1).wait_for_publish(2)
 
             def up(kind, why=None):
                 return lambda t, k, f: t == "qf/h/d/hil/up" and k == kind and (why is None or f["why"] == why)
 
+            def config(seq, period=0, shrink=0.0, t0=0):   # times in integer ms
+                ctl("config", seq=seq, period=period, shrink=shrink, beat=0, t0=t0, now=int(time.time() * 1000), tick=0)
+
             _, _, birth, _ = expect(be, lambda t, k, f: t == "qf/h/d/hil/state" and k == "birth", timeout=15)
-            ctl("width", src=0, epoch=1, seq=1, period=0, width=1.0, ack=1)
+            assert birth["caps"] == codec.CAP_MS and birth["first"] == 0
+            # a control not answering the board's birth is dropped: had epoch 9 been applied, epoch 1 would be stale
+            be.publish("qf/h/d/hil/ctl", codec.encode("width", {"src": 0, "epoch": 9, "seq": 1, "inc": 1, "to": 0,
+                                                                "period": 0, "width": 1.0, "ack": 1}), qos=1)
+            config(1)
+            ctl("width", src=0, epoch=1, seq=2, period=0, width=1.0, ack=1)
             _, _, a, _ = expect(be, lambda t, k, f: k == "report" and f["epoch"] == 1)
             _, _, b, _ = expect(be, up("report", codec.WHY_EXIT))
             assert abs(b["v"] - a["v"]) > 0.5 and b["t"] > a["t"]
             # shrink: a wide bound that halves every 0.3 s soon excludes the walk's value again
-            ctl("width", src=0, epoch=2, seq=2, period=0, width=50.0, ack=1)
+            ctl("width", src=0, epoch=2, seq=3, period=0, width=50.0, ack=1)
             expect(be, lambda t, k, f: k == "report" and f["epoch"] == 2 and f["why"] == codec.WHY_ASSIGN)
-            ctl("config", seq=3, period=0.3, shrink=0.5, beat=0.0, t0=time.time())
+            config(4, period=300, shrink=0.5, t0=int(time.time() * 1000))
             expect(be, up("report", codec.WHY_SHRINK), timeout=8)
-            ctl("config", seq=4, period=0.0, shrink=0.0, beat=0.0, t0=0.0)
+            config(5)
             # shutdown (Cheng): the (inf, inf) constraint with infinite width silences the source
             inf = float("inf")
-            ctl("filter", src=0, epoch=3, seq=5, width=inf, ack=0, cons=[{"l": inf, "u": inf}])
+            ctl("filter", src=0, epoch=3, seq=6, width=inf, ack=0, cons=[{"l": inf, "u": inf}])
             ups = reports_during(be, "qf/h/d/hil/up", 0.6, 1.5)
             assert not ups, "reports while shut down: %r" % ups
-            ctl("width", src=0, epoch=4, seq=6, period=0, width=1.0, ack=1)
+            ctl("width", src=0, epoch=4, seq=7, period=0, width=1.0, ack=1)
             expect(be, lambda t, k, f: k == "report" and f["epoch"] == 4 and f["why"] == codec.WHY_ASSIGN)
             expect(be, lambda t, k, f: k == "report" and f["epoch"] == 4 and f["why"] == codec.WHY_EXIT)
-            ctl("probe", src=0, seq=7, probe=4242)
+            ctl("probe", src=0, seq=8, probe=4242)
             _, _, reply, _ = expect(be, up("reply"))
             assert reply["probe"] == 4242 and reply["epoch"] == 4
             # reconnect: the broker goes away and comes back; the gateway asks the board for a fresh birth
@@ -98,6 +107,7 @@ def test_exit_shrink_shutdown_resume_probe_reconnect_and_heap(board):
     print("micro:bit: %d samples, free heap %d B after GC, minimum free heap %d B" % (
         stats["device_samples"], stats["free"], stats["min_free"]))
     assert stats["bad_frames"] == 0 and stats["device_errors"] == 0 and stats["bad_messages"] == 0, stats
+    assert stats["stale"] >= 1, stats
     assert stats["device_samples"] > 100 and 0 < stats["min_free"] <= stats["free"] < 9200, stats
     rows = open(d / "truth-hil.csv").read().splitlines()
     assert len(rows) >= stats["samples"] > 100

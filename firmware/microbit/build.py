@@ -7,6 +7,7 @@ firmware image (uflash 2's own address is for MicroPython 1.1); ``copy`` puts it
 over the serial line with microfs, as for a real micro:bit. A value is an integer in 1/1024 units of
 the reading; ``SCALE`` converts.
 """
+import ast
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,12 +53,26 @@ def files(cfg=None):
     return out
 
 
+def _docstrings(text):
+    """Line numbers (1-based) of the docstrings in ``text``: the board would keep each as a string object."""
+    drop = set()
+    for node in ast.walk(ast.parse(text)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and body and len(body) > 1 \
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            drop.update(range(body[0].lineno, body[0].end_lineno + 1))
+    return drop
+
+
 def minify(text):
-    """Comments and blank lines out, one space per indent level: the board compiles from source in ~9 KB."""
+    """Docstrings, comments and blank lines out, one space per indent level: the board compiles from source
+    in ~9 KB."""
     lines = []
-    for line in text.splitlines():
+    drop = _docstrings(text)
+    for i, line in enumerate(text.splitlines(), 1):
         body = line.strip()
-        if body and not body.startswith("#"):
+        if body and not body.startswith("#") and i not in drop:
             lines.append(" " * ((len(line) - len(line.lstrip())) // 4) + body)
     return "\n".join(lines) + "\n"
 

@@ -23,6 +23,26 @@ def _apply(dev, frame_bytes, out, mirror):
         mirror.recenter(dev.v / 1024)
 
 
+INC = 7
+
+
+def _born(b, now=0.0):
+    """The device's birth through the bridge, then the backend's config answering it (shrink 0); returns the
+    birth message."""
+    acts = b.from_device(now, br.frame("B 1 0 -1 -").rstrip(b"\n"))
+    _, m = codec.decode(acts[0][1])
+    b.from_backend(now, _ctl(b, "config", {"seq": 1, "period": 1000, "shrink": 0.0, "beat": 0, "t0": 0,
+                                           "now": int(now * 1000), "tick": 0}))
+    b.queue, b.sent_at = [], None
+    return m
+
+
+def _ctl(b, kind, fields, inc=INC, to=None):
+    """A downlink answering the bridge's latest birth (``to``) from backend run ``inc``."""
+    fields.update({"inc": inc, "to": b.token if to is None else to})
+    return codec.encode(kind, fields)
+
+
 def test_frames_round_trip_and_damage_is_caught():
     f = br.frame("R 7 123 1 20480 0")
     assert br.unframe(f.rstrip(b"\n")) == ["R", "7", "123", "1", "20480", "0"]
@@ -40,6 +60,7 @@ def test_device_is_never_wider_than_the_backend_mirror():
         out = []
         dev = qff.A(out.append)
         b = br.Bridge("s", 1)
+        _born(b)
         b.offset = 0.0
         mirror = IntervalFilter(math.inf)
         v = rnd.randrange(-5000, 5000)
@@ -54,8 +75,8 @@ def test_device_is_never_wider_than_the_backend_mirror():
             if r < 0.3:
                 ep += 1
                 w = rnd.uniform(0, 20)
-                acts = b.from_backend(0, codec.encode("width", {"src": 0, "epoch": ep, "seq": 2 * ep, "period": dev.per,
-                                                               "width": w, "ack": 0}))
+                acts = b.from_backend(0, _ctl(b, "width", {"src": 0, "epoch": ep, "seq": 2 * ep, "period": dev.per,
+                                                          "width": w, "ack": 0}))
                 b.queue, b.sent_at = [], None
                 mirror.set_width(w, ep)
                 _apply(dev, acts[0][1], out, mirror)
@@ -63,8 +84,8 @@ def test_device_is_never_wider_than_the_backend_mirror():
                 ep += 1
                 lo = rnd.uniform(-8, 3)
                 hi = lo + rnd.uniform(0, 9)
-                acts = b.from_backend(0, codec.encode("bound", {"src": 0, "epoch": ep, "seq": 2 * ep, "lo": lo, "hi": hi,
-                                                               "ack": 0}))
+                acts = b.from_backend(0, _ctl(b, "bound", {"src": 0, "epoch": ep, "seq": 2 * ep, "lo": lo, "hi": hi,
+                                                          "ack": 0}))
                 b.queue, b.sent_at = [], None
                 mirror.set_bound(lo, hi, ep)
                 _apply(dev, acts[0][1], out, mirror)
@@ -86,9 +107,10 @@ def test_reports_births_and_downlinks_translate():
     acts = b.from_device(100.0, br.frame("B 1 0 -1 -").rstrip(b"\n"))
     kind, m = codec.decode(acts[0][1])
     assert acts[0][0] == "state" and kind == "birth" and m["sources"][0]["v"] == codec.NO_VALUE
+    assert m["first"] == 0 and m["caps"] == codec.CAP_MS and m["t"] == 100000     # integer ms, double mirror
     acts = b.from_device(100.5, br.frame("R 2 5000 0 20992 4").rstrip(b"\n"))
     kind, m = codec.decode(acts[0][1])
-    assert kind == "report" and m["v"] == 20.5 and m["why"] == 4 and abs(m["t"] - 100.5) < 1e-9
+    assert kind == "report" and m["v"] == 20.5 and m["why"] == 4 and m["t"] == 100500
     # a lost frame (sequence gap) asks the device for a birth
     acts = b.from_device(101.0, br.frame("R 4 5500 0 21000 0").rstrip(b"\n"))
     assert b.stats["gaps"] == 1 and any(a[0] == "tx" and a[1].startswith(b"Q ") for a in acts)
@@ -96,7 +118,7 @@ def test_reports_births_and_downlinks_translate():
     b2 = br.Bridge("s", 1)
     b2.from_device(10.0, br.frame("S 1 %d 0 4000 3000 0" % (br.WRAP - 500)).rstrip(b"\n"))
     acts = b2.from_device(11.0, br.frame("R 2 500 0 1024 0").rstrip(b"\n"))
-    assert abs(codec.decode(acts[0][1])[1]["t"] - 11.0) < 1e-6
+    assert codec.decode(acts[0][1])[1]["t"] == 11000
     # unsupported downlinks are counted, not crashed on
     assert b.from_backend(0, b"\x01\x63junk") == [] and b.stats["bad_messages"] == 1
 
@@ -109,11 +131,12 @@ def test_shrinking_a_bound_with_fractional_ends_stays_inside_the_mirror():
         out = []
         dev = qff.A(out.append)
         b = br.Bridge("s", 1)
+        _born(b)
         shrink = rnd.choice([0.05, 0.2, 0.5])
         dev.P, dev.Q = 1000, math.floor((1 - shrink) * 1024)
         lo = rnd.uniform(-3, 3)
         hi = lo + rnd.uniform(0.001, 4)
-        acts = b.from_backend(0, codec.encode("bound", {"src": 0, "epoch": 1, "seq": 1, "lo": lo, "hi": hi, "ack": 0}))
+        acts = b.from_backend(0, _ctl(b, "bound", {"src": 0, "epoch": 1, "seq": 2, "lo": lo, "hi": hi, "ack": 0}))
         _apply(dev, acts[0][1], out, IntervalFilter(math.inf))
         mirror = IntervalFilter(math.inf)
         mirror.set_bound(lo, hi, 1)
@@ -139,3 +162,48 @@ def test_time_mapping_follows_a_drifting_board_clock():
         assert -0.001 <= now - t <= 0.2, (i, now - t)
         assert last is None or t >= last
         last = t
+
+
+def test_config_sets_the_boards_shrink_count_from_the_backends_tick():
+    """The config's integer-ms schedule and tick: the board's count is the backend's, its next shrink the
+    backend's next tick (t0 + (tick+1)·T) in board ticks; the same schedule again is not re-sent."""
+    b = br.Bridge("s", 1)
+    b.from_device(100.0, br.frame("B 1 0 -1 -").rstrip(b"\n"))
+    acts = b.from_device(100.0, br.frame("S 2 40000 0 4000 3000 0").rstrip(b"\n"))     # board tick 40000 at 100 s
+    acts = b.from_backend(100.0, _ctl(b, "config", {"seq": 1, "period": 500, "shrink": 0.25, "beat": 2000,
+                                                    "t0": 90000, "now": 100000, "tick": 19}))
+    toks = br.unframe(acts[0][1].rstrip(b"\n"))
+    assert toks[0] == "C" and [int(x) for x in toks[2:]] == [500, 768, 20, 40000] and b.beat == 2.0
+    b.queue, b.sent_at = [], None
+    assert b.from_backend(100.2, _ctl(b, "config", {"seq": 2, "period": 500, "shrink": 0.25, "beat": 2000,
+                                                    "t0": 90000, "now": 100200, "tick": 19})) == []
+
+
+def test_stale_control_across_a_rebirth_is_rejected():
+    """Like edge.agent: a control answering an earlier birth (its token), or sent by another backend run than
+    the one that configured the sensor since its latest birth, never reaches the board; a duplicate neither."""
+    b = br.Bridge("s", 5)
+    old = _born(b)
+    width = {"src": 0, "epoch": 1, "seq": 2, "period": 0, "width": 1.0, "ack": 0}
+    assert b.from_backend(0, _ctl(b, "width", dict(width), inc=INC + 1)) == []          # another backend run
+    assert b.stats["stale"] == 1
+    acts = b.from_backend(0, _ctl(b, "width", dict(width)))
+    assert acts and acts[0][1].startswith(b"W ")
+    b.queue, b.sent_at = [], None
+    assert b.from_backend(0, _ctl(b, "width", dict(width))) == []                       # duplicate
+    b.from_device(1.0, br.frame("A 2 0 0 - 0").rstrip(b"\n"))
+    acts = b.from_device(1.0, br.frame("B 3 0 -1 -").rstrip(b"\n"))                   # re-birth (no reboot)
+    new = codec.decode(acts[0][1])[1]
+    assert new["seq"] != old["seq"] and b.token == (5 ^ new["seq"]) & 0xFFFFFFFF
+    stale = _ctl(b, "bound", {"src": 0, "epoch": 2, "seq": 3, "lo": 0.0, "hi": 1.0, "ack": 0},
+                 to=(5 ^ old["seq"]) & 0xFFFFFFFF)
+    assert b.from_backend(1.0, stale) == [] and b.stats["stale"] == 2
+    # the same backend run, not yet heard from since the re-birth: its controls wait for its config
+    assert b.from_backend(1.0, _ctl(b, "probe", {"src": 0, "seq": 4, "probe": 1})) == [] and b.stats["stale"] == 3
+    b.from_backend(1.0, _ctl(b, "config", {"seq": 5, "period": 1000, "shrink": 0.0, "beat": 0, "t0": 0,
+                                           "now": 1000, "tick": 0}))
+    b.queue, b.sent_at = [], None
+    acts = b.from_backend(1.0, _ctl(b, "probe", {"src": 0, "seq": 6, "probe": 1}))
+    assert acts and acts[0][1].startswith(b"P ")
+    b.queue, b.sent_at = [], None
+    assert b.from_backend(1.0, _ctl(b, "rebirth", {"seq": 7}, to=0))[0][1].startswith(b"Q ")

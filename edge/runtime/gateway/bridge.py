@@ -2,26 +2,32 @@
 
 The sensor (firmware/microbit) speaks framed lines ``BODY|FLETCHER16`` of integers: values in 1/1024
 units, time in 30-bit ``ticks_ms``. ``Bridge`` gives it an MQTT identity of its own: births, reports and
-probe replies become ``edge.core.codec`` messages with the sensor's sequence numbers, wall-clock stamps
-(ticks unwrapped and mapped by the least-delayed recent frame) and values ``k/1024`` (exact in double); downlinks
-(width, bound, filter, probe, config, rebirth) become device frames, sent one at a time until
-acknowledged. Conversions round toward the device: a bound ``[lo, hi]`` becomes ``[ceil, floor]`` of
-its ends in device units, a width ``W`` the half-width ``floor(W·512)``, so the device is never wider
-than the backend's double mirror. A checksum failure or a sequence gap from the device asks it for a
-fresh birth. Every call takes ``now`` (wall seconds) and returns actions ``(kind, ...)``.
+probe replies become ``edge.core.codec`` messages (version 2) with the sensor's sequence numbers, wall-clock
+stamps in integer ms (ticks unwrapped and mapped by the least-delayed recent frame; birth capability CAP_MS) and
+values ``k/1024`` (exact in double: no CAP_F32, the backend mirrors the board in double, which contains the
+board's integer filter); downlinks (width, bound, filter, probe, config, rebirth) become device frames, sent
+one at a time until acknowledged. As in ``edge.agent``, a control whose ``to`` is not the token of the latest
+birth, or whose ``inc`` is not that of the backend run that configured the sensor since, is dropped, and
+duplicates by the same anti-replay window. A config's integer-ms schedule and its ``tick`` (periods the
+backend has applied) set the board's shrink count and next shrink tick; a config repeating the schedule the
+board already runs is not forwarded (the board's own count is never behind the backend's). Conversions
+round toward the device: a bound ``[lo, hi]`` becomes ``[ceil, floor]`` of its ends in device units, a
+width ``W`` the half-width ``floor(W·512)``, so the device is never wider than the backend's double mirror.
+A checksum failure or a sequence gap from the device asks it for a fresh birth. Every call takes ``now``
+(wall seconds) and returns actions ``(kind, ...)``.
 """
 import math
 
+from edge.agent import fresh
 from edge.core import codec
-from edge.core.codec import NO_VALUE
+from edge.core.codec import NO_VALUE, CAP_MS
 
-FIRMWARE = "qf-microbit-0.1"
+FIRMWARE = "qf-microbit-0.2"
 SCALE = 1024
 BIG = 1 << 29               # the device's ±infinity
 WRAP = 1 << 30              # ticks_ms period on the board
 WINDOW = 10.0               # s over which the least-delayed frame sets the tick-to-wall offset
 RESEND = 0.3                # s without an acknowledgement before a frame is sent again
-_RECENT = 8
 _MAX_FRAME = 110
 
 
@@ -78,7 +84,10 @@ class Bridge:
         self.g = 0                  # downlink frame number on the UART
         self.queue = []             # frames waiting for the device's acknowledgement
         self.sent_at = None
-        self.recent = []
+        self.token = None           # boot ^ seq of the latest birth: every downlink must carry it
+        self.inc = None             # incarnation of the backend run that configured us after that birth
+        self.top = None             # anti-replay window over downlink sequence numbers (edge.agent.fresh)
+        self.seen = 0
         self.offset = None          # wall seconds at tick 0 (this boot)
         self.lows = []              # (arrival, arrival - tick) candidates, increasing: the sliding minimum
         self.last_t = None
@@ -87,10 +96,11 @@ class Bridge:
         self.last_up = None
         self.last_rx = None
         self.pending = False        # a config waits for the first tick
-        self.period = None          # (T, t0) of the backend's config, for the device's shrink grid
+        self.period = None          # (T ms, S, t0 ms, tick) of the backend's config, for the device's shrink grid
+        self.applied = None         # (T, S, t0) the board runs since it booted
         self.stats = {"frames": 0, "bad_frames": 0, "gaps": 0, "reports": 0, "samples": 0, "down": 0,
                       "bad_messages": 0, "resent": 0, "device_errors": 0, "free": None, "min_free": None,
-                      "device_samples": 0, "noise": 0}
+                      "device_samples": 0, "noise": 0, "stale": 0}
 
     # -- time ------------------------------------------------------------------------
     def wall(self, now, tick):
@@ -122,6 +132,7 @@ class Bridge:
     def _up(self, now, channel, kind, fields):
         self.seq = (self.seq + 1) & 0xFFFFFFFF
         fields["seq"] = self.seq
+        fields["t"] = int(round(fields["t"] * 1000))       # CAP_MS: integer milliseconds
         self.last_up = now
         return (channel, codec.encode(kind, fields))
 
@@ -151,6 +162,7 @@ class Bridge:
         if kind == "B" and n == 1:          # the device (re)booted: new tick origin
             self.offset = None
             self.queue = []
+            self.applied = None
         elif self.dseq is not None and n != (self.dseq + 1) & 0xFFFF and kind != "B":
             self.stats["gaps"] += 1
             out += self._send(now, "Q")
@@ -159,10 +171,11 @@ class Bridge:
             ep, h = int(a[0]), int(a[1])
             v = NO_VALUE if a[2] == "-" else int(a[2]) / SCALE
             rec = {"name": self.source, "epoch": ep, "width": math.inf if h < 0 else 2 * h / SCALE, "v": v}
-            out.append(self._up(now, "state", "birth", {"t": now, "boot": self.boot, "fw": FIRMWARE, "caps": 0,
-                                                        "sources": [rec]}))
-            if self.period is not None:
-                out += self._config(now)
+            out.append(self._up(now, "state", "birth", {"t": now, "boot": self.boot, "fw": FIRMWARE, "caps": CAP_MS,
+                                                        "first": 0, "sources": [rec]}))
+            self.token = (self.boot ^ self.seq) & 0xFFFFFFFF
+            self.inc = self.top = None
+            self.seen = 0
         elif kind == "R":
             self.stats["reports"] += 1
             out.append(self._up(now, "up", "report", {"src": 0, "epoch": int(a[1]), "t": self.wall(now, int(a[0])),
@@ -218,16 +231,18 @@ class Bridge:
         return out
 
     def _config(self, now):
-        T, shrink, t0 = self.period
+        T, shrink, t0, tick = self.period
         if self.offset is None:             # no tick seen yet: sent with the first one
             self.pending = True
             return []
         self.pending = False
+        if self.applied == (T, shrink, t0):
+            return []                       # the board counts this schedule's periods itself
+        self.applied = (T, shrink, t0)
         if T <= 0 or shrink <= 0:
             return self._send(now, "C", 0, 1024, 0, 0)
-        k = max(0, math.floor((now - t0) / T)) + 1
-        return self._send(now, "C", int(round(T * 1000)), int(math.floor((1 - shrink) * SCALE)), k,
-                          self.tick_of(t0 + k * T))
+        k = tick + 1                        # the next shrink: boundaries already passed are applied at once
+        return self._send(now, "C", T, int(math.floor((1 - shrink) * SCALE)), k, self.tick_of((t0 + k * T) / 1000))
 
     def from_backend(self, now, payload):
         """One ``ctl`` payload for this sensor; returns actions (frames for the device)."""
@@ -235,18 +250,24 @@ class Bridge:
             kind, m = codec.decode(payload)
             if codec.SCHEMAS[kind][1] != "down":
                 raise codec.CodecError("not a control message")
-            if m["seq"] in self.recent:
+            if kind == "rebirth":
+                self.stats["down"] += 1
+                return self._send(now, "Q")
+            if m["to"] != self.token or (kind != "config" and m["inc"] != self.inc):
+                self.stats["stale"] += 1    # sent before the latest birth, or by another backend run
                 return []
-            self.recent = (self.recent + [m["seq"]])[-_RECENT:]
+            if kind == "config" and m["inc"] != self.inc:
+                self.inc, self.top, self.seen = m["inc"], None, 0
+            ok, self.top, self.seen = fresh(self.top, self.seen, m["seq"])
+            if not ok:
+                return []
             self.stats["down"] += 1
             if kind == "config":
-                if m["period"] < 0 or not 0 <= m["shrink"] < 1 or m["beat"] < 0:
+                if not 0 <= m["shrink"] < 1:
                     raise ValueError("bad config")
-                self.beat = m["beat"]
-                self.period = (m["period"], m["shrink"], m["t0"])
+                self.beat = m["beat"] / 1000
+                self.period = (m["period"], m["shrink"], m["t0"], m["tick"])
                 return self._config(now)
-            if kind == "rebirth":
-                return self._send(now, "Q")
             if kind in ("summary", "moq") or m["src"] != 0:
                 raise ValueError("the sensor has one source and no summaries")
             if kind == "probe":
