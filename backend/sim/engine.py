@@ -23,11 +23,11 @@ from backend.sim.sources import outages, samples
 from backend.sim.workload import load
 from edge.agent import Agent
 
-OUTAGE, EVENT_TRUTH, EVENT_COORD = "outage", "event-truth", "event-coord"
+OUTAGE, EVENT_TRUTH, EVENT_COORD, REBOOT = "outage", "event-truth", "event-coord", "reboot"
 
 
 class Simulation(Loop):
-    ORDER = dict(Loop.ORDER, **{OUTAGE: 4, EVENT_TRUTH: 5, EVENT_COORD: 6})
+    ORDER = dict(Loop.ORDER, **{OUTAGE: 4, EVENT_TRUTH: 5, EVENT_COORD: 6, REBOOT: 7})
 
     def __init__(self, workload, progress=None, vectorised=True):
         self.w = w = load(workload) if not hasattr(workload, "source_ids") else workload
@@ -35,14 +35,21 @@ class Simulation(Loop):
                               "beat": w.beat, "t0": 0.0, "params": w.protocol_params}, declared=w.source_ids)
         Loop.__init__(self, Network({UP: {"delay": w.delay_up, "jitter": w.jitter},
                                      DOWN: {"delay": w.delay_down, "jitter": w.jitter}},
-                                    random.Random(w.seed + 1).uniform, w.warmup), host)
+                                    random.Random(w.seed + 1).uniform, w.warmup,
+                                    w.faults, random.Random(w.seed + 2)), host)
         self.protocol = self.coord.protocol
-        self.handlers.update({OUTAGE: self.outage, EVENT_TRUTH: self.event_truth, EVENT_COORD: self.event_coord})
+        self.handlers.update({OUTAGE: self.outage, EVENT_TRUTH: self.event_truth, EVENT_COORD: self.event_coord,
+                              REBOOT: self.reboot})
         self.src_dev = []
         for dev, ids in w.devices():
             self.agents[dev] = Agent(dev, ids, boot=1)
             for j, _ in enumerate(ids):
                 self.src_dev.append((dev, j))
+        skew = w.faults.get("skew", 0.0)
+        if skew:        # each device's clock runs at a fixed offset in [-skew, skew]
+            rng = random.Random(w.seed + 3)
+            self.offset = {dev: rng.uniform(-skew, skew) for dev in self.agents}
+        self.reboots = 0
         self.truth = truth_mod.Truth(w.source_ids)
         # Vectorised screening (DESIGN.md §5): numpy mirrors of every agent filter let a whole
         # instant's in-bound readings skip the scalar agent; anything else takes the scalar path.
@@ -100,7 +107,17 @@ class Simulation(Loop):
             self.send(t, UP, dev, self.agents[dev].will())
         else:
             self.offline.discard(dev)
-            self.from_agent(t, dev, self.agent(dev).start(t))
+            self.from_agent(t, dev, self.agent(dev).start(t + self.offset.get(dev, 0.0)))
+
+    def reboot(self, t, dev):
+        """A device reboots: a fresh agent (next boot number) that has lost its filters and readings."""
+        old = self.agents[dev]
+        new = self.agents[dev] = Agent(dev, old.names, boot=old.boot + 1)
+        new.stats = old.stats
+        for s, _ in self.dev_src[dev]:
+            self.owed[s] = False
+        self.reboots += 1
+        self.from_agent(t, dev, () if dev in self.offline else new.start(t + self.offset.get(dev, 0.0)))
 
     # -- readings ---------------------------------------------------------------------------
     def start(self):
@@ -120,7 +137,15 @@ class Simulation(Loop):
             self.push(ev["time"], EVENT_TRUTH, ev)
             self.push(ev["time"] + self.coord.latency, EVENT_COORD, ev)
         for dev, a in self.agents.items():
-            self.from_agent(0.0, dev, a.start(0.0))
+            self.from_agent(0.0, dev, a.start(self.offset.get(dev, 0.0)))
+        rate = w.faults.get("reboots", 0.0) / 3600.0
+        if rate:        # Poisson reboots per device
+            rng = random.Random(w.seed + 4)
+            for dev in self.agents:
+                t = rng.expovariate(rate)
+                while t < w.duration:
+                    self.push(t, REBOOT, dev)
+                    t += rng.expovariate(rate)
         for dev, spans in outages(w).items():
             for start, stop in spans:
                 self.push(start, OUTAGE, (dev, True))
@@ -143,7 +168,7 @@ class Simulation(Loop):
         while i < j:
             s = ss[i]
             dev, k = self.src_dev[s]
-            out = self.agent(dev).handle_sample(st, k, vs[i])
+            out = self.agent(dev).handle_sample(st + self.offset.get(dev, 0.0), k, vs[i])
             if out:
                 self.from_agent(st, dev, out)
             self.truth.update(s, vs[i])
@@ -164,7 +189,7 @@ class Simulation(Loop):
         self.screened += len(quiet)
         for s, v in zip(idx[~inside].tolist(), vals[~inside].tolist()):
             dev, k = self.src_dev[s]
-            out = self.agent(dev).handle_sample(st, k, v)
+            out = self.agent(dev).handle_sample(st + self.offset.get(dev, 0.0), k, v)
             if out:
                 self.from_agent(st, dev, out)
         self.truth.update_many(idx, vals)

@@ -33,6 +33,7 @@ class Loop:
         self.heap = []
         self.n = 0
         self.agents = {}
+        self.offset = {}                  # device -> its clock's fixed offset from true time (skew)
         self.timer_at = {}
         self.answers = []
         self.now = 0.0
@@ -47,8 +48,8 @@ class Loop:
 
     def send(self, now, hop, end, payload, link=None):
         """Put ``payload`` on ``hop`` towards (or from) ``end``; it arrives as a ``hop`` event."""
-        at = self.net.arrival(now, hop, end if link is None else link, payload)
-        self.push(at, hop, (end, payload))
+        for at in self.net.arrivals(now, hop, end if link is None else link, payload):
+            self.push(at, hop, (end, payload))
 
     def arm(self, who, t):
         """(Re)arm the timer of agent ``who`` (None: the coordinator) for time ``t``."""
@@ -63,15 +64,17 @@ class Loop:
     def from_agent(self, now, device, out):
         for _, payload in out:
             self.send(now, UP, device, payload)
-        self.arm(device, self.agents[device].next_deadline())
+        deadline = self.agents[device].next_deadline()
+        self.arm(device, None if deadline is None else deadline - self.offset.get(device, 0.0))
 
     def deliver_down(self, t, data):
-        self.from_agent(t, data[0], self.agent(data[0]).handle_message(t, data[1]))
+        dev = data[0]
+        self.from_agent(t, dev, self.agent(dev).handle_message(t + self.offset.get(dev, 0.0), data[1]))
 
     def agent_timer(self, t, device):
         if self.timer_at.get(device) == t:
             del self.timer_at[device]
-            self.from_agent(t, device, self.agent(device).handle_timer(t))
+            self.from_agent(t, device, self.agent(device).handle_timer(t + self.offset.get(device, 0.0)))
 
     # -- the coordinator, through the host --------------------------------------------------
     def from_host(self, now, actions):

@@ -76,6 +76,7 @@ def fleet(sim, elapsed):
         "probes": sum(a.stats["probes"] for a in agents),
         "violations": tot_v, "violation_time": tot_vt, "precision_misses": tot_m,
         "late": sim.coord.stats["late"], "lost": sim.lost, "warmup": w.warmup,
+        "network": dict(net.counts, reboots=sim.reboots),
         "protocol_stats": getattr(sim.protocol, "stats", None),
         "queries": per_q,
         "params": {"period": w.period, "shrink": w.shrink, "delay_up": w.delay_up,

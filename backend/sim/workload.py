@@ -21,7 +21,8 @@ class WorkloadError(ValueError):
 
 GENERATORS = ("random_walk", "uniform", "brownian")
 TOP = ("name", "seed", "duration", "protocol", "params", "network", "sources", "queries", "warmup", "events")
-NETWORK = ("delay", "uplink", "downlink", "jitter", "latency_tolerance")
+NETWORK = ("delay", "uplink", "downlink", "jitter", "latency_tolerance",
+           "loss", "duplicate", "reorder", "skew", "reboots", "partitions")
 SOURCES = {"generator": ("generator", "count", "start", "step", "range", "interval", "arrival", "steps", "drift",
                          "volatility"), "trace": ("trace",), "dataset": ("dataset",)}
 QUERY = ("id", "kind", "sources", "weights", "precision", "range", "confidence")
@@ -190,6 +191,7 @@ class Workload(Base):
         self.latency = number(net, "latency_tolerance", max(self.delay_up, self.delay_down) + self.jitter,
                               "network", lo=0.0)
         self._sources(raw.get("sources"))
+        self.faults = _faults(net, {d for d, _ in self.devices()})
         qs = raw.get("queries", [])
         if not isinstance(qs, list):
             raise WorkloadError("queries must be a list")
@@ -334,3 +336,38 @@ def _events(evs, active, sources, kinds):
             v = d
         out.append({"time": t, k: v})
     return out
+
+
+def _faults(net, devices):
+    """The hostile network of ``network`` (issue #20): probabilities, skew (s), reboots/h, partitions."""
+    f = {}
+    for k in ("loss", "duplicate", "reorder"):
+        p = number(net, k, 0.0, "network", lo=0.0)
+        if p >= 1:
+            raise WorkloadError("network.%s is a probability per message, must be < 1" % k)
+        f[k] = p
+    f["skew"] = number(net, "skew", 0.0, "network", lo=0.0)
+    f["reboots"] = number(net, "reboots", 0.0, "network", lo=0.0)
+    parts = net.get("partitions", [])
+    if not isinstance(parts, list):
+        raise WorkloadError("network.partitions must be a list of [start, end, devices or \"all\"]")
+    f["partitions"] = []
+    for n, p in enumerate(parts):
+        where = "network.partitions[%d]" % n
+        if not isinstance(p, list) or len(p) != 3:
+            raise WorkloadError("%s must be [start, end, devices or \"all\"]" % where)
+        start, stop = number({"start": p[0]}, "start", None, where, lo=0.0), \
+            number({"end": p[1]}, "end", None, where, lo=0.0)
+        if stop <= start:
+            raise WorkloadError("%s ends before it starts" % where)
+        if p[2] == "all":
+            devs = None
+        elif isinstance(p[2], list) and all(isinstance(d, str) for d in p[2]):
+            unknown = [d for d in p[2] if d not in devices]
+            if unknown:
+                raise WorkloadError("%s names unknown device %r" % (where, unknown[0]))
+            devs = frozenset(p[2])
+        else:
+            raise WorkloadError("%s: devices must be a list of device names or \"all\"" % where)
+        f["partitions"].append((start, stop, devs))
+    return f if any(f[k] for k in f) else {}

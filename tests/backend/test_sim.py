@@ -149,7 +149,7 @@ def test_bad_workloads_are_explained(patch, msg):
 
 
 @pytest.mark.parametrize("patch,msg", [
-    ({"network": {"delay": 0.1, "loss": 0.05}}, r"unknown key network\.loss"),
+    ({"network": {"delay": 0.1, "lossy": 0.05}}, r"unknown key network\.lossy"),
     ({"colour": "red"}, r"unknown key colour"),
     ({"sources": {"generator": "random_walk", "count": 3, "outages": {"rate": 0.1, "mean_length": 1, "when": 2}}},
      r"sources\.outages\.when"),

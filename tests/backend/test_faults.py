@@ -1,0 +1,79 @@
+"""The hostile network of the simulator (issue #20): loss, duplicates, reordering, skew, reboots, partitions."""
+import random
+
+import pytest
+
+from backend.sim import engine
+from backend.sim.network import Network
+from backend.sim.workload import WorkloadError, load
+
+
+def fleet(seed=3, protocol="deadband", **net):
+    network = {"delay": 0.2, "jitter": 0.1}
+    network.update(net)
+    return {"name": "faults", "seed": seed, "duration": 200, "protocol": protocol,
+            "sources": {"generator": "random_walk", "count": 8, "per_device": 2, "start": [90, 110],
+                        "step": [0.1, 3.0], "interval": 1.0},
+            "queries": [{"id": "q", "kind": "sum", "sources": "all", "precision": 6.0}],
+            "network": network, "params": {"period": 10, "shrink": 0.05}}
+
+
+def test_a_clean_network_counts_no_faults():
+    res = engine.run(fleet())
+    assert res["network"] == {"lost": 0, "duplicated": 0, "reordered": 0, "partitioned": 0, "reboots": 0}
+    assert res["violations"] == 0
+
+
+def test_faults_are_counted_and_seeded():
+    w = fleet(loss=0.05, duplicate=0.05, reorder=0.2, skew=0.3, reboots=30, partitions=[[50, 80, ["d1"]]])
+    a, b = engine.run(w), engine.run(w)
+    assert a["network"] == b["network"] and a["messages"] == b["messages"]
+    assert all(a["network"][k] > 0 for k in ("lost", "duplicated", "reordered", "partitioned", "reboots"))
+    c = engine.run(dict(w, seed=4))
+    assert c["network"] != a["network"]
+
+
+def test_faults_apply_in_both_directions():
+    net = Network({"up": {"delay": 0.1, "jitter": 0.0}, "down": {"delay": 0.1, "jitter": 0.0}},
+                  random.Random(1).uniform, faults={"loss": 0.5}, rng=random.Random(2))
+    got = {h: sum(len(net.arrivals(0.0, h, "d0", b"\x01\x01")) for _ in range(400)) for h in ("up", "down")}
+    assert all(120 < n < 280 for n in got.values()), got
+
+
+def test_a_partition_drops_everything_to_and_from_its_devices_only():
+    net = Network({"up": {"delay": 0.1, "jitter": 0.0}, "down": {"delay": 0.1, "jitter": 0.0}},
+                  random.Random(1).uniform, faults={"partitions": [(10.0, 20.0, frozenset(["d0"]))]},
+                  rng=random.Random(2))
+    assert net.arrivals(15.0, "up", "d0", b"\x01\x01") == [] and net.arrivals(15.0, "down", "d0", b"\x01\x01") == []
+    assert net.arrivals(15.0, "up", "d1", b"\x01\x01") == [15.1]
+    assert net.arrivals(20.0, "up", "d0", b"\x01\x01") == [20.1]
+    assert net.counts["partitioned"] == 2
+
+
+def test_reordering_lets_later_messages_overtake_and_duplicates_arrive_twice():
+    net = Network({"up": {"delay": 1.0, "jitter": 0.5}}, random.Random(1).uniform,
+                  faults={"reorder": 0.3, "duplicate": 0.3}, rng=random.Random(2))
+    times = [net.arrivals(i * 0.1, "up", "d0", b"\x01\x01") for i in range(300)]
+    firsts = [t[0] for t in times]
+    assert any(b < a for a, b in zip(firsts, firsts[1:]))         # overtaken
+    assert sum(len(t) == 2 for t in times) == net.counts["duplicated"] > 0
+
+
+def test_a_hostile_network_breaks_an_unprotected_guarantee():
+    """The checker sees what the faults do: the model is no longer FIFO and lossless."""
+    res = engine.run(fleet(loss=0.1, partitions=[[50, 120, "all"]]))
+    assert res["network"]["lost"] > 0 and res["violations"] > 0
+
+
+@pytest.mark.parametrize("net, msg", [
+    ({"loss": 1.0}, "network.loss"),
+    ({"reorder": -0.1}, "network.reorder"),
+    ({"partitions": [[5, 1, "all"]]}, "ends before it starts"),
+    ({"partitions": [[1, 5, ["nope"]]]}, "unknown device 'nope'"),
+    ({"partitions": [[1, 5]]}, "network.partitions[0]"),
+    ({"skew": "x"}, "network.skew"),
+    ({"lose": 0.1}, "lose"),
+])
+def test_bad_fault_settings_are_explained(net, msg):
+    with pytest.raises(WorkloadError, match=msg.replace("[", r"\[").replace("]", r"\]")):
+        load(fleet(**net))
