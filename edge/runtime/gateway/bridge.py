@@ -119,7 +119,8 @@ class Bridge:
         while self.lows[0][0] < now - WINDOW:
             self.lows.pop(0)
         self.offset = self.lows[0][1]
-        t = self.offset + ext / 1000.0
+        # whole milliseconds, as the report carries it (CAP_MS), so ground truth and report agree exactly
+        t = round((self.offset + ext / 1000.0) * 1000) / 1000
         if self.last_t is not None and t < self.last_t:
             t = self.last_t
         self.last_t = t
