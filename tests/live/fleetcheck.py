@@ -2,11 +2,10 @@
 import os
 import time
 
-from backend.coordinator.core.queries import parse_query
+from backend import demo
 from backend.host import Host
 from backend.fleet import write_trace
 from backend.live import LiveCoordinator
-from backend.sim import truth as truth_mod
 from backend.sim.engine import run as sim_run
 
 PERIOD = 2.0            # coordinator adjustment period T (s)
@@ -30,25 +29,11 @@ def coordinator(broker, specs, protocol="deadband", t0=None):
 
 
 def violations(rows, answers, specs, end):
-    """Check every answer against the agents' ground truth; returns {query: (violations, degraded_time)}."""
-    ids = sorted({s for _, s, _ in rows})
-    tr = truth_mod.Truth(ids)
-    parsed = [parse_query(q, set(ids)) for q in specs]
-    for q in parsed:
-        tr.add_query(q, rows[0][0] if rows else 0.0)
-    i = 0
-    while i < len(rows):
-        t = rows[i][0]
-        while i < len(rows) and rows[i][0] == t:
-            tr.update(tr.index[rows[i][1]], rows[i][2])
-            i += 1
-        tr.flush(t)
-    out = {}
-    for q in parsed:
-        mine = [(a["time"], a["lo"], a["hi"], a["degraded"]) for a in answers if a["query"] == q.id and a["time"] <= end]
-        v, vt, miss, dt = truth_mod.check(tr.tracks[q.id].timeline, mine, q.precision, end)
-        out[q.id] = (v, dt, len(mine))
-    return out
+    """Check every answer against the agents' ground truth (the demo's checker); returns
+    {query: (violations, degraded_time, answers checked)}."""
+    checked = demo.violations(specs, rows, answers, end)
+    return {qid: (v, dt, sum(1 for a in answers if a["query"] == qid and a["time"] <= end))
+            for qid, (v, _, dt) in checked.items()}
 
 
 def simulate(rows, specs, folder, t0, end, protocol="deadband"):
