@@ -140,7 +140,7 @@ class Link:
         if self.connected or time.ticks_diff(self.retry_at, time.ticks_ms()) > 0:
             return False
         try:
-            self.client.connect()
+            self.client.connect(timeout=IO_TIMEOUT)     # a CONNECT lost in a cut fails, not hangs
             try:
                 # umqtt writes each packet in several pieces; with Nagle on, the broker's delayed
                 # ACK stalls every QoS 1 publish by ~40 ms. (IPPROTO_TCP, TCP_NODELAY)
