@@ -3,11 +3,13 @@
 Devices connect to the proxy instead of the broker; the proxy forwards every byte both ways until told
 otherwise. ``cut()`` drops traffic in both directions while keeping the connections open (what a
 failed Wi-Fi link or a partition looks like to TCP: silence, then a keepalive timeout), ``heal()``
-forwards again, ``delay(s)`` holds every chunk for ``s`` seconds, ``reset()`` closes every connection
+forwards again, ``delay(s)`` holds every chunk for ``s`` seconds (chunks already held included, so
+``delay(0)`` releases them at once), ``reset()`` closes every connection
 (a broker or NAT restart). The agents keep sampling and logging their ground truth meanwhile, so a
 stale window is visible to the checker, unlike a SIGSTOP. It listens on 127.0.0.1 only.
 """
 import collections
+import math
 import selectors
 import socket
 import threading
@@ -22,7 +24,7 @@ class _Pair:
     def __init__(self, down, up):
         self.down = down            # the device side
         self.up = up                # the broker side
-        self.queues = {down: collections.deque(), up: collections.deque()}   # socket -> [(release, data)] to send
+        self.queues = {down: collections.deque(), up: collections.deque()}   # socket -> [(received, data)] to send
 
 
 class Proxy:
@@ -155,12 +157,12 @@ class Proxy:
             self.stats["dropped"] += len(data)
             return
         other = pair.up if sock is pair.down else pair.down
-        pair.queues[other].append((time.monotonic() + self.hold, data))
+        pair.queues[other].append((time.monotonic(), data))
 
     def _flush(self, now):
         for sock, pair in list(self.pairs.items()):
             q = pair.queues.get(sock)
-            while q and q[0][0] <= now:
+            while q and q[0][0] + self.hold <= now:
                 _, data = q.popleft()
                 if self.mode == "cut":
                     self.stats["dropped"] += len(data)
@@ -174,15 +176,15 @@ class Proxy:
                     break
                 self.stats["forwarded"] += sent
                 if sent < len(data):        # the socket buffer is full: the rest goes first next time
-                    q.appendleft((now, data[sent:]))
+                    q.appendleft((-math.inf, data[sent:]))
                     break
 
     def _next_release(self, now):
         soonest = None
         for pair in set(self.pairs.values()):
             for q in pair.queues.values():
-                if q and (soonest is None or q[0][0] < soonest):
-                    soonest = q[0][0]
+                if q and (soonest is None or q[0][0] + self.hold < soonest):
+                    soonest = q[0][0] + self.hold
         return 0.5 if soonest is None else max(0.0, min(0.5, soonest - now))
 
     def _drop(self, sock):

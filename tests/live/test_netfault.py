@@ -99,3 +99,17 @@ def test_large_transfer_survives_a_full_socket_buffer(echo):
         assert bytes(got) == data
     finally:
         p.close()
+
+
+def test_a_shorter_delay_releases_what_is_held(echo):
+    p = Proxy(echo)
+    try:
+        c = socket.create_connection((p.host, p.port))
+        p.delay(60)
+        assert _roundtrip(c, b"held", timeout=0.5) == b""         # held, not dropped
+        t = time.monotonic()
+        p.delay(0)
+        c.settimeout(2.0)
+        assert c.recv(10) == b"held" and time.monotonic() - t < 1.5
+    finally:
+        p.close()
