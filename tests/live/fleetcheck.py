@@ -42,3 +42,18 @@ def simulate(rows, specs, folder, t0, end, protocol="deadband"):
     w = {"name": "live-replay", "duration": end - t0, "protocol": protocol, "sources": {"trace": path},
          "queries": specs, "params": {"period": PERIOD, "shrink": 0.0}, "network": {"latency_tolerance": LATENCY}}
     return sim_run(w)
+
+
+def wait(pred, timeout, what, why=lambda: ""):
+    """Poll ``pred`` until true; fail after ``timeout`` seconds saying ``what`` (and ``why()``)."""
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError("timed out waiting for %s %s" % (what, why()))
+        time.sleep(0.05)
+
+
+def all_online(live, names):
+    """Whether the live coordinator holds every device of ``names`` online."""
+    devs = dict(live.coord.devices)
+    return all(n in devs and devs[n]["online"] for n in names)

@@ -53,19 +53,6 @@ def fleet_env(tmp_path):
         broker.stop()
 
 
-def _wait(pred, timeout, what):
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            raise AssertionError("timed out waiting for " + what)
-        time.sleep(0.05)
-
-
-def _all_online(live, names):
-    devs = dict(live.coord.devices)
-    return all(n in devs and devs[n]["online"] for n in names)
-
-
 def _observed(obs):
     """Distinct (device, seq) of uplink reports the observer saw, and how many arrived twice."""
     seen = collections.defaultdict(set)
@@ -84,7 +71,7 @@ def test_mixed_fleet_answers_hold_and_match_the_simulator(fleet_env, tmp_path):
     broker, live, answers, t0, specs, fleet, obs = fleet_env(N_MP, N_CPY)
     fleet.start_all(N_MP, N_CPY, seed=5)
     names = list(fleet.devices)
-    _wait(lambda: _all_online(live, names), 30, "every device's birth")
+    fc.wait(lambda: fc.all_online(live, names), 30, "every device's birth")
     time.sleep(8)
     end = time.time() - 2 * fc.LATENCY          # answers up to here are final
     stats = fleet.stop_all()
@@ -111,41 +98,41 @@ def test_faults_lose_nothing_and_degrade_answers_while_sources_are_unreachable(f
     broker, live, answers, t0, specs, fleet, obs = fleet_env(3, 3, keepalive=1)
     fleet.start_all(3, 3, seed=9)
     names = list(fleet.devices)
-    _wait(lambda: _all_online(live, names), 20, "every device's birth")
+    fc.wait(lambda: fc.all_online(live, names), 20, "every device's birth")
     time.sleep(1.0)
 
     def degraded_since(t):
         return any(a["degraded"] for a in list(answers) if a["time"] >= t)
 
     def recovered_after(t):
-        return any(not a["degraded"] for a in list(answers) if a["time"] >= t) and _all_online(live, names)
+        return any(not a["degraded"] for a in list(answers) if a["time"] >= t) and fc.all_online(live, names)
 
     # network cut: freeze two agents until the broker gives up on them (Last Will after 1.5 keepalives)
     cut = time.time()
     for n in ("m0", "c0"):
         os.kill(fleet.devices[n].proc.pid, signal.SIGSTOP)
-    _wait(lambda: degraded_since(cut - 1), 8, "a degraded answer while m0/c0 are cut off")
+    fc.wait(lambda: degraded_since(cut - 1), 8, "a degraded answer while m0/c0 are cut off")
     for n in ("m0", "c0"):
         os.kill(fleet.devices[n].proc.pid, signal.SIGCONT)
     back = time.time()
-    _wait(lambda: recovered_after(back), 15, "m0/c0 back online")
+    fc.wait(lambda: recovered_after(back), 15, "m0/c0 back online")
 
     # agent crash and restart (a new boot)
     killed = time.time()
     source = {"name": "s_m1", "kind": "walk", "start": 20.0, "step": 0.5, "seed": 77, "period": 0.1}
     fleet.devices["m1"].proc.kill()
     fleet.devices["m1"].proc.wait()
-    _wait(lambda: degraded_since(killed - 1), 8, "a degraded answer after m1 died")
+    fc.wait(lambda: degraded_since(killed - 1), 8, "a degraded answer after m1 died")
     fleet.start("micropython", "m1", source)
     back = time.time()
-    _wait(lambda: recovered_after(back), 15, "m1 reborn")
+    fc.wait(lambda: recovered_after(back), 15, "m1 reborn")
 
     # broker restart: everyone reconnects, reports held meanwhile are delivered once
     down = time.time()
     broker.restart()
-    _wait(lambda: degraded_since(down - 1), 8, "degraded answers while the broker was down")
+    fc.wait(lambda: degraded_since(down - 1), 8, "degraded answers while the broker was down")
     back = time.time()
-    _wait(lambda: recovered_after(back), 20, "the fleet back after the broker restart")
+    fc.wait(lambda: recovered_after(back), 20, "the fleet back after the broker restart")
     time.sleep(1.5)
     end = time.time() - 2 * fc.LATENCY
     stats = fleet.stop_all()
@@ -174,7 +161,7 @@ def test_fleet_with_an_arm64_agent_under_qemu_and_heap_limited_micropython_agent
     broker, live, answers, t0, specs, fleet, obs = fleet_env(4, 1, na=1)
     fleet.start_all(micropython=4, cpython=1, arm64=1, seed=3)
     names = list(fleet.devices)
-    _wait(lambda: _all_online(live, names), 40, "every device's birth (the ARM64 one starts in ~4 s)")
+    fc.wait(lambda: fc.all_online(live, names), 40, "every device's birth (the ARM64 one starts in ~4 s)")
     time.sleep(5)
     end = time.time() - 2 * fc.LATENCY
     stats = fleet.stop_all()

@@ -71,7 +71,7 @@ def env(tmp_path):
         fleet = made["fleet"] = Fleet(via if proxy == "agents" else broker, str(tmp_path / "fleet"), width=4.0,
                                       keepalive=KEEPALIVE)
         fleet.start_all(nm, nc, seed=11, step=step)
-        _wait(lambda: _all_online(live, [n for _, n in names]), 30, "every device's birth")
+        fc.wait(lambda: fc.all_online(live, [n for _, n in names]), 30, "every device's birth")
         return broker, live, answers, specs, fleet, obs, made.get("proxy")
 
     yield make
@@ -91,21 +91,8 @@ def env(tmp_path):
         made["broker"].stop()
 
 
-def _wait(pred, timeout, what, why=lambda: ""):
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            raise AssertionError("timed out waiting for %s %s" % (what, why()))
-        time.sleep(0.05)
-
-
-def _all_online(live, names):
-    devs = dict(live.coord.devices)
-    return all(n in devs and devs[n]["online"] for n in names)
-
-
 def _recovered_after(live, answers, names, t):
-    return _all_online(live, names) and any(not a["degraded"] for a in list(answers) if a["time"] >= t)
+    return fc.all_online(live, names) and any(not a["degraded"] for a in list(answers) if a["time"] >= t)
 
 
 def _logs(fleet):
@@ -115,17 +102,6 @@ def _logs(fleet):
         if os.path.exists(path):
             out[name] = open(path).read()[-600:]
     return out
-
-
-def _observed(obs):
-    """Distinct (device, boot, seq) of the reports the observer saw."""
-    seen = collections.defaultdict(set)
-    while not obs.inbox.empty():
-        topic, payload, _ = obs.inbox.get()
-        kind, m = codec.decode(payload)
-        if kind == "report":
-            seen[topic.split("/")[3]].add(m["seq"])
-    return seen
 
 
 def _finish(live, answers, specs, fleet, settle=3.0):
@@ -157,12 +133,12 @@ def test_network_cut_while_agents_keep_sampling(env):
     cut = time.time()
     proxy.cut()
     # longer than the keepalive (the broker drops the agents after 1.5 keepalives) and than λ
-    _wait(lambda: any(a["degraded"] for a in list(answers) if a["time"] >= cut - LATENCY), 15,
+    fc.wait(lambda: any(a["degraded"] for a in list(answers) if a["time"] >= cut - LATENCY), 15,
           "degraded answers during the cut")
     time.sleep(max(0.0, cut + 3 * KEEPALIVE + LATENCY - time.time()))
     proxy.heal()
     healed = time.time()
-    _wait(lambda: _recovered_after(live, answers, names, healed), 40, "every agent back after the cut",
+    fc.wait(lambda: _recovered_after(live, answers, names, healed), 40, "every agent back after the cut",
           lambda: (live.coord.devices, answers[-4:], proxy.stats, _logs(fleet)))
     recovered = time.time()
     checked, end, rows, stats = _finish(live, answers, specs, fleet)
@@ -228,7 +204,7 @@ def test_broker_sigkill_loses_no_acknowledged_report(env):
     back = time.time()
     obs = client(broker, "backend", client_id="observer", clean_session=False)
     assert connected(obs)[0]
-    _wait(lambda: _recovered_after(live, answers, names, back), 40, "every agent back after the broker restart",
+    fc.wait(lambda: _recovered_after(live, answers, names, back), 40, "every agent back after the broker restart",
           lambda: (live.coord.devices, answers[-2:], _logs(fleet)))
     recovered = time.time()
     checked, end, rows, stats = _finish(live, answers, specs, fleet)
@@ -274,15 +250,15 @@ def test_agent_reboot_with_a_control_in_flight(env):
     old = live.coord.devices["m0"]["boot"]
     mean = dict(specs[1], precision=specs[1]["precision"] / 2)      # narrower: new widths for m0 and m1
     obs.publish(topics.query("t", "mean", "spec"), json.dumps(mean), qos=1, retain=True)
-    _wait(sent.is_set, 10, "a width change to m0")
+    fc.wait(sent.is_set, 10, "a width change to m0")
     killed = time.time()
     fleet.devices["m0"].proc.kill()
     fleet.devices["m0"].proc.wait()
     fleet.start("micropython", "m0", walk_source("s_m0", 11000, step=0.5, period=fleet.period))
-    _wait(lambda: _born(obs, "m0", old), 20, "m0's new birth at the broker")
+    fc.wait(lambda: _born(obs, "m0", old), 20, "m0's new birth at the broker")
     proxy.delay(0)                      # the stale control goes out now, after the new birth
     back = time.time()
-    _wait(lambda: _recovered_after(live, answers, list(fleet.devices), back), 30, "m0 resynchronised")
+    fc.wait(lambda: _recovered_after(live, answers, list(fleet.devices), back), 30, "m0 resynchronised")
     recovered = time.time()
     checked, end, rows, stats = _finish(live, answers, specs, fleet)
     print("\nagent reboot with a control in flight: %s; violations %s; m0 dropped %d stale; %.1fs" % (
