@@ -134,9 +134,11 @@ class Broker:
             "acl_file %s" % os.path.join(self.directory, "acl"),
             "persistence true",
             "persistence_location %s/" % os.path.join(self.directory, "db"),
-            # save after every change (queued QoS 1 message, retained message, subscription), so a
-            # SIGKILLed broker restarts with what it had acknowledged up to its last loop; what is lost
-            # in that window shows as a sequence gap at the coordinator (DESIGN.md §3)
+            # save after every change (queued QoS 1 message, retained message, subscription). Mosquitto
+            # saves at the end of its main loop, after that loop's PUBACKs went out (no setting saves
+            # before acknowledging), so a SIGKILL loses at most what it acknowledged in its last loop:
+            # that instant lies in the live coordinator's link loss (gone from λ before it) and every device
+            # re-centres with its birth after the restart (tests/live/test_faults.py)
             "autosave_on_changes true",
             "autosave_interval 1",
             "log_dest stderr",
