@@ -170,7 +170,7 @@ class Host:
 
     def uplink(self, now, device, payload, retained=False):
         now = self._clock(now)
-        if self.coord.beat and not retained and payload:
+        if 0 < self.coord.beat < self.coord.latency and not retained and payload:
             # a birth: the device beats once its config is out, when the birth is released (now + λ)
             self.heard[device] = now + (self.coord.latency if payload[1:2] == _BIRTH else 0.0)
         return self._step(self.coord.handle_uplink, now, device, bytes(payload or b""), retained=bool(retained))
@@ -188,14 +188,15 @@ class Host:
     # wrote that uplink at a - m or later (m = margin: delay plus skew) and owed another by a + B, due
     # here by a + B + m. Past that, it counts as gone (as by its Last Will) from a - m (after any uplink
     # of it still queued), so a report it lost after its last uplink is never answered as certain. The
-    # coordinator has answered up to now - λ, so this lands in time when λ >= B + 2m: m = (λ - B) / 2
-    # (0 when λ <= B: best effort). Minimal, for the live fault tests: it reads the coordinator's queue.
+    # coordinator has answered up to now - λ, so this lands in time when λ >= B + 2m: m = (λ - B) / 2,
+    # and the watchdog runs only when λ > B. Minimal, for the live fault tests: it reads the
+    # coordinator's queue (the integrity module of issue 20 item 2 replaces it).
     def _margin(self):
-        return max(0.0, (self.coord.latency - self.coord.beat) / 2)
+        return (self.coord.latency - self.coord.beat) / 2
 
     def _silent(self):
         """(deadline, device) of the online device that went silent first, or None."""
-        if not self.coord.beat:
+        if not self.coord.beat or self.coord.latency <= self.coord.beat:
             return None
         first = None
         for device, a in self.heard.items():

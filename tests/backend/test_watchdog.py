@@ -91,3 +91,12 @@ def test_heartbeats_keep_a_quiet_device_online():
     answers, h, truth = run(cut=(100.0, 100.0))      # no cut
     assert h.stats["silent"] == 0 and not any(a["degraded"] for a in answers)
     assert codec.decode(Agent("d1", ["x"], boot=7).will())[0] == "gone"
+
+
+def test_the_watchdog_needs_a_latency_above_the_heartbeat():
+    h = Host(protocol="deadband", period=5.0, shrink=0.0, latency=BEAT, beat=BEAT, t0=0.0)
+    agent = Agent("d1", ["x"], boot=7, width=1.0)
+    agent.handle_sample(0.0, 0, 0.0)
+    h.record(0.0, "d1", "state", agent.start(0.0)[0][1])
+    h.timer(60.0)
+    assert h.stats["silent"] == 0 and h.coord.devices["d1"]["online"] and not h.heard
