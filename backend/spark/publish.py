@@ -9,7 +9,7 @@ repeats) and nothing is lost. While the broker is away, QoS 1 messages stay queu
 sent again on reconnect (``dup``); ``flush`` keeps waiting (the stream stalls, the spool grows)
 until they are acknowledged or the publisher is closed. Retained answers are QoS 0 (DESIGN.md §3),
 which paho drops while disconnected, so the latest payload of every retained topic is kept and
-published again after each reconnect, in order with new answers (one lock).
+published again on each (re)connect, in order with new answers (one lock).
 """
 import threading
 import time
@@ -53,12 +53,11 @@ class Publisher:
     def _on_connect(self, client, userdata, flags, reason_code, properties):
         if reason_code.is_failure:
             return
-        with self._order:
+        with self._order:           # answers handed over before the first connect were dropped too
             self.connects += 1
-            if self.connects > 1:
-                for topic, payload in self.retained.items():
-                    client.publish(topic, payload, qos=0, retain=True)
-                self.stats["republished"] += len(self.retained)
+            for topic, payload in self.retained.items():
+                client.publish(topic, payload, qos=0, retain=True)
+            self.stats["republished"] += len(self.retained)
 
     def publish(self, topic, payload, qos, retain=False):
         if qos:
