@@ -209,10 +209,11 @@ class Host:
     def incarnation(self, now, inc):
         """A new backend run (``new_incarnation``): every downlink from now on carries ``inc``, and each
         device gets a config of this run before its next control; a device drops the controls of
-        earlier runs (``edge.agent.current``), so a replay of an old run's output cannot override it."""
+        earlier runs (``edge.agent.current``), so a replay of an old run's output cannot override it.
+        A run starts linked: if the last one died blind, its devices are asked for fresh births."""
         self._clock(now)
         self.coord.inc = inc & 0xFFFFFFFF
-        return []
+        return self.link_restored(now) if self.blind else []
 
     def _step(self, call, now, *args, **kw):
         """``call`` (which may release queued births), then whatever the new sources let happen."""

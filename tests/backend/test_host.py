@@ -260,3 +260,16 @@ def test_a_new_backend_run_configures_devices_first_and_the_old_runs_replay_is_d
         assert agent.handle_message(t + 1, p) == []
     assert agent.stats["stale"] == stale + len(old) and agent.inc == 200
     assert [(f.width, f.epoch) for f in agent.filters] == state
+
+
+def test_a_new_run_after_one_that_died_blind_starts_linked():
+    h = Host(host.settings(protocol="deadband", period=10.0))
+    for now, topic, payload in _fleet_records()[:2]:
+        h.record(now, topic.split("/")[3], "state", payload)
+    assert h.record(2.0, None, "link", b"restored") == [] and not h.blind      # not lost: nothing to do
+    h.record(3.0, None, "link", b"lost")
+    assert h.blind
+    out = h.record(9.0, None, "inc", b"7")           # the run died blind; the next one starts linked
+    assert [(a[1], codec.decode(a[2])[0]) for a in out if a[0] == "down"] == [("d1", "rebirth"), ("d2", "rebirth")]
+    assert not h.blind and h.coord.inc == 7
+    assert h.record(9.0, None, "inc", b"x7") == [] and h.stats["foreign"] == 1 and h.coord.inc == 7
