@@ -69,6 +69,15 @@ def build(given=None, **overrides):
                        latency=s["latency"], beat=s["beat"], t0=s["t0"] or 0.0)
 
 
+def new_incarnation(now, previous=None):
+    """The incarnation of a backend run starting at wall-clock time ``now``: whole seconds (32-bit serial
+    order holds for 68 years), and later than ``previous`` (the last run's, if known) in that order."""
+    inc = int(now) & 0xFFFFFFFF
+    if previous is not None and not 0 < (inc - previous) & 0xFFFFFFFF < 0x80000000:
+        inc = (previous + 1) & 0xFFFFFFFF
+    return inc
+
+
 def guarantee(fields):
     """The guarantee word of an answer (one of ``GUARANTEES``): ``degraded``, else the protocol's own,
     else by its shape (``members``: a tolerance set, otherwise an interval)."""
@@ -148,6 +157,7 @@ class Host:
         self.specs = {}          # query id -> spec as registered (``"all"`` kept, to follow the fleet)
         self.pending = {}        # query id -> spec waiting for its sources to be born
         self.records = 0
+        self.blind = False       # the driver's broker link is lost (``link_lost``) and not yet restored
         self.stats = {"foreign": 0, "bad_specs": 0, "silent": 0}
         self._declared = frozenset(self.coord.declared)
         self._seen = self._extra = 0     # births counted by _everyone, and how many were not declared
@@ -156,7 +166,9 @@ class Host:
     # -- inputs ---------------------------------------------------------------------------------
     def record(self, now, name, channel, payload, retained=False):
         """One broker message or spool record: ``channel`` is ``up``/``state`` (``name`` a device),
-        ``spec`` (``name`` a query id) or ``tick`` (time only); anything else is counted and ignored."""
+        ``spec`` (``name`` a query id), or one of the spool's own records (``edge.core.topics``):
+        ``tick`` (time only), ``link`` (``lost``/``restored``: the bridge's broker link), ``inc`` (a new
+        backend run, its incarnation in decimal); anything else is counted and ignored."""
         self.records += 1
         if (channel == "up" or channel == "state") and name:
             return self.uplink(now, name, payload, retained)
@@ -164,6 +176,10 @@ class Host:
             return self.timer(now)
         if channel == "spec" and name:
             return self.spec(now, name, payload)
+        if channel == "link" and payload in (b"lost", b"restored"):
+            return self.link_lost(now) if payload == b"lost" else self.link_restored(now)
+        if channel == "inc" and payload and bytes(payload).isdigit() and int(payload) <= 0xFFFFFFFF:
+            return self.incarnation(now, int(payload))
         self._clock(now)
         self.stats["foreign"] += 1
         return []
@@ -224,10 +240,29 @@ class Host:
         return out
 
     def link_lost(self, now):
+        """The driver lost its broker (the live client's disconnect, the bridge's ``link`` record): blind
+        until ``link_restored``, every device counts as gone at ``now - λ``, so answers degrade as the
+        clock moves on (the bridge keeps ticking). Once per loss."""
+        if self.blind:
+            return self.timer(now)
+        self.blind = True
         return self._step(self.coord.link_lost, self._clock(now))
 
     def link_restored(self, now):
+        """Back on the broker after a loss: every known device is asked for a fresh birth."""
+        if not self.blind:
+            return self.timer(now)
+        self.blind = False
         return self._step(self.coord.link_restored, self._clock(now))
+
+    def incarnation(self, now, inc):
+        """A new backend run (``new_incarnation``): every downlink from now on carries ``inc``, and each
+        device gets a config of this run before its next control; a device drops the controls of
+        earlier runs (``edge.agent.current``), so a replay of an old run's output cannot override it.
+        A run starts linked: if the last one died blind, its devices are asked for fresh births."""
+        self._clock(now)
+        self.coord.inc = inc & 0xFFFFFFFF
+        return self.link_restored(now) if self.blind else []
 
     def _step(self, call, now, *args, **kw):
         """``call`` (which may release queued births), then whatever the new sources let happen."""

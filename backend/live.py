@@ -82,7 +82,6 @@ class LiveCoordinator:
         self.sink = MqttSink(self)
         self.stopping = threading.Event()
         self.connected = False
-        self.lost = False
         self.stats = {"uplinks": 0, "downlinks": 0, "answers": 0, "dropped_down": 0, "errors": 0}
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or "qf-%s-coordinator" % fleet,
                         protocol=mqtt.MQTTv311, clean_session=False)
@@ -110,15 +109,12 @@ class LiveCoordinator:
         client.socket().setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         client.subscribe([(topics.device(self.fleet, "+", "up"), 1), (topics.device(self.fleet, "+", "state"), 1),
                           (topics.query(self.fleet, "+", "spec"), 1)])
-        if self.lost:
-            self.lost = False
-            self._act(self.host.link_restored, self.clock())
+        self._act(self.host.link_restored, self.clock())     # births requested if the link was lost
 
     def _on_disconnect(self, client, userdata, flags, reason, properties):
         if self.connected and not self.stopping.is_set():
             log.warning("coordinator disconnected: %s", reason)
-            self.lost = True      # blind until reconnected: answers degraded, births requested after
-            self._act(self.host.link_lost, self.clock())
+            self._act(self.host.link_lost, self.clock())     # blind until reconnected: answers degrade
         self.connected = False
 
     def _on_message(self, client, userdata, msg):
@@ -155,8 +151,10 @@ class LiveCoordinator:
         self.stopping.set()
 
     def run(self):
-        """Loop until ``stop()``; returns the counters."""
-        self.start_queries(self.clock())
+        """Loop until ``stop()``; returns the counters. Each run is a new backend incarnation."""
+        now = self.clock()
+        self._act(self.host.incarnation, now, hostmod.new_incarnation(now))
+        self.start_queries(now)
         retry_at, backoff = 0.0, RETRY[0]
         while not self.stopping.is_set():
             now = self.clock()

@@ -12,7 +12,7 @@ wire exactly; 1 for float seconds (simulator, CPython). Device time is the calle
 Shrink instants are the backend's: a config carries its tick origin, period and the number of periods
 it has applied, and a width carries the period it was computed for, so no wall clock is trusted for
 the count. Downlinks answer one birth (``to``) of one backend run (``inc``): a control message from
-before the latest birth or from another backend run is dropped, duplicates by a 30-entry window.
+before the latest birth or from an earlier backend run is dropped, duplicates by a 30-entry window.
 """
 from edge.core import codec
 from edge.core.codec import NO_VALUE, newer, CAP_F32, CAP_MS
@@ -28,6 +28,16 @@ _HEAD = 2 + 4 + 8 + 4 + 1 + len(FIRMWARE) + 1 + 1 + 1     # a birth without its 
 
 def _finite(v):
     return (isinstance(v, float) or isinstance(v, int)) and not isinstance(v, bool) and v == v and v != INF and v != -INF
+
+
+def current(inc, kind, got):
+    """Whether a control of backend incarnation ``got`` may be applied by a device configured by
+    incarnation ``inc`` (None: none since its latest birth): one of ``inc`` itself, or a config of a
+    later run (32-bit serial order, RFC 1982), which the device then adopts. A replayed control of an
+    earlier run, config or not, is dropped."""
+    if got == inc:
+        return True
+    return kind == "config" and (inc is None or 0 < (got - inc) & 0xFFFFFFFF < 0x80000000)
 
 
 def fresh(top, seen, seq):
@@ -190,8 +200,8 @@ class Agent:
             raise ValueError("not a control message")
         if kind == "rebirth":
             return self._start(now)
-        if m["to"] != self.token or (kind != "config" and m["inc"] != self.inc):
-            self.stats["stale"] += 1    # sent before our latest birth, or by another backend run
+        if m["to"] != self.token or not current(self.inc, kind, m["inc"]):
+            self.stats["stale"] += 1    # sent before our latest birth, or by an earlier backend run
             return []
         if kind == "config" and m["inc"] != self.inc:
             self.inc, self.top, self.seen = m["inc"], None, 0

@@ -10,11 +10,15 @@ were received on and are not sent on a later connection, where the packet id may
 reused. Payloads are spooled undecoded (malformed ones too: the job counts them); a message too
 large for a spool record is acknowledged and counted as dropped.
 
-Two records carry more than the MQTT message: a message the broker delivered as retained (a stale
+Some records carry more than the MQTT message: a message the broker delivered as retained (a stale
 birth or Last Will, or a query spec) is spooled under its topic plus ``RETAINED`` (``#`` cannot occur
-in a published topic), and while subscribed and idle for ``tick_seconds`` the bridge appends a
-``qf/<fleet>/tick`` record, so the passing of time is part of the spool and the job replays it
-identically after a restart.
+in a published topic); while idle for ``tick_seconds`` the bridge appends a ``qf/<fleet>/tick``
+record, so the passing of time is part of the spool and the job replays it identically after a
+restart. The broker link is part of the spool too, as the live coordinator sees it: when the
+connection drops (not by ``stop``) the bridge appends ``qf/<fleet>/link`` ``lost`` (after every
+message received before it) and keeps ticking while away, so the job's clock advances and its
+answers degrade (``Host.link_lost``); once subscribed again it appends ``restored`` (births are
+requested). The bridge subscribes only to device and query topics, so no client can forge these.
 """
 import logging
 import threading
@@ -54,9 +58,12 @@ class Bridge:
         self.batch_seconds = batch_seconds
         self.tick_seconds = tick_seconds
         self.tick_topic = topics.tick(fleet)
+        self.link_topic = topics.spool(fleet, "link")
+        self.lost = False        # the link dropped while subscribed and is not restored yet
         self.subscribed = threading.Event()
         self.stats = {"received": 0, "spooled": 0, "acked": 0, "oversized": 0, "batches": 0,
-                      "spool_errors": 0, "connects": 0, "resumed_sessions": 0, "ticks": 0}
+                      "spool_errors": 0, "connects": 0, "resumed_sessions": 0, "ticks": 0,
+                      "links_lost": 0}
         self._cv = threading.Condition()
         self._pending = []       # (arrival, topic, payload or None if dropped, mid, qos, generation)
         self._since = 0.0        # monotonic time the first pending message arrived
@@ -105,13 +112,17 @@ class Bridge:
         if flags.session_present:
             # The broker kept our subscriptions; subscribing again would replay retained messages.
             self.stats["resumed_sessions"] += 1
-            self.subscribed.set()
+            self._linked()
         else:
             client.subscribe(subscriptions(self.fleet))
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties):
         with self._cv:
             self._generation += 1
+            if self.subscribed.is_set() and not self._stopping:
+                self.lost = True
+                self.stats["links_lost"] += 1
+                self._enqueue(self.link_topic, b"lost")
         self.subscribed.clear()
         if reason_code.is_failure:
             log.warning("bridge: connection lost (%s); reconnecting", reason_code)
@@ -120,7 +131,23 @@ class Bridge:
         if any(rc.is_failure for rc in reason_codes):
             log.error("bridge: subscription refused: %s", [str(rc) for rc in reason_codes])
             return
+        self._linked()
+
+    def _linked(self):
+        """Subscribed (again): after a lost link, a ``restored`` record."""
+        with self._cv:
+            if self.lost:
+                self.lost = False
+                self._enqueue(self.link_topic, b"restored")
         self.subscribed.set()
+
+    def _enqueue(self, topic, payload, mid=None, qos=0):
+        """A record for the flusher (``_cv`` held); ``mid``/``qos`` of an MQTT message to acknowledge."""
+        if not self._pending:
+            self._since = time.monotonic()
+        self._pending.append((time.time(), topic, payload, mid, qos, self._generation))
+        if len(self._pending) in (1, self.batch_messages):
+            self._cv.notify()
 
     def _on_message(self, client, userdata, msg):
         try:
@@ -134,18 +161,14 @@ class Bridge:
             payload = None
         with self._cv:
             self.stats["received"] += 1
-            if not self._pending:
-                self._since = time.monotonic()
-            self._pending.append((time.time(), topic, payload, msg.mid, msg.qos, self._generation))
-            if len(self._pending) in (1, self.batch_messages):
-                self._cv.notify()
+            self._enqueue(topic, payload, msg.mid, msg.qos)
 
     # -- flushing (own thread) ------------------------------------------------------------------------
     def _flush_loop(self):
         while True:
             with self._cv:
                 if not self._cv.wait_for(lambda: self._pending or self._stopping, timeout=self.tick_seconds):
-                    if self.subscribed.is_set():
+                    if self.subscribed.is_set() or self.lost:
                         self._tick()
                     continue
                 if not self._stopping:

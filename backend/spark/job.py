@@ -18,10 +18,11 @@ cache); the ``Host`` is deterministic in its records (its clock is the records' 
 replay produces the same actions, with the same downlink sequence numbers, which agents drop as
 duplicates.
 
-The sink is idempotent per batch id: the Parquet part of a batch is written atomically under a name
-holding the batch id (a replay overwrites it with the same rows), retained answers are
-last-writer-wins, and ``sink.committed`` records the last batch delivered in full so a replayed
-batch that was already delivered is not published again.
+The sink is idempotent per batch id: a batch's answers are written atomically to the answer table
+(``answers.Table``) under its batch id (a replay overwrites them with the same rows), retained
+answers are last-writer-wins, and ``sink.committed`` records the last batch delivered in full so a
+replayed batch that was already delivered is not published again. After each delivered batch the
+sink compacts the answer table and trims the spool behind Spark's commits (``retention``).
 
 Query groups: every record is keyed by its fleet (one group per fleet). Groups scale out by keying
 devices to connected components of the query/device graph instead (a routing table column), one
@@ -35,6 +36,9 @@ import time
 
 from backend import host as hostmod
 from backend.spark import state
+from backend.spark.answers import Table, read_answers  # noqa: F401 (read_answers: the job's reader)
+from backend.spark.publish import Publisher  # noqa: F401 (the job's publisher)
+from backend.spark.retention import Retention
 from edge.core import topics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -132,8 +136,12 @@ def environment():
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, path) if p)
 
 
-def session(master="local[*]", app="quietfleet-backend", partitions=1):
-    """A SparkSession configured for the job (RocksDB state store, changelog checkpointing)."""
+RETAIN_BATCHES = 20     # checkpoint history kept (offset/commit logs, state versions): bounded disk
+
+
+def session(master="local[*]", app="quietfleet-backend", partitions=1, retain_batches=RETAIN_BATCHES):
+    """A SparkSession configured for the job (RocksDB state store, changelog checkpointing, the last
+    ``retain_batches`` batches of checkpoint history kept)."""
     environment()
     from pyspark.sql import SparkSession
     from backend.spark.source import SpoolDataSource
@@ -145,6 +153,7 @@ def session(master="local[*]", app="quietfleet-backend", partitions=1):
                      "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
              .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
              .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+             .config("spark.sql.streaming.minBatchesToRetain", str(retain_batches))
              .config("spark.sql.execution.arrow.pyspark.enabled", "true")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
@@ -183,51 +192,18 @@ def plan(spark, spool, fleet, settings, status_sources=False, source_options=Non
             .transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "None"))
 
 
-class Publisher:
-    """The job's MQTT client (driver side): QoS 1 downlinks, retained answers; ``flush`` waits for acks."""
-
-    def __init__(self, host, port, username, password, client_id):
-        import paho.mqtt.client as mqtt
-        self.mqtt = mqtt
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
-                                  clean_session=True)
-        self.client.username_pw_set(username, password)
-        self.client.max_inflight_messages_set(1000)
-        self.client.max_queued_messages_set(0)
-        self.client.reconnect_delay_set(0.2, 5)
-        self.client.connect_async(host, port, keepalive=30)
-        self.client.loop_start()
-        self.infos = []
-
-    def publish(self, topic, payload, qos, retain=False):
-        self.infos.append(self.client.publish(topic, payload, qos=qos, retain=retain))
-
-    def flush(self, timeout=30.0):
-        """Wait until every QoS 1 message handed over since the last flush is acknowledged."""
-        deadline = time.monotonic() + timeout
-        for info in self.infos:
-            while not info.is_published():
-                if time.monotonic() > deadline:
-                    raise RuntimeError("MQTT broker did not acknowledge the job's messages within %.0fs" % timeout)
-                info.wait_for_publish(0.2)
-        self.infos = []
-
-    def close(self):
-        self.client.disconnect()
-        self.client.loop_stop()
-
-
 class Sink:
     """foreachBatch target: publish a batch's actions and append its answers, once per batch id."""
 
-    def __init__(self, out_dir, fleet, publisher=None, on_batch=None):
+    def __init__(self, out_dir, fleet, publisher=None, on_batch=None, spool=None, keep=0):
         self.out_dir = out_dir
         self.fleet = fleet
         self.publisher = publisher
         self.on_batch = on_batch          # callback(batch_id, status, answers (Arrow table), published_at)
-        self.answers_dir = os.path.join(out_dir, "answers")
-        os.makedirs(self.answers_dir, exist_ok=True)
+        self.table = Table(os.path.join(out_dir, "answers"))
         self.marker = os.path.join(out_dir, "sink.committed")
+        # after each delivered batch: compact answers, trim the spool writer ``spool`` (None: not ours)
+        self.retention = Retention(os.path.join(out_dir, "checkpoint"), self.table, spool, keep)
 
     def committed(self):
         try:
@@ -269,43 +245,27 @@ class Sink:
                       json.dumps(hostmod.strict({"batch": batch_id, "published_at": published_at, "groups": status}),
                                  indent=1).encode())
         self._replace(self.marker, b"%d\n" % batch_id)
+        self.retention(batch_id)
         if self.on_batch is not None:
             self.on_batch(batch_id, status, answers, published_at)
 
     def write_answers(self, batch_id, answers):
-        """Every answer change of the batch as ``answers/part-<batch>.parquet`` (atomic, replay-safe)."""
+        """Every answer change of the batch as one file of the answer table (atomic, replay-safe)."""
         if answers.num_rows == 0:
             return
         import pyarrow as pa
-        import pyarrow.parquet as pq
         n = answers.num_rows
-        out = pa.table({"batch": pa.array([batch_id] * n, pa.int64()), "seq": pa.array(range(n), pa.int32()),
-                        "time": answers.column("time"), "query": answers.column("target"),
-                        "lo": answers.column("lo"), "hi": answers.column("hi"),
-                        "degraded": answers.column("degraded"), "guarantee": answers.column("guarantee"),
-                        "fields": answers.column("body")})
-        path = os.path.join(self.answers_dir, "part-%012d.parquet" % batch_id)
-        pq.write_table(out, path + ".tmp")
-        os.replace(path + ".tmp", path)
+        self.table.write(batch_id, pa.table({
+            "batch": pa.array([batch_id] * n, pa.int64()), "seq": pa.array(range(n), pa.int32()),
+            "time": answers.column("time"), "query": answers.column("target"), "lo": answers.column("lo"),
+            "hi": answers.column("hi"), "degraded": answers.column("degraded"),
+            "guarantee": answers.column("guarantee"), "fields": answers.column("body")}))
 
     @staticmethod
     def _replace(path, data):
         with open(path + ".tmp", "wb") as f:
             f.write(data)
         os.replace(path + ".tmp", path)
-
-
-def read_answers(out_dir, upto=None):
-    """The answer table in (batch, seq) order as a list of answer dicts (batches <= ``upto``)."""
-    import pyarrow.parquet as pq
-    d = os.path.join(out_dir, "answers")
-    parts = sorted(f for f in os.listdir(d) if f.endswith(".parquet")) if os.path.isdir(d) else []
-    if upto is not None:
-        parts = [f for f in parts if int(f[5:-8]) <= upto]
-    out = []
-    for f in parts:
-        out += [json.loads(x) for x in pq.read_table(os.path.join(d, f), columns=["fields"]).column("fields").to_pylist()]
-    return out
 
 
 def check_settings(out_dir, settings):
@@ -324,10 +284,11 @@ def check_settings(out_dir, settings):
 
 
 def start(spark, spool, out_dir, fleet, settings, publisher=None, trigger=0.25, available_now=False,
-          status_sources=False, on_batch=None, sink=None, source_options=None, processor=None):
-    """Start the streaming query; checkpoint and answer table live under ``out_dir``."""
+          status_sources=False, on_batch=None, sink=None, source_options=None, processor=None, writer=None):
+    """Start the streaming query; checkpoint and answer table live under ``out_dir``; ``writer``: the
+    spool's writer (a ``Spool``), trimmed behind Spark's commits."""
     check_settings(out_dir, settings)
-    sink = sink or Sink(out_dir, fleet, publisher, on_batch)
+    sink = sink or Sink(out_dir, fleet, publisher, on_batch, spool=writer)
     w = (plan(spark, spool, fleet, settings, status_sources, source_options, processor).writeStream
          .foreachBatch(sink).option("checkpointLocation", os.path.join(out_dir, "checkpoint"))
          .queryName("quietfleet-%s" % fleet))

@@ -4,6 +4,9 @@
 ``quietfleet broker``); ``--dir`` holds the spool, the checkpoint, the answer table (Parquet) and
 ``status.json``. Restarting with the same ``--dir`` resumes: the broker kept the bridge's
 persistent session, the spool kept what was appended, the checkpoint says what was applied.
+Each start is a new backend incarnation (``host.new_incarnation``, later than the one in
+``<dir>/incarnation``), appended to the spool as a ``qf/<fleet>/inc`` record: batches replayed from
+before it republish the same bytes, and devices drop what the earlier run may still deliver.
 """
 import json
 import logging
@@ -13,9 +16,12 @@ import sys
 import threading
 import time
 
+from backend import host as hostmod
 from backend.spark import job
 from backend.spark.bridge import Bridge
+from backend.spark.publish import Publisher
 from backend.spark.spool import Spool
+from edge.core import topics
 
 log = logging.getLogger("quietfleet.backend")
 
@@ -34,19 +40,36 @@ class Backend:
         self.on_batch = on_batch
         self.spark = spark
         self.spool = self.bridge = self.publisher = self.query = None
+        self.incarnation = None
 
     def start(self):
         os.makedirs(self.directory, exist_ok=True)
         self.spool = Spool(os.path.join(self.directory, "spool"), fsync="always")
+        self.incarnation = self._incarnation()
+        self.spool.append([(time.time(), topics.spool(self.fleet, "inc"), b"%d" % self.incarnation)])
         self.bridge = Bridge(self.spool, self.fleet, self.host, self.port, self.user, self.password,
                              tick_seconds=self.tick).start()
         if self.spark is None:
             self.spark = job.session(self.master, app="quietfleet-%s" % self.fleet)
-        self.publisher = job.Publisher(self.host, self.port, self.user, self.password, "qf-job-%s" % self.fleet)
+        self.publisher = Publisher(self.host, self.port, self.user, self.password, "qf-job-%s" % self.fleet)
         self.query = job.start(self.spark, self.spool.path, self.directory, self.fleet, self.settings,
                                publisher=self.publisher, trigger=self.trigger,
-                               status_sources=self.status_sources, on_batch=self.on_batch)
+                               status_sources=self.status_sources, on_batch=self.on_batch, writer=self.spool)
         return self
+
+    def _incarnation(self):
+        """A new incarnation, later than the last run's (kept in ``<dir>/incarnation``)."""
+        path = os.path.join(self.directory, "incarnation")
+        try:
+            with open(path) as f:
+                previous = int(f.read())
+        except (FileNotFoundError, ValueError):
+            previous = None
+        inc = hostmod.new_incarnation(time.time(), previous)
+        with open(path + ".tmp", "w") as f:
+            f.write("%d\n" % inc)
+        os.replace(path + ".tmp", path)
+        return inc
 
     def status(self):
         try:
@@ -76,12 +99,12 @@ class Backend:
         if self.bridge is not None:
             self.bridge.stop()
             self.bridge = None
+        if self.publisher is not None:     # first: a batch waiting for acks fails now (and is replayed)
+            self.publisher.close()
+            self.publisher = None
         if self.query is not None:
             self.query.stop()
             self.query = None
-        if self.publisher is not None:
-            self.publisher.close()
-            self.publisher = None
         if self.spool is not None:
             self.spool.close()
             self.spool = None
@@ -122,7 +145,6 @@ def backend_main(args):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         host, port, password = connection(args)
-        from backend import host as hostmod
         settings = hostmod.settings({k: getattr(args, k) for k in ("protocol", "period", "shrink", "latency")
                                      if getattr(args, k) is not None}, params=parse_params(args.param))
         hostmod.build(settings)         # a bad protocol or parameter is refused here, not in a Spark worker

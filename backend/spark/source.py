@@ -32,15 +32,15 @@ RETAINED = "#retained"   # suffix the bridge gives the topic of a message delive
 def parse_topic(topic):
     """``qf/<fleet>/d/<device>/up|state`` or ``qf/<fleet>/q/<query>/spec`` -> ``(id, channel)``.
 
-    The id is the device for ``up``/``state`` and the query for ``spec``; the bridge's clock record
-    ``qf/<fleet>/tick`` gives ``(None, "tick")``; anything else gives ``(None, None)``. A
-    ``RETAINED`` suffix is ignored here (see ``retained``).
+    The id is the device for ``up``/``state`` and the query for ``spec``; the spool's own records
+    ``qf/<fleet>/tick|link|inc`` give ``(None, "tick")`` etc.; anything else gives ``(None, None)``.
+    A ``RETAINED`` suffix is ignored here (see ``retained``).
     """
     if topic.endswith(RETAINED):
         topic = topic[:-len(RETAINED)]
     t = topics.parse(topic)
-    if t is not None and t[1] == "tick" and t[0]:
-        return None, "tick"
+    if t is not None and t[1] in topics.SPOOL_CHANNELS and t[0]:
+        return None, t[1]
     if t is not None and (t[1], t[3]) in _CHANNELS:
         return t[2], t[3]
     return None, None

@@ -1,11 +1,13 @@
 """MQTT topic names of DESIGN.md §3, the one spelling both the devices and the backend use.
 
 ``qf/<fleet>/d/<device>/{up,ctl,state}`` per device, ``qf/<fleet>/q/<query>/{spec,answer}`` per query,
-``qf/<fleet>/tick`` for the bridge's clock records. Portable: runs unchanged on MicroPython.
+``qf/<fleet>/{tick,link,inc}`` for the spool's own records (the bridge's clock, its broker link, a new
+backend run), which no device or user publishes. Portable: runs unchanged on MicroPython.
 """
 ROOT = "qf"
 DEVICE_CHANNELS = ("up", "ctl", "state")
 QUERY_CHANNELS = ("spec", "answer")
+SPOOL_CHANNELS = ("tick", "link", "inc")
 
 
 def device(fleet, dev, channel):
@@ -24,7 +26,12 @@ def query(fleet, qid, channel):
 
 
 def tick(fleet):
-    return "%s/%s/tick" % (ROOT, fleet)
+    return spool(fleet, "tick")
+
+
+def spool(fleet, channel):
+    """``qf/<fleet>/<channel>`` for one of ``SPOOL_CHANNELS``."""
+    return "%s/%s/%s" % (ROOT, fleet, channel)
 
 
 def fleet_root(fleet):
@@ -38,11 +45,11 @@ def fleet_all(fleet):
 
 
 def parse(topic):
-    """``(fleet, scope, name, channel)`` for a QuietFleet topic, scope ``"d"``, ``"q"`` or ``"tick"``
-    (``name`` and ``channel`` None for a tick); None for anything else."""
+    """``(fleet, scope, name, channel)`` for a QuietFleet topic, scope ``"d"``, ``"q"`` or one of
+    ``SPOOL_CHANNELS`` (``name`` and ``channel`` None then); None for anything else."""
     parts = topic.split("/")
-    if len(parts) == 3 and parts[0] == ROOT and parts[2] == "tick":
-        return parts[1], "tick", None, None
+    if len(parts) == 3 and parts[0] == ROOT and parts[2] in SPOOL_CHANNELS:
+        return parts[1], parts[2], None, None
     if len(parts) != 5 or parts[0] != ROOT or not parts[3]:
         return None
     if parts[2] == "d" and parts[4] in DEVICE_CHANNELS or parts[2] == "q" and parts[4] in QUERY_CHANNELS:

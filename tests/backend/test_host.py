@@ -11,7 +11,7 @@ from backend import host
 from backend.host import Host
 from backend.spark import job
 from edge.agent import Agent
-from edge.core import topics
+from edge.core import codec, topics
 
 FLEET = drivers.FLEET
 
@@ -169,3 +169,107 @@ def test_members_say_tolerance_and_degraded_answers_give_a_reason(tmp_path, prot
 def test_bad_settings_are_a_clear_error(bad):
     with pytest.raises(ValueError):
         Host(bad)
+
+
+def test_link_loss_degrades_answers_alike_in_the_live_and_spark_paths(tmp_path):
+    """The live client's disconnect and the bridge's ``link`` records take one path (``Host``): answers
+    degrade at the loss (twice lost is one loss), time moves on, and the restore asks every device
+    for a fresh birth, once."""
+    from backend.live import LiveCoordinator
+    settings = host.settings(protocol="deadband", period=10.0, latency=0.5)
+    base = [r for r in _fleet_records()[:-1] if "/r/" not in r[1]]      # births, sum query s, a tick
+    link = topics.spool(FLEET, "link")
+    ticks = [(t, topics.tick(FLEET), b"") for t in (6.0, 8.0, 12.0)]
+    records = base + [(5.0, link, b"lost"), (5.5, link, b"lost")] + ticks + [(13.0, link, b"restored")]
+    from backend.spark.source import parse_topic
+    cols = job.run_batch(Host(settings), [(t, *parse_topic(topic), p, False) for t, topic, p in records])
+    spark = [json.loads(b) for k, b in zip(cols["kind"], cols["body"]) if k == "answer"]
+    downs = [(t, codec.decode(p)[0]) for k, t, p in zip(cols["kind"], cols["target"], cols["payload"]) if k == "down"]
+    assert [d for d in downs if d[1] == "rebirth"] == [("d1", "rebirth"), ("d2", "rebirth")]
+    assert [(a["time"], a["degraded"]) for a in spark][-1] == (4.5, True)
+    assert spark[-1]["reason"].startswith("offline")
+    clock = [0.0]
+    path = tmp_path / "answers.jsonl"
+    live = LiveCoordinator(Host(settings), FLEET, "127.0.0.1", 9, "unused", answers_path=str(path), clock=lambda: clock[0])
+    for now, topic, payload in records:
+        clock[0] = now
+        if topic == link and payload == b"lost":
+            live.connected = True
+            live._on_disconnect(None, None, None, "lost", None)
+        elif topic == link:
+            live._act(live.host.link_restored, now)                 # what its on_connect does
+        elif topic == topics.tick(FLEET):
+            live.timer(now)
+        else:
+            live.message(now, topic, payload)
+    live.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(a["time"], a["degraded"], a["guarantee"]) for a in lines if "error" not in a] == \
+        [(a["time"], a["degraded"], host.guarantee(a)) for a in spark]
+    assert live.stats["dropped_down"] == len(downs) and not live.host.blind     # no broker here: counted
+
+
+def _closed_loop(h, agent, records, deliver=True):
+    """Feed ``records`` (``(now, name, channel, payload)``) to ``h``; its downlinks go to ``agent``
+    (whose uplinks come back at once) unless ``deliver`` is false. Returns the downlink payloads."""
+    downs, queue = [], list(records)
+    while queue:
+        now, name, channel, payload = queue.pop(0)
+        for a in h.record(now, name, channel, payload):
+            if a[0] == "down":
+                downs.append(a[2])
+                if deliver:
+                    queue[:0] = [(now, "dev", ch, p) for ch, p in agent.handle_message(now, a[2])]
+    return downs
+
+
+def test_a_new_backend_run_configures_devices_first_and_the_old_runs_replay_is_dropped():
+    """A crash between publishing and committing: the new run (a later incarnation, a spool record)
+    replays from the last state; its first control to a device is a config of the new run, and the
+    old run's controls, delivered late, are all dropped by the device, whose state follows the new run."""
+    import copy
+    import random
+    settings = host.settings(protocol="adaptive", period=2.0, shrink=0.1)
+    agent = Agent("dev", ["a", "b"], boot=5)
+    h = Host(settings)
+    start = [(0.0, None, "inc", b"100"), (0.0, "dev", "state", agent.start(0.0)[0][1]),
+             (0.0, "q", "spec", b'{"kind": "sum", "sources": ["a", "b"], "precision": 4}')]
+    _closed_loop(h, agent, start)
+    assert agent.inc == 100
+    rng, t, later = random.Random(3), 0.0, []
+    values = [100.0, 50.0]
+    for _ in range(120):                # the batch after the last commit: readings and ticks
+        t = round(t + 0.25, 9)
+        for i in range(2):
+            values[i] += rng.uniform(-2, 2)
+            later += [(t, "dev", "up", p) for _, p in agent.handle_sample(t, i, values[i])]
+        later.append((t, None, "tick", b""))
+        if t in (5.0, 10.0, 20.0):      # the user tightens and loosens the query: new widths for both
+            later.append((t, "q", "spec", b'{"kind": "sum", "sources": ["a", "b"], "precision": %d}' % (t // 4)))
+    committed, replayed = copy.deepcopy(h), copy.deepcopy(h)
+    old = _closed_loop(h, agent, later, deliver=False)              # published, then the crash
+    assert old and _closed_loop(replayed, agent, later, deliver=False) == old   # a replay is the same bytes
+    new = _closed_loop(committed, agent, [(t, None, "inc", b"200")] + later, deliver=False)
+    assert [codec.decode(p)[1]["inc"] for p in new] == [200] * len(new)
+    assert codec.decode(new[0])[0] == "config"
+    for p in new:
+        agent.handle_message(t, p)
+    state = [(f.width, f.epoch) for f in agent.filters]
+    stale = agent.stats["stale"]
+    for p in old:                        # the old run's output arrives after all
+        assert agent.handle_message(t + 1, p) == []
+    assert agent.stats["stale"] == stale + len(old) and agent.inc == 200
+    assert [(f.width, f.epoch) for f in agent.filters] == state
+
+
+def test_a_new_run_after_one_that_died_blind_starts_linked():
+    h = Host(host.settings(protocol="deadband", period=10.0))
+    for now, topic, payload in _fleet_records()[:2]:
+        h.record(now, topic.split("/")[3], "state", payload)
+    assert h.record(2.0, None, "link", b"restored") == [] and not h.blind      # not lost: nothing to do
+    h.record(3.0, None, "link", b"lost")
+    assert h.blind
+    out = h.record(9.0, None, "inc", b"7")           # the run died blind; the next one starts linked
+    assert [(a[1], codec.decode(a[2])[0]) for a in out if a[0] == "down"] == [("d1", "rebirth"), ("d2", "rebirth")]
+    assert not h.blind and h.coord.inc == 7
+    assert h.record(9.0, None, "inc", b"x7") == [] and h.stats["foreign"] == 1 and h.coord.inc == 7

@@ -3,7 +3,7 @@ from edge.agent import Agent
 from edge.core.codec import NO_VALUE, newer
 from edge.core import codec
 from edge.core.interval import IntervalFilter, INF
-from portable import Rng, ctl, session
+from portable import INC, Rng, ctl, session
 
 
 def _kinds(out):
@@ -165,6 +165,25 @@ def test_control_from_before_the_latest_birth_or_another_backend_run_is_dropped(
     a.handle_message(3.0, ctl(a, "config", seq=0, period=0, shrink=0.0, beat=0, t0=0, now=0, tick=0, inc=8))
     a.handle_message(3.0, other_run)                     # the new run has configured us: now it applies
     assert a.filters[0].width == 9.0
+
+
+def test_a_replayed_config_of_an_earlier_backend_run_is_dropped():
+    """A backend restart takes a later incarnation; controls (configs too) of the run before it, replayed
+    or redelivered after the new run configured the device, are dropped, across the 32-bit wrap."""
+    a = Agent("d1", ["t"], width=1.0)
+    session(a, seq=0)                                   # configured by run INC
+    prev = INC
+    for inc in (INC + 1, 0x80000000, 0xFFFFFFF0, 4):    # later runs, the last one past the wrap
+        a.handle_message(1.0, ctl(a, "config", seq=1, period=0, shrink=0.0, beat=0, t0=0, now=0, tick=0, inc=inc))
+        a.handle_message(1.0, ctl(a, "width", src=0, epoch=a.filters[0].epoch + 1, seq=2, period=0,
+                                  width=float(inc % 100), ack=0, inc=inc))
+        assert a.inc == inc and a.filters[0].width == float(inc % 100)
+        stale = a.stats["stale"]
+        for m in (ctl(a, "config", seq=7, period=0, shrink=0.0, beat=0, t0=0, now=0, tick=0, inc=prev),
+                  ctl(a, "width", src=0, epoch=a.filters[0].epoch + 1, seq=8, period=0, width=0.5, ack=0, inc=prev)):
+            assert a.handle_message(2.0, m) == []       # the earlier run's replay: nothing changes
+        assert a.inc == inc and a.filters[0].width == float(inc % 100) and a.stats["stale"] == stale + 2
+        prev = inc
 
 
 def test_duplicates_are_dropped_long_after_and_reordering_is_tolerated():

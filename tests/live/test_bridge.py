@@ -175,3 +175,97 @@ def test_nothing_is_acknowledged_before_it_is_spooled(broker, tmp_path):
         finally:
             bridge.stop()
         assert [(r.topic, r.payload) for r in got] == [(t, p) for t, p, _ in msgs]
+
+
+def test_a_lost_link_is_spooled_and_time_keeps_moving_until_it_is_restored(broker, tmp_path):
+    """What the live coordinator sees of its broker link, the job sees in the spool: ``lost`` after
+    every message received before it, ticks while away, ``restored`` once subscribed again."""
+    spool = Spool(tmp_path / "spool")
+    bridge = Bridge(spool, FLEET, port=broker.port, batch_messages=16, batch_seconds=0.01, tick_seconds=0.1,
+                    keepalive=2).start()
+    link = topics.spool(FLEET, "link")
+    try:
+        assert bridge.subscribed.wait(10)
+        publish(broker.port, [up("dev1", i) for i in range(5)])
+        wait_spooled(spool, 5)
+        broker.stop()
+        deadline = time.monotonic() + 15
+        while not bridge.lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)                      # away for a while: the bridge keeps ticking
+        broker.start()
+        assert bridge.subscribed.wait(15) and not bridge.lost
+        publish(broker.port, [up("dev1", 100)])
+        got = [r for r in wait_spooled(spool, 10 ** 9, timeout=2)]
+    finally:
+        bridge.stop()
+        spool.close()
+    kinds = [r.payload if r.topic == link else r.topic.rsplit("/", 1)[-1] for r in got]
+    lost, restored = kinds.index(b"lost"), kinds.index(b"restored")
+    assert kinds[:5] == ["up"] * 5 and 5 <= lost < restored and kinds.count(b"lost") == 1
+    assert kinds.count(b"restored") == 1 and "up" in kinds[restored:]
+    away = got[lost + 1:restored]
+    assert len(away) >= 5 and {r.topic for r in away} == {topics.tick(FLEET)}
+    assert all(a.arrival <= b.arrival for a, b in zip(got, got[1:]))
+    assert bridge.stats["links_lost"] == 1
+
+
+def test_publisher_waits_once_per_batch_and_loses_nothing_while_the_broker_is_away(broker, tmp_path):
+    """QoS 1 downlinks handed over while the broker is down are sent on reconnect and acknowledged
+    before ``flush`` returns; retained answers dropped meanwhile are published again; a small window
+    makes ``publish`` wait for acknowledgements instead of queueing without bound."""
+    import threading
+    from backend.spark.publish import Publisher
+    got = []
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="sub-ctl", protocol=mqtt.MQTTv311,
+                      clean_session=False)
+    sub.on_message = lambda c, u, m: got.append((m.topic, m.payload))
+    sub.on_connect = lambda c, u, f, rc, p: c.subscribe(topics.device(FLEET, "+", "ctl"), qos=1)
+    sub.reconnect_delay_set(0.1, 0.5)
+    sub.connect("127.0.0.1", broker.port)
+    sub.loop_start()
+    pub = Publisher("127.0.0.1", broker.port, None, None, "qf-pub-test", window=8)
+    try:
+        deadline = time.monotonic() + 10
+        while not (pub.connects and sub.is_connected()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for i in range(100):
+            pub.publish(topics.device(FLEET, "d%d" % (i % 3), "ctl"), b"c%d" % i, qos=1)
+        pub.flush(timeout=20)
+        assert pub.stats["window_waits"] > 0
+        broker.stop()
+        deadline = time.monotonic() + 10
+        while pub.client.is_connected() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        answer = topics.query(FLEET, "q1", "answer")
+
+        def batch():                         # a batch while the broker is away
+            pub.publish(answer, b'{"lo": 1}', qos=0, retain=True)
+            pub.publish(answer, b'{"lo": 2}', qos=0, retain=True)
+            for i in range(100, 150):        # the window fills: publish waits (bounded memory)
+                pub.publish(topics.device(FLEET, "d0", "ctl"), b"c%d" % i, qos=1)
+            pub.flush(timeout=60)
+            done.set()
+        done = threading.Event()
+        threading.Thread(target=batch, daemon=True).start()
+        assert not done.wait(1.0)            # not acknowledged while the broker is away: still waiting
+        broker.start()
+        assert done.wait(60)
+        deadline = time.monotonic() + 20
+        while len({p for _, p in got}) < 150 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        retained = []
+        probe = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="probe", protocol=mqtt.MQTTv311)
+        probe.on_message = lambda c, u, m: retained.append(m.payload)
+        probe.connect("127.0.0.1", broker.port)
+        probe.subscribe(answer)
+        probe.loop_start()
+        deadline = time.monotonic() + 10
+        while not retained and time.monotonic() < deadline:
+            time.sleep(0.05)
+        probe.loop_stop()
+    finally:
+        pub.close()
+        sub.loop_stop()
+    assert {p for _, p in got} == {b"c%d" % i for i in range(150)}
+    assert retained == [b'{"lo": 2}'] and pub.stats["republished"] >= 1

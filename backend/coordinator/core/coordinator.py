@@ -8,7 +8,8 @@ Every call returns a list of actions: ``("down", device, payload)`` or ``("answe
 Devices (DESIGN.md §2, §3): times of a device whose birth says CAP_MS are integer milliseconds and are
 read as seconds here; a CAP_F32 device is mirrored in float32. Adjustment ticks fall at
 ``(t0_ms + k·T_ms) / 1000``, the expression a device computes in integers, so both agree to the bit.
-Every downlink carries the backend's ``incarnation`` and the token of the device birth it answers.
+Every downlink carries the backend's ``incarnation`` and the token of the device birth it answers; after
+the adapter sets a new incarnation (a new backend run), a device gets a config of it before its next control.
 """
 import heapq
 import math
@@ -41,7 +42,8 @@ class Coordinator:
         self.cache = BoundCache()
         self.queries = {}
         self.by_source = {}             # key -> {query id: None} (an ordered set)
-        self.devices = {}               # device -> {"boot", "seq", "down", "keys", "online", "to", "single"}
+        self.devices = {}               # device -> {"boot", "seq", "down", "keys", "online", "to", "single",
+        #                                 "inc": the incarnation of its latest config}
         self.unit = {}                  # device -> 1000 when its times are integer milliseconds
         self.queue = []                 # (t, order, n, device, kind, fields)
         self.n = 0
@@ -119,7 +121,7 @@ class Coordinator:
         d = self.devices.get(device)
         if d is None:
             d = self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False,
-                                        "to": 0, "single": False}
+                                        "to": 0, "single": False, "inc": None}
         return d
 
     def schedule_ms(self):
@@ -135,10 +137,14 @@ class Coordinator:
     # -- downlink -----------------------------------------------------------------
     def send(self, device, kind, fields):
         d = self.devices[device]
+        if d.get("inc") not in (None, self.inc) and kind != "config" and kind != "rebirth":
+            self.send_config(device)    # a new backend run: its config first, or the device drops the rest
         d["down"] = (d["down"] + 1) & 0xFFFFFFFF
         fields["seq"] = d["down"]
         fields["inc"] = self.inc
         fields["to"] = d["to"]
+        if kind == "config":
+            d["inc"] = self.inc
         self.out.append(("down", device, codec.encode(kind, fields)))
 
     def assign_width(self, key, width):

@@ -7,8 +7,8 @@ stamps in integer ms (ticks unwrapped and mapped by the least-delayed recent fra
 values ``k/1024`` (exact in double: no CAP_F32, the backend mirrors the board in double, which contains the
 board's integer filter); downlinks (width, bound, filter, probe, config, rebirth) become device frames, sent
 one at a time until acknowledged. As in ``edge.agent``, a control whose ``to`` is not the token of the latest
-birth, or whose ``inc`` is not that of the backend run that configured the sensor since, is dropped, and
-duplicates by the same anti-replay window. A config's integer-ms schedule and its ``tick`` (periods the
+birth, or whose ``inc`` is not that of the backend run that configured the sensor since (a config of a
+later run is adopted: ``edge.agent.current``), is dropped, and duplicates by the same anti-replay window. A config's integer-ms schedule and its ``tick`` (periods the
 backend has applied) set the board's shrink count and next shrink tick; a config repeating the schedule the
 board already runs is not forwarded (the board's own count is never behind the backend's). Conversions
 round toward the device: a bound ``[lo, hi]`` becomes ``[ceil, floor]`` of its ends in device units, a
@@ -18,7 +18,7 @@ A checksum failure or a sequence gap from the device asks it for a fresh birth. 
 """
 import math
 
-from edge.agent import fresh
+from edge.agent import current, fresh
 from edge.core import codec
 from edge.core.codec import NO_VALUE, CAP_MS
 
@@ -254,8 +254,8 @@ class Bridge:
             if kind == "rebirth":
                 self.stats["down"] += 1
                 return self._send(now, "Q")
-            if m["to"] != self.token or (kind != "config" and m["inc"] != self.inc):
-                self.stats["stale"] += 1    # sent before the latest birth, or by another backend run
+            if m["to"] != self.token or not current(self.inc, kind, m["inc"]):
+                self.stats["stale"] += 1    # sent before the latest birth, or by an earlier backend run
                 return []
             if kind == "config" and m["inc"] != self.inc:
                 self.inc, self.top, self.seen = m["inc"], None, 0
