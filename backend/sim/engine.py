@@ -121,7 +121,7 @@ class Simulation(Loop):
         self.ts_np, self.ss_np, self.vs_np = samples(w)
         self.protocol.workload_samples(w.source_ids, self.ts_np, self.ss_np, self.vs_np)
         self.ts, self.ss, self.vs = self.ts_np.tolist(), self.ss_np.tolist(), self.vs_np.tolist()
-        self.i = 0
+        self.i = self.truth_i = 0       # readings consumed by the agents, by the truth (screened runs)
         self.scalar = 0
         if self.vectorised:
             self.screen = Screen(self.ss_np, self.vs_np, len(w.source_ids))
@@ -156,7 +156,7 @@ class Simulation(Loop):
         return self.ts[self.i] if self.i < len(self.ts) else math.inf
 
     def samples(self, st):
-        """All readings at instant ``st``, then the truth at this instant."""
+        """All readings at instant ``st`` (and, screened, the silent instants after it)."""
         if self.screen is not None:
             self._screened(st)
         else:
@@ -189,39 +189,41 @@ class Simulation(Loop):
             sc.set_bound(s, self._bound(s), k + 1)
 
     def _screened(self, st):
-        """Instant ``st``: the readings some source needs looked at go through their agents, the others
-        in bulk; then every following instant up to the next such reading or heap event, in bulk."""
-        ts, ss, vs, sc, truth = self.ts, self.ss, self.vs, self.screen, self.truth
-        i = self.i
-        j = bisect.bisect_right(ts, st, i)
+        """Instant ``st``: the readings some source needs looked at go through their agents; then skip
+        every following instant up to the next such reading or heap event. The truth follows later."""
+        ts, ss, vs, sc = self.ts, self.ss, self.vs, self.screen
+        j = bisect.bisect_right(ts, st, self.i)
         while True:
             k = sc.next()
             if k >= j:
                 break
             s = ss[k]
-            if sc.silent(s, k, vs[k]):
-                continue
-            if k > i:
-                truth.update_range(self.ss_np[i:k], self.vs_np[i:k])
-            self._scalar(st, k, s, vs[k])
-            truth.update(s, vs[k])
-            i = k + 1
-        if j > i:
-            truth.update_range(self.ss_np[i:j], self.vs_np[i:j])
-        self.i = j
-        truth.flush(st)
+            if not sc.silent(s, k, vs[k]):
+                self._scalar(st, k, s, vs[k])
         k = sc.next()
         e = bisect.bisect_left(ts, ts[k], j, k) if k < len(ts) else len(ts)
         if self.heap:
             e = bisect.bisect_left(ts, self.heap[0][0], j, e)
-        e = min(e, j + BULK)
-        if e > j:
-            truth.update_range(self.ss_np[j:e], self.vs_np[j:e], self.ts_np[j:e])
-            self.i = e
+        self.i = e
+
+    def _truth_to(self, i):
+        """Screened runs: the ground truth takes the readings before ``i`` (an instant boundary) in bulk."""
+        ts = self.ts
+        while self.truth_i < i:
+            a = self.truth_i
+            e = min(i, a + BULK)
+            if e < i:           # whole instants only
+                e = bisect.bisect_left(ts, ts[e], a, e)
+                if e == a:
+                    e = bisect.bisect_right(ts, ts[a], a, i)
+            self.truth.update_range(self.ss_np[a:e], self.vs_np[a:e], self.ts_np[a:e])
+            self.truth_i = e
 
     # -- workload events ---------------------------------------------------------------------
     def event_truth(self, t, ev):
         """A workload event at its time ``t``: the network changes, the truth follows the queries."""
+        if self.screen is not None:
+            self._truth_to(self.i)
         if "delay" in ev:
             d = ev["delay"]
             self.net.set(UP, d.get("up"), d.get("jitter"))
@@ -252,6 +254,8 @@ class Simulation(Loop):
             self.from_host(now, self.host.set_precision(now, sp["id"], float(sp["precision"])))
 
     def result(self, elapsed):
+        if self.screen is not None:
+            self._truth_to(len(self.ts))
         self.i = len(self.ts)
         for dev in self.agents:
             self.agent(dev)

@@ -198,21 +198,20 @@ def _merge(truth, answers):
     """Merge two step functions (later entries win at one time) at every distinct time ``T``: arrays of the
     truth then (``x``, ``scale``, ``has_t``) and the answer then (``lo``, ``hi``, ``deg``, ``has_a``), whether
     an answer changed at ``T`` and the index of the answer before ``T`` (-1: none)."""
-    tt = np.array([e[0] for e in truth], dtype=float)
-    at = np.array([e[0] for e in answers], dtype=float)
+    tv = np.array(truth, dtype=float).reshape(-1, 3)
+    av = np.array(answers, dtype=float).reshape(-1, 4)       # degraded as 0/1
+    tt, at = tv[:, 0], av[:, 0]
     T = np.unique(np.concatenate((tt, at)))
     tord = np.argsort(tt, kind="stable")
     aord = np.argsort(at, kind="stable")
     ti = np.searchsorted(tt[tord], T, "right") - 1
     ai = np.searchsorted(at[aord], T, "right") - 1
     before = np.searchsorted(at[aord], T, "left") - 1
-    tv = np.array([e[1:3] for e in truth], dtype=float).reshape(-1, 2)[tord]
-    av = np.array([(e[1], e[2], bool(e[3])) for e in answers], dtype=float).reshape(-1, 3)[aord]
+    tv, av = tv[tord][:, 1:], av[aord][:, 1:]
     has_t, has_a = ti >= 0, ai >= 0
     tv = np.vstack((tv, np.zeros((1, 2))))[ti]      # index -1 (none yet) reads the padding row
-    av = np.vstack((av, np.zeros((1, 3))))[ai]
-    pv = np.vstack((np.array([(e[1], e[2], bool(e[3])) for e in answers], dtype=float).reshape(-1, 3)[aord],
-                    np.zeros((1, 3))))[before]
+    av = np.vstack((av, np.zeros((1, 3))))
+    pv, av = av[before], av[ai]
     return T, tv[:, 0], tv[:, 1], has_t, av[:, 0], av[:, 1], av[:, 2] != 0, has_a, ai != before, before, pv
 
 
