@@ -2,10 +2,13 @@
 
 Devices are the real agents and the backend is a ``Coordinator`` built and fed by
 ``backend.host.Host``; everything between them is encoded by the codec and carried by the loop's
-network (FIFO per device and direction). Readings are consumed per instant beside the event heap;
-a vectorised path screens one instant's in-bound readings of many sources in bulk (numpy mirrors
-of every agent filter), cross-checked against the scalar agents by the tests. ``run`` runs a
-workload of any kind (fleet, relay, summary) and writes RESULT.json and the answers file.
+network (FIFO per device and direction). Readings are consumed beside the event heap. The default
+(screened) run works per event: ``backend.sim.screen`` finds each source's next reading that leaves
+its filter's bound, only those go through the agents, and the silent readings in between are
+skipped across instants (handed to the agents lazily, to the ground truth in bulk); the scalar run
+(``vectorised=False``) gives every reading to its agent and is the tests' oracle: same messages,
+answers and agent state. ``run`` runs a workload of any kind (fleet, relay, summary) and writes
+RESULT.json and the answers file.
 """
 import bisect
 import json
