@@ -153,42 +153,36 @@ def _table(rows, labels, protocols):
     return out
 
 
+def _bars(plt, path, rows, labels, key, ylabel, title, line, log=False):
+    """Grouped bars per trace: one bar per label of ``row[label + key]`` (missing: no bar), a reference line."""
+    labels = [lab for lab in labels if any(isinstance(r.get(lab + key), (int, float)) for r in rows)]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4.5))
+    width = 0.8 / max(1, len(labels))
+    for j, lab in enumerate(labels):
+        got = [(i, r[lab + key]) for i, r in enumerate(rows) if isinstance(r.get(lab + key), (int, float))]
+        ax.bar([i + j * width for i, _ in got], [y for _, y in got], width, label=lab)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
+    ax.set_xticklabels(["%s%s" % (r["trace"], "\n(held-out)" if r["split"] == "held-out" else "") for r in rows],
+                       rotation=30, ha="right")
+    if log:
+        ax.set_yscale("log")
+    ax.axhline(line, color="grey", linestyle="--")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def _plots(out_dir, rows, labels, cat, trace_dir, duration):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4.5))
-    width = 0.8 / max(1, len(labels))
-    for j, lab in enumerate(labels):
-        xs = [i + j * width for i, r in enumerate(rows) if lab + "/db" in r]
-        ys = [r[lab + "/db"] for r in rows if lab + "/db" in r]
-        ax.bar(xs, ys, width, label=lab)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
-    ax.set_xticklabels(["%s%s" % (r["trace"], "\n(held-out)" if r["split"] == "held-out" else "") for r in rows],
-                       rotation=30, ha="right")
-    ax.axhline(1.0, color="grey", linestyle="--")
-    ax.set_ylabel("messages / deadband")
-    ax.set_title("Real traces: messages relative to deadband (missing bar = timeout)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "traces_ratio.png"), dpi=90)
-    plt.close(fig)
-    speeds = [lab for lab in labels if any(r.get(lab + " samples/s") for r in rows)]
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4.0))
-    width = 0.8 / max(1, len(speeds))
-    for j, lab in enumerate(speeds):
-        ax.bar([i + j * width for i in range(len(rows))], [r.get(lab + " samples/s") or 0 for r in rows], width,
-               label=lab)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
-    ax.set_xticklabels([r["trace"] for r in rows], rotation=30, ha="right")
-    ax.set_yscale("log")
-    ax.axhline(200000, color="grey", linestyle="--")
-    ax.set_ylabel("simulated samples / s")
-    ax.set_title("Simulator throughput per trace and protocol (dashed: 200k samples/s)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "traces_speed.png"), dpi=90)
-    plt.close(fig)
+    _bars(plt, os.path.join(out_dir, "traces_ratio.png"), rows, labels, "/db", "messages / deadband",
+          "Real traces: messages relative to deadband (missing bar = timeout)", 1.0)
+    _bars(plt, os.path.join(out_dir, "traces_speed.png"), rows, labels, " samples/s", "simulated samples / s",
+          "Simulator throughput per trace and protocol (dashed: 200k samples/s)", 200000, log=True)
     cols = 3
     nrow = int(math.ceil(len(rows) / cols))
     fig, axes = plt.subplots(nrow, cols, figsize=(4.5 * cols, 2.6 * nrow), squeeze=False)
