@@ -294,8 +294,9 @@ def main(out_dir, quick=False, smoke=False, log=None):
              "", _md(clair),
              "## Simulator throughput as the fleet grows", "",
              "Deadband, one AVG over all sources, ~400k samples per run; the scalar path runs every reading "
-             "through the agent objects, the vectorised path screens in-bound readings with numpy and is "
-             "cross-checked against the scalar path in the tests.", "", _md(thr), "![throughput](throughput.png)", "",
+             "through the agent objects, the vectorised (default) path gives an agent only the readings that "
+             "leave its filter's bound and skips the silent ones across instants (`backend/sim/screen.py`); the "
+             "two are checked equal (messages, answers, agent state) in the tests.", "", _md(thr), "![throughput](throughput.png)", "",
              "## Backend state as the fleet grows", "",
              "Pickled coordinator (bound cache, queries, protocol state) that the Spark job keeps per query "
              "group, after every source's birth and first report; one AVG over all sources.", "", _md(state)]

@@ -2,27 +2,31 @@
 
 Devices are the real agents and the backend is a ``Coordinator`` built and fed by
 ``backend.host.Host``; everything between them is encoded by the codec and carried by the loop's
-network (FIFO per device and direction). Readings are consumed per instant beside the event heap;
-a vectorised path screens one instant's in-bound readings of many sources in bulk (numpy mirrors
-of every agent filter), cross-checked against the scalar agents by the tests. ``run`` runs a
-workload of any kind (fleet, relay, summary) and writes RESULT.json and the answers file.
+network (FIFO per device and direction). Readings are consumed beside the event heap. The default
+(screened) run works per event: ``backend.sim.screen`` finds each source's next reading that leaves
+its filter's bound, only those go through the agents, and the silent readings in between are
+skipped across instants (handed to the agents lazily, to the ground truth in bulk); the scalar run
+(``vectorised=False``) gives every reading to its agent and is the tests' oracle: same messages,
+answers and agent state. ``run`` runs a workload of any kind (fleet, relay, summary) and writes
+RESULT.json and the answers file.
 """
 import bisect
 import json
 import math
 import random
 
-import numpy as np
 
 from backend import host as host_mod
 from backend.coordinator.core.queries import parse_query
 from backend.sim import result as result_mod, truth as truth_mod
 from backend.sim.loop import DOWN, UP, Loop
 from backend.sim.network import Network
+from backend.sim.screen import Screen
 from backend.sim.sources import outages, samples
 from backend.sim.workload import load
 from edge.agent import Agent
 
+BULK = 1 << 16          # readings the ground truth takes in one bulk step at most (bounds its float drift)
 OUTAGE, EVENT_TRUTH, EVENT_COORD, REBOOT = "outage", "event-truth", "event-coord", "reboot"
 
 
@@ -51,15 +55,8 @@ class Simulation(Loop):
             self.offset = {dev: rng.uniform(-skew, skew) for dev in self.agents}
         self.reboots = 0
         self.truth = truth_mod.Truth(w.source_ids)
-        # Vectorised screening (DESIGN.md §5): numpy mirrors of every agent filter let a whole
-        # instant's in-bound readings skip the scalar agent; anything else takes the scalar path.
-        n = len(w.source_ids)
-        self.lo = np.full(n, np.inf)
-        self.hi = np.full(n, -np.inf)
-        self.vals = np.zeros(n)
-        self.owed = np.zeros(n, dtype=bool)      # vals[s] not yet copied into its agent
-        self.screened = 0                        # readings that took the vectorised path, this run
-        self.pending = np.zeros(n, dtype=np.int64)   # ... not yet added to their agent's sample count
+        self.screen = None              # backend.sim.screen.Screen of the run (vectorised only)
+        self.scalar = 0                 # readings that went through their agent, this run
         self.dev_src = {}
         for s, (dev, j) in enumerate(self.src_dev):
             self.dev_src.setdefault(dev, []).append((s, j))
@@ -73,26 +70,30 @@ class Simulation(Loop):
 
     # -- agents and the network -----------------------------------------------------------
     def agent(self, device):
-        """The agent of ``device`` with every screened reading handed over."""
+        """The agent of ``device`` with every silent reading before ``self.i`` handed over."""
         a = self.agents[device]
-        for s, j in self.dev_src[device]:
-            if self.owed[s]:
-                a.values[j] = float(self.vals[s])
-                self.owed[s] = False
+        if self.screen is not None:
+            for s, j in self.dev_src[device]:
+                got = self.screen.hand(s, self.i)
+                if got is not None:
+                    a.values[j] = got[0]
+                    a.stats["samples"] += got[1]
         return a
+
+    def _bound(self, s):
+        """The bound of source ``s``'s filter (``IntervalFilter.bound``); None for a SWAT tree, which sees every reading."""
+        dev, j = self.src_dev[s]
+        a = self.agents[dev]
+        return None if a.summaries and j in a.summaries else a.filters[j].bound()
 
     def from_agent(self, now, device, out):
         if device in self.offline:
             self.lost += len(out)
             out = ()
         Loop.from_agent(self, now, device, out)
-        a = self.agents[device]
-        for s, j in self.dev_src[device]:
-            f = a.filters[j]
-            if f.center is None or f.cons or (a.summaries and j in a.summaries):   # SWAT trees see every reading
-                self.lo[s], self.hi[s] = np.inf, -np.inf     # always take the scalar path
-            else:
-                self.lo[s], self.hi[s] = f.lo, f.hi
+        if self.screen is not None:
+            for s, _ in self.dev_src[device]:
+                self.screen.set_bound(s, self._bound(s), self.i)
 
     def deliver_down(self, t, data):
         if data[0] in self.offline:
@@ -111,11 +112,9 @@ class Simulation(Loop):
 
     def reboot(self, t, dev):
         """A device reboots: a fresh agent (next boot number) that has lost its filters and readings."""
-        old = self.agents[dev]
+        old = self.agent(dev)           # the readings so far count in its stats; their values are lost
         new = self.agents[dev] = Agent(dev, old.names, boot=old.boot + 1)
         new.stats = old.stats
-        for s, _ in self.dev_src[dev]:
-            self.owed[s] = False
         self.reboots += 1
         self.from_agent(t, dev, () if dev in self.offline else new.start(t + self.offset.get(dev, 0.0)))
 
@@ -125,8 +124,10 @@ class Simulation(Loop):
         self.ts_np, self.ss_np, self.vs_np = samples(w)
         self.protocol.workload_samples(w.source_ids, self.ts_np, self.ss_np, self.vs_np)
         self.ts, self.ss, self.vs = self.ts_np.tolist(), self.ss_np.tolist(), self.vs_np.tolist()
-        self.i = 0
-        self.screened = 0
+        self.i = self.truth_i = 0       # readings consumed by the agents, by the truth (screened runs)
+        self.scalar = 0
+        if self.vectorised:
+            self.screen = Screen(self.ss_np, self.vs_np, len(w.source_ids))
         for spec in w.queries:
             q = parse_query(spec, w.source_ids, kinds=self.protocol.kinds)
             self.queries[q.id] = q
@@ -158,45 +159,74 @@ class Simulation(Loop):
         return self.ts[self.i] if self.i < len(self.ts) else math.inf
 
     def samples(self, st):
-        """All readings at instant ``st``, then the truth at this instant."""
-        ts, ss, vs = self.ts, self.ss, self.vs
-        i = self.i
-        j = bisect.bisect_right(ts, st, i)
-        if self.vectorised and j - i >= 64 and len(np.unique(self.ss_np[i:j])) == j - i:
-            self._screen(st, self.ss_np[i:j], self.vs_np[i:j])
-            i = j
-        while i < j:
-            s = ss[i]
-            dev, k = self.src_dev[s]
-            out = self.agent(dev).handle_sample(st + self.offset.get(dev, 0.0), k, vs[i])
-            if out:
-                self.from_agent(st, dev, out)
-            self.truth.update(s, vs[i])
-            i += 1
-        self.i = i
-        self.truth.flush(st)
-        if i >= self.next_report:
-            self.progress(i, len(ts))
-            self.next_report += len(ts) // 10
+        """All readings at instant ``st`` (and, screened, the silent instants after it)."""
+        if self.screen is not None:
+            self._screened(st)
+        else:
+            ts, ss, vs = self.ts, self.ss, self.vs
+            i = self.i
+            j = bisect.bisect_right(ts, st, i)
+            while i < j:
+                self._scalar(st, i, ss[i], vs[i])
+                self.truth.update(ss[i], vs[i])
+                i += 1
+            self.truth.flush(st)
+        if self.i >= self.next_report:
+            self.progress(self.i, len(self.ts))
+            self.next_report += len(self.ts) // 10
 
-    def _screen(self, st, idx, vals):
-        """One instant's readings of distinct sources: in-bound ones in bulk, the rest one by one."""
-        inside = (vals >= self.lo[idx]) & (vals <= self.hi[idx])
-        quiet = idx[inside]
-        self.vals[quiet] = vals[inside]
-        self.owed[quiet] = True
-        self.pending[quiet] += 1
-        self.screened += len(quiet)
-        for s, v in zip(idx[~inside].tolist(), vals[~inside].tolist()):
-            dev, k = self.src_dev[s]
-            out = self.agent(dev).handle_sample(st + self.offset.get(dev, 0.0), k, v)
-            if out:
-                self.from_agent(st, dev, out)
-        self.truth.update_many(idx, vals)
+    def _scalar(self, st, k, s, v):
+        """Reading ``k`` (source ``s``, value ``v``) through its agent."""
+        dev, j = self.src_dev[s]
+        self.i = k
+        out = self.agent(dev).handle_sample(st + self.offset.get(dev, 0.0), j, v)
+        self.i = k + 1
+        self.scalar += 1
+        sc = self.screen
+        if sc is not None:
+            sc.handed[s] += 1
+            sc.bound[s] = False         # look for its next reading from here (from_agent does, if called)
+        if out:
+            self.from_agent(st, dev, out)
+        if sc is not None and sc.bound[s] is False:
+            sc.set_bound(s, self._bound(s), k + 1)
+
+    def _screened(self, st):
+        """Instant ``st``: the readings some source needs looked at go through their agents; then skip
+        every following instant up to the next such reading or heap event. The truth follows later."""
+        ts, ss, vs, sc = self.ts, self.ss, self.vs, self.screen
+        j = bisect.bisect_right(ts, st, self.i)
+        while True:
+            k = sc.next()
+            if k >= j:
+                break
+            s = ss[k]
+            if not sc.silent(s, k, vs[k]):
+                self._scalar(st, k, s, vs[k])
+        k = sc.next()
+        e = bisect.bisect_left(ts, ts[k], j, k) if k < len(ts) else len(ts)
+        if self.heap:
+            e = bisect.bisect_left(ts, self.heap[0][0], j, e)
+        self.i = e
+
+    def _truth_to(self, i):
+        """Screened runs: the ground truth takes the readings before ``i`` (an instant boundary) in bulk."""
+        ts = self.ts
+        while self.truth_i < i:
+            a = self.truth_i
+            e = min(i, a + BULK)
+            if e < i:           # whole instants only
+                e = bisect.bisect_left(ts, ts[e], a, e)
+                if e == a:
+                    e = bisect.bisect_right(ts, ts[a], a, i)
+            self.truth.update_range(self.ss_np[a:e], self.vs_np[a:e], self.ts_np[a:e])
+            self.truth_i = e
 
     # -- workload events ---------------------------------------------------------------------
     def event_truth(self, t, ev):
         """A workload event at its time ``t``: the network changes, the truth follows the queries."""
+        if self.screen is not None:
+            self._truth_to(self.i)
         if "delay" in ev:
             d = ev["delay"]
             self.net.set(UP, d.get("up"), d.get("jitter"))
@@ -227,9 +257,12 @@ class Simulation(Loop):
             self.from_host(now, self.host.set_precision(now, sp["id"], float(sp["precision"])))
 
     def result(self, elapsed):
-        for s, (dev, _) in enumerate(self.src_dev):
-            self.agent(dev).stats["samples"] += int(self.pending[s])
-        self.pending[:] = 0
+        if self.screen is not None:
+            self._truth_to(len(self.ts))
+        self.i = len(self.ts)
+        for dev in self.agents:
+            self.agent(dev)
+        self.screened = len(self.ts) - self.scalar
         return result_mod.fleet(self, elapsed)
 
 

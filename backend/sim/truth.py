@@ -13,10 +13,11 @@ from backend.coordinator.core import aggregate
 from backend.sim import entity_truth, summary_truth
 
 TOL = 1e-9   # relative tolerance for float summation in the checker
+SMALL = 24   # fewer readings than this are cheaper one by one than in numpy
 
 
 class _Track:
-    __slots__ = ("q", "idx", "w", "wvec", "sum", "scale", "known", "n", "since", "timeline")
+    __slots__ = ("q", "idx", "w", "wvec", "mvec", "sum", "scale", "known", "n", "since", "timeline")
 
     def __init__(self, q, index):
         self.q = q
@@ -24,6 +25,8 @@ class _Track:
         self.w = [q.weights[s] for s in q.sources]
         self.wvec = np.zeros(len(index))          # dense weights, 0 outside the query set
         self.wvec[self.idx] = self.w
+        self.mvec = np.zeros(len(index), dtype=bool)    # membership (a weight may be 0)
+        self.mvec[self.idx] = True
         self.sum = 0.0
         self.scale = 0.0
         self.known = 0
@@ -36,6 +39,7 @@ class Truth:
     def __init__(self, source_ids):
         self.index = {s: i for i, s in enumerate(source_ids)}
         self.values = [None] * len(source_ids)
+        self.cur = np.full(len(source_ids), np.nan)     # the same values, NaN for None
         self.tracks = {}
         self.by_src = [[] for _ in source_ids]
         self.dirty = set()
@@ -72,37 +76,75 @@ class Truth:
         tr.scale = math.fsum(abs(x) for x in terms)
         tr.since = 0
 
-    def update_many(self, idx, vals):
-        """Vectorised ``update`` for readings of distinct sources ``idx`` (numpy arrays) at one instant."""
-        if self.entity.tracks:              # entity truth is kept per reading
-            for i, v in zip(idx.tolist(), vals.tolist()):
-                self.update(i, v)
+    def update_range(self, s, v, t=None):
+        """Readings ``s``/``v`` (numpy arrays, in time order) in bulk. ``t`` None: all of one instant, not
+        flushed; else their times, ending with a whole instant, each instant flushed as ``flush`` would."""
+        if len(s) < SMALL or self.entity.tracks or self.summary.hist or any(
+                tr.q.kind not in ("sum", "avg") for tr in self.tracks.values()):
+            tl = None if t is None else t.tolist()
+            for k, (i, x) in enumerate(zip(s.tolist(), v.tolist())):
+                self.update(i, x)
+                if tl is not None and (k + 1 == len(tl) or tl[k + 1] != tl[k]):
+                    self.flush(tl[k])
             return
-        old = np.array([self.values[i] for i in idx.tolist()], dtype=float)
+        m = len(s)
+        order = np.argsort(s, kind="stable")
+        so = s[order]
+        first = np.ones(m, dtype=bool)
+        first[1:] = so[1:] != so[:-1]
+        prev = np.empty(m)
+        prev[1:] = v[order][:-1]
+        prev[first] = self.cur[so[first]]
+        old = np.empty(m)
+        old[order] = prev                           # each reading's source value before it
         fresh = np.isnan(old)
-        for i, v in zip(idx.tolist(), vals.tolist()):
-            self.values[i] = v
-            if self.summary.hist:
-                self.summary.update(i, v)
+        old[fresh] = 0.0
+        ends = None if t is None else np.append(np.flatnonzero(t[1:] != t[:-1]), m - 1)
         for tr in self.tracks.values():
-            w = tr.wvec[idx]
-            hit = w != 0
-            if not hit.any():
+            mem = tr.mvec[s]
+            hits = np.cumsum(mem)
+            if not hits[-1]:
                 continue
-            if tr.q.kind in ("sum", "avg"):
-                tr.known += int((fresh & hit).sum())
-                tr.sum += float(np.dot(w, vals - np.where(fresh, 0.0, old)))
-                tr.scale += float(np.abs(w * vals).sum() - np.abs(w * np.where(fresh, 0.0, old)).sum())
-                tr.since += int(hit.sum())
-                if tr.since >= tr.n:
-                    self._resum(tr)
+            w = np.where(mem, tr.wvec[s], 0.0)
+            sums = tr.sum + np.cumsum(w * (v - old))
+            scales = tr.scale + np.cumsum(np.abs(w * v) - np.abs(w * old))
+            known = tr.known + np.cumsum(fresh & mem)
+            if ends is not None:
+                self._steps(tr, t, ends, hits, sums, scales, known)
             else:
-                tr.known += int((fresh & hit).sum())
-            self.dirty.add(tr.q.id)
+                self.dirty.add(tr.q.id)
+            tr.sum, tr.scale, tr.known = float(sums[-1]), float(scales[-1]), int(known[-1])
+            tr.since += int(hits[-1])
+        last = np.unique(s[::-1], return_index=True)
+        for i, k in zip(last[0].tolist(), (m - 1 - last[1]).tolist()):
+            self.values[i] = float(v[k])
+        self.cur[last[0]] = v[m - 1 - last[1]]
+        for tr in self.tracks.values():
+            if tr.since >= tr.n:
+                self._resum(tr)
+
+    def _steps(self, tr, t, ends, hits, sums, scales, known):
+        """Append to ``tr``'s timeline what ``flush`` would at each instant end in ``ends``."""
+        h = hits[ends]
+        touched = np.diff(h, prepend=0) > 0
+        if tr.q.id in self.dirty:           # touched earlier within the first instant
+            touched[0] = True
+            self.dirty.discard(tr.q.id)
+        e = ends[touched & (known[ends] >= tr.n)]
+        if not len(e):
+            return
+        x = sums[e] / tr.n if tr.q.kind == "avg" else sums[e]
+        sc = scales[e] / tr.n if tr.q.kind == "avg" else scales[e]
+        keep = np.ones(len(e), dtype=bool)
+        keep[1:] = x[1:] != x[:-1]
+        if tr.timeline and tr.timeline[-1][1] == x[0]:
+            keep[0] = False
+        tr.timeline.extend(zip(t[e[keep]].tolist(), x[keep].tolist(), sc[keep].tolist()))
 
     def update(self, i, v):
         old = self.values[i]
         self.values[i] = v
+        self.cur[i] = v
         if self.entity.tracks:
             self.entity.update(i, old, v)
         if self.summary.hist:
@@ -152,30 +194,43 @@ class Truth:
         self.dirty.clear()
 
 
-def _contains(ans, tr):
-    """Whether answer ``(t, lo, hi, degraded)`` contains truth ``(t, exact, scale)`` up to float tolerance."""
-    _, x, scale = tr
-    tol = TOL * (1.0 + scale + abs(x))
-    return ans[1] - tol <= x <= ans[2] + tol
+def _merge(truth, answers):
+    """Merge two step functions (later entries win at one time) at every distinct time ``T``: arrays of the
+    truth then (``x``, ``scale``, ``has_t``) and the answer then (``lo``, ``hi``, ``deg``, ``has_a``), whether
+    an answer changed at ``T`` and the index of the answer before ``T`` (-1: none)."""
+    tv = np.array(truth, dtype=float).reshape(-1, 3)
+    av = np.array(answers, dtype=float).reshape(-1, 4)       # degraded as 0/1
+    tt, at = tv[:, 0], av[:, 0]
+    T = np.unique(np.concatenate((tt, at)))
+    tord = np.argsort(tt, kind="stable")
+    aord = np.argsort(at, kind="stable")
+    ti = np.searchsorted(tt[tord], T, "right") - 1
+    ai = np.searchsorted(at[aord], T, "right") - 1
+    before = np.searchsorted(at[aord], T, "left") - 1
+    tv, av = tv[tord][:, 1:], av[aord][:, 1:]
+    has_t, has_a = ti >= 0, ai >= 0
+    tv = np.vstack((tv, np.zeros((1, 2))))[ti]      # index -1 (none yet) reads the padding row
+    av = np.vstack((av, np.zeros((1, 3))))
+    pv, av = av[before], av[ai]
+    return T, tv[:, 0], tv[:, 1], has_t, av[:, 0], av[:, 1], av[:, 2] != 0, has_a, ai != before, before, pv
 
 
-def _instants(truth, answers):
-    """Merge two step functions: per distinct time t, after every change at t, yield
-    ``(t, truth now, answer before t, answer now, answer changed at t, next time or None)``."""
-    events = sorted([(t, 0, k) for k, (t, _, _) in enumerate(truth)] + [(t, 1, k) for k, (t, _, _, _) in enumerate(answers)])
-    cur_truth = cur_ans = None
-    i = 0
-    while i < len(events):
-        t = events[i][0]
-        prev, changed = cur_ans, False
-        while i < len(events) and events[i][0] == t:
-            _, kind, k = events[i]
-            if kind == 0:
-                cur_truth = truth[k]
-            else:
-                cur_ans, changed = answers[k], True
-            i += 1
-        yield t, cur_truth, prev, cur_ans, changed, events[i][0] if i < len(events) else None
+def _inside(lo, hi, x, scale):
+    """Whether answers ``[lo, hi]`` contain truths ``x`` (of ``scale``) up to float tolerance."""
+    tol = TOL * (1.0 + scale + np.abs(x))
+    return (lo - tol <= x) & (x <= hi + tol)
+
+
+def _runs(T, flag, end):
+    """Total time during which ``flag`` holds at the instants ``T`` (each lasts until the next; the last to ``end``)."""
+    total, since = 0.0, None
+    for k in np.flatnonzero(np.diff(flag.astype(np.int8), prepend=0, append=0)).tolist():
+        if since is None:
+            since = k
+        else:
+            total += (T[k] if k < len(T) else max(end, T[since])) - T[since]
+            since = None
+    return float(total)
 
 
 def check(truth, answers, precision, end):
@@ -185,41 +240,20 @@ def check(truth, answers, precision, end):
     ``precision``: δ, or [(t, δ)] when it changes while running.
     Returns (violations, violation_time, precision_misses, degraded_time).
     """
+    if not truth and not answers:
+        return 0, 0.0, 0, 0.0
+    T, x, scale, has_t, lo, hi, deg, has_a, _, _, _ = _merge(truth, answers)
     steps = [(-math.inf, precision)] if isinstance(precision, (int, float)) else list(precision)
-    p = 0
-    violations = misses = 0
-    vtime = dtime = 0.0
-    bad_since = deg_since = None
-    for t, cur_truth, _, cur_ans, _, _ in _instants(truth, answers):
-        while p + 1 < len(steps) and steps[p + 1][0] <= t:
-            p += 1
-        precision = steps[p][1]
-        bad = deg = False
-        if cur_truth is not None and cur_ans is not None:
-            _, x, scale = cur_truth
-            _, lo, hi, degraded = cur_ans
-            if degraded:
-                deg = True
-            elif not _contains(cur_ans, cur_truth):
-                bad = True
-                violations += 1
-            if not degraded and hi - lo > precision + TOL * (1.0 + scale + abs(x)) and math.isfinite(hi - lo):
-                misses += 1
-        if bad and bad_since is None:
-            bad_since = t
-        elif not bad and bad_since is not None:
-            vtime += t - bad_since
-            bad_since = None
-        if deg and deg_since is None:
-            deg_since = t
-        elif not deg and deg_since is not None:
-            dtime += t - deg_since
-            deg_since = None
-    if bad_since is not None:
-        vtime += max(0.0, end - bad_since)
-    if deg_since is not None:
-        dtime += max(0.0, end - deg_since)
-    return violations, vtime, misses, dtime
+    p = np.maximum(np.searchsorted(np.array([s[0] for s in steps], dtype=float), T, "right") - 1, 0)
+    prec = np.array([s[1] for s in steps], dtype=float)[p]
+    both = has_t & has_a
+    deg = both & deg
+    ok = both & ~deg
+    bad = ok & ~_inside(lo, hi, x, scale)
+    with np.errstate(invalid="ignore"):
+        width = hi - lo
+        miss = ok & (width > prec + TOL * (1.0 + scale + np.abs(x))) & np.isfinite(width)
+    return int(bad.sum()), _runs(T, bad, end), int(miss.sum()), _runs(T, deg, end)
 
 
 def fidelity(truth, answers, end):
@@ -230,20 +264,17 @@ def fidelity(truth, answers, end):
     still contained the truth at that instant (the paper's per-evaluation check), over ``checks``;
     ``degraded_fidelity``: the time fraction over degraded answers. None where nothing was measured.
     """
-    span = {False: 0.0, True: 0.0}
-    inside = {False: 0.0, True: 0.0}
-    checks = hits = 0
-    for t, cur_truth, prev, cur_ans, changed, nxt in _instants(truth, answers):
-        if changed and prev is not None and cur_truth is not None and not prev[3]:
-            checks += 1
-            hits += _contains(prev, cur_truth)
-        nxt = end if nxt is None else nxt
-        if cur_truth is not None and cur_ans is not None and nxt > t:
-            d = min(nxt, end) - t
-            if d > 0:
-                span[cur_ans[3]] += d
-                if _contains(cur_ans, cur_truth):
-                    inside[cur_ans[3]] += d
-    return {"fidelity": inside[False] / span[False] if span[False] > 0 else None,
+    if not truth or not answers:
+        return {"fidelity": None, "checks": 0, "check_fidelity": None, "degraded_fidelity": None}
+    T, x, scale, has_t, lo, hi, deg, has_a, changed, before, pv = _merge(truth, answers)
+    chk = changed & (before >= 0) & has_t & (pv[:, 2] == 0)
+    checks = int(chk.sum())
+    hits = int((chk & _inside(pv[:, 0], pv[:, 1], x, scale)).sum())
+    d = np.maximum(np.minimum(np.append(T[1:], end), end) - T, 0.0)
+    live = has_t & has_a
+    inside = _inside(lo, hi, x, scale)
+    span = {b: float(d[live & (deg == b)].sum()) for b in (False, True)}
+    ins = {b: float(d[live & (deg == b) & inside].sum()) for b in (False, True)}
+    return {"fidelity": ins[False] / span[False] if span[False] > 0 else None,
             "checks": checks, "check_fidelity": hits / checks if checks else None,
-            "degraded_fidelity": inside[True] / span[True] if span[True] > 0 else None}
+            "degraded_fidelity": ins[True] / span[True] if span[True] > 0 else None}

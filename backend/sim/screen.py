@@ -1,0 +1,97 @@
+"""Event-to-event readings for the fleet simulator (DESIGN.md §5): which readings must reach an agent, found in bulk.
+
+Each source's readings are one array. While a source's filter has a fixed bound (``IntervalFilter.bound``),
+the index of its next reading outside it is found with ``interval.outside`` over the array (the
+vectorised form of the filter's own test) in chunks; a source without such a bound needs every
+reading. A heap orders these indices over all sources, so the readings before the smallest are
+silent: they change nothing but their source's latest value and sample count, which reach the agent
+lazily (``hand``), and the ground truth, which takes them in bulk. An index may also be a checkpoint
+(the end of a searched chunk, still inside): it is looked at and the search goes on, so a bound that
+changes often costs one chunk per change, never a scan to the distant exit.
+"""
+import bisect
+import heapq
+
+import numpy as np
+
+from edge.core.interval import outside
+
+SCALAR = 4          # readings looked at one by one before a numpy search
+FIRST_CHUNK = 32
+
+
+class Screen:
+    def __init__(self, ss, vs, n):
+        order = np.argsort(ss, kind="stable")
+        cuts = np.cumsum(np.bincount(ss, minlength=n))[:-1]
+        self.val = np.split(vs[order], cuts)       # per source: its readings' values
+        self.pos = [p.tolist() for p in np.split(order, cuts)]      # ... and global indices, increasing
+        self.vals = [v.tolist() for v in self.val]
+        self.size = len(ss)
+        self.bound = [None] * n                    # (lo, hi) the search used; None: every reading counts
+        self.chunk = [FIRST_CHUNK] * n
+        self.handed = [0] * n                      # readings of each source already given to its agent
+        self.nxt = [self.size] * n                 # global index of each source's next reading to look at
+        self.heap = []
+        for s in range(n):
+            self._look(s, 0)
+
+    def local(self, s, i):
+        """How many of source ``s``'s readings come before global index ``i``."""
+        return bisect.bisect_left(self.pos[s], i)
+
+    def _look(self, s, p):
+        """Set source ``s``'s next index to look at, searching its readings from local index ``p``: the
+        next few one by one (a busy source leaves its bound soon), then a chunk in numpy."""
+        pos, b = self.pos[s], self.bound[s]
+        n = len(pos)
+        if p < n and b is not None:
+            lo, hi = b
+            vals = self.vals[s]
+            stop = min(p + SCALAR, n)
+            while p < stop and not outside(lo, hi, vals[p]):
+                p += 1
+            if p == stop and p < n:
+                c = self.chunk[s]
+                hit = np.flatnonzero(outside(lo, hi, self.val[s][p:p + c]))
+                if len(hit):
+                    p += int(hit[0])
+                else:               # a checkpoint: the first reading not searched
+                    p += c
+                    self.chunk[s] = 4 * c
+        g = pos[p] if p < n else self.size
+        self.nxt[s] = g
+        if g < self.size:
+            heapq.heappush(self.heap, (g, s))
+
+    def set_bound(self, s, bound, i):
+        """Source ``s``'s filter now has ``bound`` (or None); readings before global index ``i`` are consumed.
+        A caller that has just used a reading of ``s`` sets ``bound[s] = False`` first, so it is looked again."""
+        if bound is None or bound != self.bound[s]:
+            self.bound[s] = bound
+            self.chunk[s] = FIRST_CHUNK
+            self._look(s, self.local(s, i))
+
+    def next(self):
+        """The smallest global index some source needs looked at (``size`` when none)."""
+        heap, nxt = self.heap, self.nxt
+        while heap and nxt[heap[0][1]] != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else self.size
+
+    def silent(self, s, k, v):
+        """Whether reading ``k`` (value ``v``) of ``s`` is a checkpoint inside the bound; then search on past it."""
+        b = self.bound[s]
+        if b is None or outside(b[0], b[1], v):
+            return False
+        self._look(s, self.local(s, k) + 1)
+        return True
+
+    def hand(self, s, i):
+        """(value, count) of the readings of ``s`` before global index ``i`` not yet given to its agent, or None."""
+        c = self.local(s, i)
+        d = c - self.handed[s]
+        if d <= 0:
+            return None
+        self.handed[s] = c
+        return self.vals[s][c - 1], d

@@ -1,0 +1,109 @@
+"""Vectorised screening and the vectorised checker against their scalar oracles."""
+import math
+import random
+
+import numpy as np
+
+from backend.sim import truth as truth_mod
+from backend.sim.screen import Screen
+from edge.core.interval import IntervalFilter, outside
+
+
+def test_outside_over_an_array_is_the_filters_own_report_test():
+    r = random.Random(1)
+    for _ in range(300):
+        f = IntervalFilter(r.choice([0.0, 0.5, 3.0, float("inf")]))
+        f.recenter(r.uniform(-5, 5))
+        if r.random() < 0.3:
+            f.set_width(r.uniform(0, 4), 1)
+        lo, hi = f.bound()
+        vals = np.array([r.choice([f.lo, f.hi, f.center, r.uniform(-9, 9)]) for _ in range(40)])
+        assert outside(lo, hi, vals).tolist() == [f.check(v) for v in vals.tolist()]
+    f = IntervalFilter(2.0)
+    assert f.bound() is None                # no report yet: every reading counts
+    f.recenter(1.0)
+    f.set_filter(2.0, [(0.0, 5.0)], 1)
+    assert f.bound() is None                # constraints: membership counts too
+
+
+def test_screen_looks_at_every_reading_outside_the_bound():
+    """Whatever the bounds and however often they change, the readings a source needs looked at
+    (``next``) include every one outside its bound, and a looked-at reading inside is a checkpoint."""
+    rng = np.random.default_rng(3)
+    n, m = 5, 4000
+    ss = rng.integers(0, n, size=m)
+    vs = np.cumsum(rng.normal(0, 1, size=m))
+    sc = Screen(ss, vs, n)
+    bound = [None] * n
+    i = looked = 0
+    while i < m:
+        k = sc.next()
+        for j in range(i, min(k, m)):       # silent: inside its source's bound
+            b = bound[ss[j]]
+            assert b is not None and b[0] <= vs[j] <= b[1]
+        if k >= m:
+            break
+        s = int(ss[k])
+        if sc.silent(s, k, float(vs[k])):
+            continue
+        looked += 1
+        i = k + 1
+        sc.bound[s] = False
+        bound[s] = (vs[k] - 3.0, vs[k] + 3.0)
+        sc.set_bound(s, bound[s], i)
+        if rng.random() < 0.2:              # another source's bound changes meanwhile
+            o = int(rng.integers(0, n))
+            if bound[o] is not None:
+                bound[o] = (bound[o][0] - 0.5, bound[o][1] + 0.5)
+                sc.set_bound(o, bound[o], i)
+    assert 0 < looked < m / 2
+
+
+def _brute(truth, answers, precision, end):
+    """check() by definition: at each distinct time, the latest truth and answer so far."""
+    def at(seq, t, strict=False):
+        got = [e for e in seq if (e[0] < t if strict else e[0] <= t)]
+        return max(enumerate(got), key=lambda p: (p[1][0], p[0]))[1] if got else None
+    steps = [(-math.inf, precision)] if isinstance(precision, (int, float)) else precision
+    times = sorted({e[0] for e in truth} | {e[0] for e in answers})
+    viol = miss = checks = hits = 0
+    vt = dt = 0.0
+    for n, t in enumerate(times):
+        tr, ans, prev = at(truth, t), at(answers, t), at(answers, t, True)
+        nxt = times[n + 1] if n + 1 < len(times) else max(end, t)
+        prec = [p for s, p in steps if s <= t][-1] if steps[0][0] <= t else steps[0][1]
+        if tr is None or ans is None:
+            continue
+        tol = truth_mod.TOL * (1 + tr[2] + abs(tr[1]))
+        if any(e[0] == t for e in answers) and prev is not None and not prev[3]:
+            checks += 1
+            hits += prev[1] - tol <= tr[1] <= prev[2] + tol
+        if ans[3]:
+            dt += nxt - t
+            continue
+        if not ans[1] - tol <= tr[1] <= ans[2] + tol:
+            viol += 1
+            vt += nxt - t
+        if math.isfinite(ans[2] - ans[1]) and ans[2] - ans[1] > prec + tol:
+            miss += 1
+    return viol, vt, miss, dt, checks, hits
+
+
+def test_vectorised_checker_matches_its_definition():
+    r = random.Random(5)
+    for case in range(200):
+        times = sorted(r.choice([0.0, 1.0, 2.0, 2.5, 3.0, 4.0, 7.0]) for _ in range(r.randint(0, 12)))
+        truth = [(t, r.uniform(-3, 3), r.uniform(0, 5)) for t in times]
+        atimes = sorted(r.choice([0.0, 1.0, 2.0, 3.5, 4.0, 6.0]) for _ in range(r.randint(0, 10)))
+        answers = []
+        for t in atimes:
+            lo = r.uniform(-4, 2)
+            answers.append((t, lo, r.choice([lo + r.uniform(0, 4), float("inf")]), r.random() < 0.2))
+        precision = r.choice([2.0, [(-math.inf, 2.0), (3.0, 1.0)]])
+        end = 8.0                           # after every change (callers drop later answers)
+        v, vt, m, dt = truth_mod.check(truth, answers, precision, end)
+        bv, bvt, bm, bdt, checks, hits = _brute(truth, answers, precision, end)
+        assert (v, m) == (bv, bm), case
+        assert math.isclose(vt, bvt, abs_tol=1e-12) and math.isclose(dt, bdt, abs_tol=1e-12), case
+        fid = truth_mod.fidelity(truth, answers, end)
+        assert fid["checks"] == checks and (fid["check_fidelity"] == (hits / checks if checks else None)), case
