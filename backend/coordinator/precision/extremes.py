@@ -1,0 +1,112 @@
+"""Query-aware slack for MIN/MAX (Olston et al. 2003 App. A) through Cheng et al. 2005 §3 constraints: cuts.
+
+App. A shows that a source far from the extreme cannot simply get a wide bound: if the extreme then
+drops, that bound becomes the answer's and the precision δ is broken for a round trip. A *cut* keeps
+the precision on the device instead. For a MAX query with answer [L, H] (L = max lo) a source whose
+bound lies well below L gets no width and two constraints, ``(-inf, c)`` and ``(-inf, c + δ)``
+(MIN: mirrored): it stays silent while below c, where the backend knows it as ``(-inf, c]``, and
+reports only when it crosses c (then known within the rung [c, c + δ]) or c + δ. Such a source can
+only affect the answer once it could become the extreme, which is exactly when it reports.
+
+- **Demote** an in-source when its known bound ends ``(reach + 1)·δ`` below L: cut c = L − reach·δ
+  (one downlink, and the acknowledging report: the old bound stays in force until the device has it).
+  Only sources in no SUM/AVG query: those keep a width for that query anyway, so a cut saves nothing.
+- **Re-cut** when L drops so that L − c < (reach − 1)·δ: c := L − reach·δ again (the acknowledging
+  report tells the value; a source found above the new cut is promoted).
+- **Promote** a source that reports above its cut: back to an ordinary bound (width ≤ δ).
+
+Precision: an out-source's bound ends at most at c + δ (rung), or c + 1.5δ while its promotion to a
+width-δ bound is unconfirmed; the answer is [L, max hi] so it stays within δ while L − c ≥ δ/2, i.e.
+unless L falls by more than (reach − 1.5)·δ faster than one round trip, or a source jumps past both
+rungs between two readings (the answer then says so by an unbounded side, never by a wrong one).
+Containment never depends on any of this: the backend mirrors the device's filter exactly.
+"""
+import math
+
+from backend.coordinator.core import aggregate
+
+INF = math.inf
+REACH = 4.0         # cuts sit this many δ beyond the answer's inner end (L for MAX, H for MIN)
+RUNGS = 3           # constraints c, c ± δ, c ± 2δ: how far a rising source stays bounded while promoted
+
+
+class Cuts:
+    """The out-sources of every MIN/MAX query and their cuts: {(query id, key): c}."""
+
+    def __init__(self, reach=REACH):
+        if isinstance(reach, bool) or not isinstance(reach, (int, float)) or not reach >= 2:
+            raise ValueError("reach must be a number >= 2, got %r" % (reach,))
+        self.reach = float(reach)
+        self.cut = {}           # (qid, key) -> cut, in insertion order
+        self.prec = {}          # qid -> precision the cuts were made for
+        self.stats = {"demoted": 0, "recut": 0, "promoted": 0}
+
+    def reset(self, coord):
+        """Drop the cuts of queries that are gone or whose precision or sources changed."""
+        qs = coord.queries
+        keep = {qid for qid, q in qs.items() if q.kind in ("min", "max") and self.prec.get(qid) == q.precision}
+        self.cut = {p: c for p, c in self.cut.items() if p[0] in keep and p[1] in qs[p[0]].weights}
+        self.prec = {qid: q.precision for qid, q in qs.items() if q.kind in ("min", "max")}
+
+    def constraints(self, coord, key):
+        """The rung constraints of ``key``'s cuts, in query order."""
+        out = []
+        for qid in sorted(coord.by_source.get(key, ())):
+            c = self.cut.get((qid, key))
+            if c is not None:
+                d = coord.queries[qid].precision
+                if coord.queries[qid].kind == "max":
+                    out += [(-INF, c + k * d) for k in range(RUNGS)]
+                else:
+                    out += [(c - k * d, INF) for k in range(RUNGS)]
+        return out
+
+    def silent(self, coord, key):
+        """Whether ``key`` needs no width: out of every MIN/MAX query it is in, and in no SUM/AVG row."""
+        qids = coord.by_source.get(key, ())
+        out = False
+        for qid in qids:
+            q = coord.queries[qid]
+            if q.kind in ("min", "max"):
+                if (qid, key) not in self.cut:
+                    return False
+                out = True
+            elif q.kind in ("sum", "avg"):
+                return False
+        return out
+
+    def reported(self, coord, key, v):
+        """A report of ``key`` (value ``v``) was applied: the keys whose cuts changed, in order."""
+        changed = {}
+        qids = sorted(coord.by_source.get(key, ()))
+        # a source that a SUM/AVG query needs keeps a width anyway: a cut would only cost messages
+        free = not any(coord.queries[qid].kind in ("sum", "avg") for qid in qids)
+        for qid in qids:
+            q = coord.queries[qid]
+            if q.kind not in ("min", "max") or not q.precision > 0:
+                continue
+            s = 1.0 if q.kind == "max" else -1.0
+            d = q.precision
+            c = self.cut.get((qid, key))
+            if c is not None:
+                if s * v > s * c:
+                    del self.cut[(qid, key)]        # it could become the extreme: an ordinary bound again
+                    self.stats["promoted"] += 1
+                    changed[key] = None
+                continue
+            lo, hi = aggregate.answer(q, coord.cache.known)
+            inner = lo if s > 0 else hi             # L for MAX, H for MIN
+            if not math.isfinite(inner):
+                continue
+            a, b = coord.cache.known(key)
+            near = b if s > 0 else a                # the end of key's bound that faces the extreme
+            if free and s * (inner - near) >= (self.reach + 1.0) * d:
+                self.cut[(qid, key)] = inner - s * self.reach * d
+                self.stats["demoted"] += 1
+                changed[key] = None
+            for p, c in self.cut.items():           # the inner end may have moved towards the cuts
+                if p[0] == qid and s * (inner - c) < (self.reach - 1.0) * d:
+                    self.cut[p] = inner - s * self.reach * d
+                    self.stats["recut"] += 1
+                    changed[p[1]] = None
+        return list(changed)
