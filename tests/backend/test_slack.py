@@ -139,3 +139,13 @@ def test_cuts_give_the_same_answers_through_the_spark_feed():
     assert len(answers) > 100 and answers == sim.answers
     records = drivers.spool_records(inputs)
     assert drivers.fingerprint(drivers.feed_answers("adaptive", records, seed=3)) == drivers.fingerprint(answers)
+
+
+def test_the_live_demos_site_beats_plain_deadband_including_control(tmp_path):
+    from backend import demo
+    spec = demo.site_workload(str(tmp_path))
+    _, dead = _run(spec, "deadband")
+    sim, ad = _run(spec, "adaptive")
+    assert dead["violations"] == ad["violations"] == 0
+    assert _total(ad) < 0.95 * _total(dead)
+    assert sim.coord.protocol.cuts.stats["demoted"] >= 1       # the workshop is in neither extreme's reach
