@@ -39,6 +39,7 @@ class Cuts:
         self.reach = float(reach)
         self.cut = {}           # (qid, key) -> cut, in insertion order
         self.prec = {}          # qid -> precision the cuts were made for
+        self.edge = {}          # qid -> its innermost cut (or one beyond it), so most reports skip the re-cut scan
         self.stats = {"demoted": 0, "recut": 0, "promoted": 0}
 
     def reset(self, coord):
@@ -47,6 +48,7 @@ class Cuts:
         keep = {qid for qid, q in qs.items() if q.kind in ("min", "max") and self.prec.get(qid) == q.precision}
         self.cut = {p: c for p, c in self.cut.items() if p[0] in keep and p[1] in qs[p[0]].weights}
         self.prec = {qid: q.precision for qid, q in qs.items() if q.kind in ("min", "max")}
+        self.edge = {qid: e for qid, e in self.edge.items() if qid in keep}
 
     def constraints(self, coord, key):
         """The rung constraints of ``key``'s cuts, in query order."""
@@ -101,12 +103,22 @@ class Cuts:
             a, b = coord.cache.known(key)
             near = b if s > 0 else a                # the end of key's bound that faces the extreme
             if free and s * (inner - near) >= (self.reach + 1.0) * d:
-                self.cut[(qid, key)] = inner - s * self.reach * d
+                c = self.cut[(qid, key)] = inner - s * self.reach * d
+                e = self.edge.get(qid)
+                self.edge[qid] = c if e is None else s * max(s * e, s * c)
                 self.stats["demoted"] += 1
                 changed[key] = None
-            for p, c in self.cut.items():           # the inner end may have moved towards the cuts
-                if p[0] == qid and s * (inner - c) < (self.reach - 1.0) * d:
-                    self.cut[p] = inner - s * self.reach * d
-                    self.stats["recut"] += 1
-                    changed[p[1]] = None
+            e = self.edge.get(qid)
+            if e is not None and s * (inner - e) < (self.reach - 1.0) * d:
+                # the inner end moved towards the cuts: re-cut those too close, find the new innermost
+                e = None
+                for p, c in self.cut.items():
+                    if p[0] != qid:
+                        continue
+                    if s * (inner - c) < (self.reach - 1.0) * d:
+                        c = self.cut[p] = inner - s * self.reach * d
+                        self.stats["recut"] += 1
+                        changed[p[1]] = None
+                    e = c if e is None else s * max(s * e, s * c)
+                self.edge[qid] = e
         return list(changed)
