@@ -3,22 +3,23 @@
 App. A shows that a source far from the extreme cannot simply get a wide bound: if the extreme then
 drops, that bound becomes the answer's and the precision δ is broken for a round trip. A *cut* keeps
 the precision on the device instead. For a MAX query with answer [L, H] (L = max lo) a source whose
-bound lies well below L gets no width and two constraints, ``(-inf, c)`` and ``(-inf, c + δ)``
-(MIN: mirrored): it stays silent while below c, where the backend knows it as ``(-inf, c]``, and
-reports only when it crosses c (then known within the rung [c, c + δ]) or c + δ. Such a source can
-only affect the answer once it could become the extreme, which is exactly when it reports.
+bound lies well below L gets no width and the constraints ``(-inf, c + k·δ)``, k < RUNGS (MIN:
+mirrored): it stays silent while below c, where the backend knows it as ``(-inf, c]``, and reports
+only when it crosses a rung (then known within [c + k·δ, c + (k+1)·δ]). Such a source can only affect
+the answer once it could become the extreme, which is exactly when it reports.
 
-- **Demote** an in-source when its known bound ends ``(reach + 1)·δ`` below L: cut c = L − reach·δ
-  (one downlink, and the acknowledging report: the old bound stays in force until the device has it).
-  Only sources in no SUM/AVG query: those keep a width for that query anyway, so a cut saves nothing.
+- **Demote** a source when its known bound ends ``(reach + 1)·δ`` inside every MIN/MAX query it is in:
+  cut c = L − reach·δ in each (one downlink, and the acknowledging report: the old bound stays in force
+  until the device has it). Only sources in no SUM/AVG query, and all of a source's queries at once:
+  a source that keeps a width for one query would save nothing by a cut in another.
 - **Re-cut** when L drops so that L − c < (reach − 1)·δ: c := L − reach·δ again (the acknowledging
   report tells the value; a source found above the new cut is promoted).
-- **Promote** a source that reports above its cut: back to an ordinary bound (width ≤ δ).
+- **Promote** a source that reports above one of its cuts: back to an ordinary bound (width ≤ δ).
 
-Precision: an out-source's bound ends at most at c + δ (rung), or c + 1.5δ while its promotion to a
-width-δ bound is unconfirmed; the answer is [L, max hi] so it stays within δ while L − c ≥ δ/2, i.e.
-unless L falls by more than (reach − 1.5)·δ faster than one round trip, or a source jumps past both
-rungs between two readings (the answer then says so by an unbounded side, never by a wrong one).
+Precision: an out-source's bound ends at most at c + 2δ (top rung), or c + 2.5δ while its promotion
+to a width-δ bound is unconfirmed; the answer is [L, max hi], so it stays within δ while L − c ≥ 1.5δ:
+unless L falls by more than (reach − 2.5)·δ within one round trip, or a source climbs past the top
+rung before its promotion arrives (the answer then says so by an unbounded side, never by a wrong one).
 Containment never depends on any of this: the backend mirrors the device's filter exactly.
 """
 import math
@@ -78,47 +79,64 @@ class Cuts:
         return out
 
     def reported(self, coord, key, v):
-        """A report of ``key`` (value ``v``) was applied: the keys whose cuts changed, in order."""
+        """A report of ``key`` (value ``v``) was applied: the keys whose cuts changed, in order.
+
+        A source's cuts go together: it is out of all its MIN/MAX queries (silent) or of none, since a
+        source still in one keeps its width and a cut for another would only cost messages."""
         changed = {}
-        qids = sorted(coord.by_source.get(key, ()))
-        # a source that a SUM/AVG query needs keeps a width anyway: a cut would only cost messages
-        free = not any(coord.queries[qid].kind in ("sum", "avg") for qid in qids)
-        for qid in qids:
-            q = coord.queries[qid]
-            if q.kind not in ("min", "max") or not q.precision > 0:
-                continue
-            s = 1.0 if q.kind == "max" else -1.0
-            d = q.precision
-            c = self.cut.get((qid, key))
-            if c is not None:
-                if s * v > s * c:
-                    del self.cut[(qid, key)]        # it could become the extreme: an ordinary bound again
-                    self.stats["promoted"] += 1
-                    changed[key] = None
-                continue
-            lo, hi = aggregate.answer(q, coord.cache.known)
-            inner = lo if s > 0 else hi             # L for MAX, H for MIN
-            if not math.isfinite(inner):
-                continue
+        qids = [qid for qid in sorted(coord.by_source.get(key, ())) if coord.queries[qid].kind in ("min", "max")]
+        if not qids or any(coord.queries[qid].kind in ("sum", "avg") for qid in coord.by_source[key]):
+            return []       # a source that a SUM/AVG query needs keeps a width anyway
+        ends = {qid: self._inner(coord, coord.queries[qid]) for qid in qids}
+        if (qids[0], key) in self.cut:
+            if any(_side(coord.queries[qid]) * (v - self.cut[(qid, key)]) > 0 for qid in qids):
+                for qid in qids:        # it could become an extreme: an ordinary bound again
+                    del self.cut[(qid, key)]
+                self.stats["promoted"] += 1
+                changed[key] = None
+        elif all(ends[qid] is not None for qid in qids):
             a, b = coord.cache.known(key)
-            near = b if s > 0 else a                # the end of key's bound that faces the extreme
-            if free and s * (inner - near) >= (self.reach + 1.0) * d:
-                c = self.cut[(qid, key)] = inner - s * self.reach * d
-                e = self.edge.get(qid)
-                self.edge[qid] = c if e is None else s * max(s * e, s * c)
+            far = True
+            for qid in qids:
+                q = coord.queries[qid]
+                s = _side(q)
+                near = b if s > 0 else a            # the end of key's bound that faces the extreme
+                far = far and q.precision > 0 and s * (ends[qid] - near) >= (self.reach + 1.0) * q.precision
+            if far:
+                for qid in qids:
+                    self._set(coord.queries[qid], key, ends[qid])
                 self.stats["demoted"] += 1
                 changed[key] = None
+        for qid in qids:
+            q, inner = coord.queries[qid], ends[qid]
+            s, d = _side(q), q.precision
             e = self.edge.get(qid)
-            if e is not None and s * (inner - e) < (self.reach - 1.0) * d:
-                # the inner end moved towards the cuts: re-cut those too close, find the new innermost
-                e = None
-                for p, c in self.cut.items():
-                    if p[0] != qid:
-                        continue
-                    if s * (inner - c) < (self.reach - 1.0) * d:
-                        c = self.cut[p] = inner - s * self.reach * d
-                        self.stats["recut"] += 1
-                        changed[p[1]] = None
-                    e = c if e is None else s * max(s * e, s * c)
-                self.edge[qid] = e
+            if inner is None or e is None or s * (inner - e) >= (self.reach - 1.0) * d:
+                continue
+            # the inner end moved towards the cuts: re-cut those too close, find the new innermost
+            self.edge[qid] = None
+            for p, c in list(self.cut.items()):
+                if p[0] != qid:
+                    continue
+                if s * (inner - c) < (self.reach - 1.0) * d:
+                    self.stats["recut"] += 1
+                    changed[p[1]] = None
+                    c = inner - s * self.reach * d
+                self._set(q, p[1], inner, c)
         return list(changed)
+
+    def _inner(self, coord, q):
+        """The answer's end that cuts are measured from: L = max lo (MAX), H = min hi (MIN); None if unbounded."""
+        lo, hi = aggregate.answer(q, coord.cache.known)
+        x = lo if q.kind == "max" else hi
+        return x if math.isfinite(x) else None
+
+    def _set(self, q, key, inner, c=None):
+        s = _side(q)
+        c = self.cut[(q.id, key)] = inner - s * self.reach * q.precision if c is None else c
+        e = self.edge.get(q.id)
+        self.edge[q.id] = c if e is None else s * max(s * e, s * c)
+
+
+def _side(q):
+    return 1.0 if q.kind == "max" else -1.0
