@@ -73,6 +73,19 @@ def workloads(scale, data_dir=None):
                                "queries": [{"id": "sum", "kind": "sum", "sources": "all", "precision": 30.0},
                                            {"id": "half", "kind": "avg", "precision": 2.0,
                                             "sources": ["p%d" % i for i in range(6)]}]}),
+        # query-aware slack: extremes over walks at different levels; a mix where a COUNT needs no width,
+        # a weighted difference is allocated by weight and half the fleet is in no query
+        ("extremes-20", {"seed": 32, "duration": d(2000),
+                         "sources": {"generator": "random_walk", "count": 20, "start": [0, 200], "step": [0.5, 2.0]},
+                         "queries": [{"id": "top", "kind": "max", "sources": "all", "precision": 4.0},
+                                     {"id": "low", "kind": "min", "sources": "all", "precision": 4.0}]}),
+        ("query-mix-20", {"seed": 35, "duration": d(2000),
+                          "sources": {"generator": "random_walk", "count": 20, "start": [80, 120], "step": [0.1, 1.0],
+                                      "steps": "normal"},
+                          "queries": [{"id": "band", "kind": "count", "sources": ids[:10], "range": [95, 105]},
+                                      {"id": "diff", "kind": "sum", "sources": ids[:4], "weights": [4, -1, 2, -0.5],
+                                       "precision": 8.0},
+                                      {"id": "top", "kind": "max", "sources": ids[:10], "precision": 3.0}]}),
     ]
 
 

@@ -29,29 +29,67 @@ from edge.core import topics
 FLEET = "demo"
 
 
+# The rooms of a small site (temperature °C, its step per 0.1 s reading, humidity %RH, its step): offices
+# that differ by orientation and occupancy, and the technical rooms every site has. Room dynamics differ
+# (a server room swings with load, a cold store with its door), which a uniform deadband cannot use.
+ROOMS = [("office-north", 20.5, 0.03, 45.0, 0.15), ("office-south", 22.5, 0.09, 41.0, 0.35),
+         ("meeting", 21.5, 0.12, 48.0, 0.45), ("office-east", 21.0, 0.05, 52.0, 0.2),
+         ("office-west", 22.0, 0.07, 44.0, 0.25), ("reception", 20.0, 0.04, 50.0, 0.1),
+         ("server-room", 27.0, 0.1, 30.0, 0.1), ("cold-store", 4.0, 0.08, 80.0, 0.3),
+         ("workshop", 15.0, 0.06, 60.0, 0.3)]
+OFFICES = 6         # the first six rooms are where people work
+
+
 def fleet_plan(cpython, micropython, seed=11):
-    """[(kind, device, sources)]: each device carries a temperature and a humidity source (a micro:bit, added
-    by ``run``, carries one temperature-like walk ``s_<name>``)."""
+    """[(kind, device, sources)]: device i sits in room i (``ROOMS``, repeated beyond nine devices) with a
+    temperature ``t<i>`` and a humidity ``h<i>`` source (a micro:bit, added by ``run``, carries one
+    temperature-like walk ``s_<name>``)."""
     plan = []
     for i in range(cpython + micropython):
         kind = "cpython" if i < cpython else "micropython"
         name = "%s%d" % ("pi" if kind == "cpython" else "mcu", i)
+        _, temp, t_step, hum, h_step = ROOMS[i % len(ROOMS)]
         plan.append((kind, name, [
-            {"name": "t%d" % i, "kind": "walk", "start": 19.0 + (i * 7 % 6), "step": 0.08, "seed": seed + 2 * i},
-            {"name": "h%d" % i, "kind": "walk", "start": 45.0 + (i * 5 % 11), "step": 0.3, "seed": seed + 2 * i + 1}]))
+            {"name": "t%d" % i, "kind": "walk", "start": temp, "step": t_step, "seed": seed + 2 * i},
+            {"name": "h%d" % i, "kind": "walk", "start": hum, "step": h_step, "seed": seed + 2 * i + 1}]))
     return plan
 
 
 def example_queries(n, bits=()):
+    """A site's standing queries: comfort in the offices, alarms over every room, humidity, one gradient."""
     temps, hums = ["t%d" % i for i in range(n)], ["h%d" % i for i in range(n)]
+    offices = [t for i, t in enumerate(temps) if i % len(ROOMS) < OFFICES]
     extra = [{"id": "microbits", "kind": "avg", "sources": ["s_" + b for b in bits], "precision": 1.0}] if bits else []
     return extra + [
-        {"id": "mean_temp", "kind": "avg", "sources": temps, "precision": 0.4},
+        {"id": "office_temp", "kind": "avg", "sources": offices, "precision": 0.4},
         {"id": "hottest", "kind": "max", "sources": temps, "precision": 0.8},
+        {"id": "coldest", "kind": "min", "sources": temps, "precision": 0.8},
         {"id": "total_humidity", "kind": "sum", "sources": hums, "precision": 4.0 * n ** 0.5},
         {"id": "gradient", "kind": "sum", "sources": temps[:2], "weights": [1, -1], "precision": 0.4},
         {"id": "comfortable", "kind": "count", "sources": hums, "range": [40, 60], "precision": 0},
     ]
+
+
+def site_workload(folder, duration=90.0, cpython=6, micropython=3, rate=10.0):
+    """The live demo's rooms and queries as a simulator workload: each source's readings from the agents'
+    own walk (``edge.runtime.sensors.RandomWalk``, same seeds) written to ``folder``/site.csv, the
+    queries registered one after another as the demo does, a LAN's delays."""
+    from edge.runtime.sensors import RandomWalk
+    plan = fleet_plan(cpython, micropython)
+    rows = []
+    for _, _, sources in plan:
+        for s in sources:
+            walk = RandomWalk(s["name"], 0.0, 1.0 / rate, s["start"], s["step"], s["seed"])
+            rows += [(k / rate, s["name"], walk.read(0)) for k in range(int(duration * rate) + 1)]
+    rows.sort(key=lambda r: (r[0], r[1]))
+    path = os.path.join(folder, "site.csv")
+    with open(path, "w") as fh:
+        fh.write("time,source,value\n")
+        fh.writelines("%r,%s,%r\n" % r for r in rows)
+    queries = example_queries(len(plan))
+    return {"seed": 1, "duration": duration, "sources": {"trace": path, "per_device": 2}, "queries": [],
+            "events": [{"time": 1.0 + 0.05 * j, "add_query": q} for j, q in enumerate(queries)],
+            "network": {"delay": 0.05, "jitter": 0.05}, "params": {"period": 5, "shrink": 0.05}}
 
 
 def default_protocol():

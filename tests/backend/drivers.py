@@ -57,9 +57,10 @@ def settings(case):
     return host.settings(protocol=protocol, period=10.0, shrink=0.05, latency=0.0, params=params or None)
 
 
-def record(case):
-    """``(answers, inputs)`` of one simulator run; inputs are ``(kind, time, *args)`` in call order."""
-    sim = engine.Simulation(workload(case))
+def record(case, spec=None):
+    """``(answers, inputs)`` of one simulator run (of ``spec``, default the case's workload); inputs are
+    ``(kind, time, *args)`` in call order."""
+    sim = engine.Simulation(spec or workload(case))
     coord = getattr(sim.coord, "coord", sim.coord)     # a bare Coordinator, or the one a Host holds
     inputs = []
     up, timer, add, remove = coord.handle_uplink, coord.handle_timer, coord.add_query, coord.remove_query

@@ -15,8 +15,9 @@ def _pad(lo, hi, scale):
     return lo - e, hi + e
 
 
-def answer(q, known):
-    """Interval [lo, hi] for query ``q`` given per-source bounds ``known(key)``."""
+def answer(q, known, member=None):
+    """Interval [lo, hi] for query ``q`` given per-source bounds ``known(key)``; a COUNT-in-range
+    takes ``member(key, range) -> (sure, maybe)`` when given (constraint membership), else the bounds."""
     k = q.kind
     if k in ("sum", "avg"):
         los, his = [], []
@@ -50,6 +51,11 @@ def answer(q, known):
         a, b = q.range
         sure = maybe = 0
         for s in q.sources:
+            if member is not None:
+                x, y = member(s, q.range)
+                sure += x
+                maybe += y
+                continue
             lo, hi = known(s)
             if a <= lo and hi <= b:
                 sure += 1
@@ -98,9 +104,10 @@ class Running:
     per changed source bound, re-summed exactly every ``RESUM`` updates; ``answer`` is its oracle."""
     RESUM = 512
 
-    def __init__(self, q, known):
+    def __init__(self, q, known, member=None):
         self.q = q
-        self.bounds = {s: known(s) for s in q.sources}
+        self.member = member if q.kind == "count" and q.range is not None else None
+        self.bounds = {s: self._bound(s, known(s)) for s in q.sources}
         self._rebuild()
 
     def _rebuild(self):
@@ -138,13 +145,20 @@ class Running:
         w = self.q.weights[s]
         return (w * b[0], w * b[1]) if w >= 0 else (w * b[1], w * b[0])
 
+    def _bound(self, s, b):
+        """What is kept per source: its bound, or for a COUNT-in-range with ``member`` its membership."""
+        return self.member(s, self.q.range) if self.member is not None else b
+
     def _member(self, b):
+        if self.member is not None:
+            return b
         a, c = self.q.range
         return (1 if a <= b[0] and b[1] <= c else 0), (1 if b[1] >= a and b[0] <= c else 0)
 
     def update(self, s, new):
         """Source ``s`` now has bound ``new`` (a (lo, hi) pair)."""
         old = self.bounds[s]
+        new = self._bound(s, new)
         if old == new:
             return
         self.bounds[s] = new

@@ -29,6 +29,19 @@ class Source:
         self.value = None      # last reported value
 
 
+def _member(f, rng):
+    """(sure, maybe) for one mirror ``f``."""
+    if f.center is not None:
+        exact = f._cons([rng])[0]
+        for i, c in enumerate(f.cons):
+            if c == exact and exact == tuple(rng):
+                inside = (f.mask >> i) & 1
+                return inside, inside
+    lo, hi = f.known()
+    a, b = rng
+    return int(a <= lo and hi <= b), int(hi >= a and lo <= b)
+
+
 class BoundCache:
     def __init__(self):
         self.sources = {}
@@ -54,6 +67,21 @@ class BoundCache:
             if b > hi:
                 hi = b
         return lo, hi
+
+    def member(self, key, rng):
+        """(sure, maybe) that ``key``'s value lies in the closed range ``rng`` (COUNT-in-range, Cheng §3):
+        from the membership bit when every mirror in force tracks ``rng`` as a constraint (a source
+        outside it, with no width, is known to be outside though ``known`` is unbounded), else from
+        ``known``."""
+        s = self.sources.get(key)
+        if s is None:
+            return 0, 1
+        sure, maybe = 1, 0
+        for f in [s.filt] + s.old:
+            a, b = _member(f, rng)
+            sure &= a
+            maybe |= b
+        return sure, maybe
 
     def report(self, key, epoch, t, v):
         """Apply a report (or probe reply) of value ``v`` stamped ``t`` under ``epoch``."""

@@ -414,5 +414,5 @@ class Coordinator:
             return aggregate.answer(q, self.models.widened(self, q, self.cache.known))
         r = self.running.get(q.id)
         if r is None or r.q is not q:
-            r = self.running[q.id] = aggregate.Running(q, self.cache.known)
+            r = self.running[q.id] = aggregate.Running(q, self.cache.known, self.cache.member)
         return r.interval()

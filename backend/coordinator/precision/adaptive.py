@@ -218,9 +218,12 @@ class Adaptive(Protocol):
                 w = f.width
         return w
 
+    def _constraints(self, coord, key):
+        return range_constraints(coord, key)
+
     def _install(self, coord, key, width):
         s = coord.cache.sources[key]
-        cons = range_constraints(coord, key)
+        cons = self._constraints(coord, key)
         if cons != s.filt.cons:
             coord.assign_filter(key, width, cons)
         elif width != s.filt.width:

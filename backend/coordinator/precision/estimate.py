@@ -36,7 +36,9 @@ Idle coordinator ticks change nothing here (``quiet``), so the coordinator skips
 import math
 
 from edge.core import codec
+from backend.coordinator.core.protocol import range_constraints
 from backend.coordinator.precision.adaptive import INF, _MARGIN, Adaptive
+from backend.coordinator.precision.extremes import REACH, Cuts
 
 ALPHAS = (2.0, 1.5, 1.0)        # candidate exponents of r ∝ W^−α; the first is the prior
 _SWITCH = 2.0                   # log-likelihood gain needed to leave the prior α
@@ -150,7 +152,7 @@ class Estimated(Adaptive):
         return super().__new__(cls)
 
     def __init__(self, rule="estimate", cost=1.0, seed=0, immediate=True, rate=None, eps=1e-8, memory=32,
-                 every=None, hysteresis=0.1, guard=None, prior=2.0, **shrink_only):
+                 every=None, hysteresis=0.1, guard=None, prior=2.0, reach=REACH, **shrink_only):
         if shrink_only:
             raise ValueError("%s: parameters of rule=shrink (Olston §3.2) only" % ", ".join(sorted(shrink_only)))
         Adaptive.__init__(self, cost=cost, seed=seed, immediate=immediate, rate=rate, eps=eps)
@@ -162,6 +164,7 @@ class Estimated(Adaptive):
         if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not prior > 0:
             raise ValueError("prior must be a number > 0, got %r" % (prior,))
         self.prior = float(prior)
+        self.cuts = Cuts(reach)         # MIN/MAX: sources far from the extreme are silent below a cut
         self.decay = 1.0 - 1.0 / memory
         self.memory, self.every, self.hysteresis, self.guard = memory, every, hysteresis, guard
         self.src = {}                   # key -> _Source
@@ -193,7 +196,19 @@ class Estimated(Adaptive):
             st = self.src[key] = _Source(coord.clock, self._width(coord.cache.sources[key]))
         return st
 
+    def queries_changed(self, coord, now):
+        self.cuts.reset(coord)
+        Adaptive.queries_changed(self, coord, now)
+
+    def _constraints(self, coord, key):
+        return range_constraints(coord, key) + self.cuts.constraints(coord, key)
+
+    def _silent(self, coord, key):
+        return self.cuts.silent(coord, key)
+
     def _install(self, coord, key, width):
+        if self._silent(coord, key):
+            width = INF
         if key in self.rows.of:
             st = self._source(coord, key)
             st.accrue(coord.clock)
@@ -211,7 +226,8 @@ class Estimated(Adaptive):
         st.accrue(t)
         c = self.cost(key)
         self.spent += c
-        if m["why"] == codec.WHY_EXIT:
+        silent = self._silent(coord, key)
+        if m["why"] == codec.WHY_EXIT and not silent:
             u, w = st.eff(self.rows.uniform(key)), st.eff(st.w)
             self.static += c * ((w / u) ** self.alpha if 0 < u < INF and w < INF else 1.0)
             d = self.decay
@@ -227,7 +243,10 @@ class Estimated(Adaptive):
             self.static += c
         st.w = self._width(s)
         if m["v"] != codec.NO_VALUE:
-            st.observe(m["v"])
+            if not silent:
+                st.observe(m["v"])
+            for k in self.cuts.reported(coord, key, m["v"]):
+                self._recut(coord, k)
         if self.since is None:
             self.since = t
         self.seen += 1
@@ -235,6 +254,11 @@ class Estimated(Adaptive):
         if self.count >= (self.every or max(8, len(self.rows.of))):
             self.count = 0
             self._reallocate(coord, t)
+
+    def _recut(self, coord, key):
+        """Install ``key``'s new cuts (a promoted source gets its uniform width back)."""
+        w = self._width(coord.cache.sources[key])
+        self._install(coord, key, self.rows.uniform(key) if w == INF else w)
 
     def _send(self, coord, key, width):
         self.spent += self.cost(key)
@@ -273,7 +297,7 @@ class Estimated(Adaptive):
         self.target, self.narrowing, self.credit = {}, set(), []
         for key in sorted(self.rows.of):
             s = coord.cache.sources.get(key)
-            if s is not None and s.filt.width != self.rows.uniform(key):
+            if s is not None and s.filt.width != self.rows.uniform(key) and not self._silent(coord, key):
                 self._send(coord, key, self.rows.uniform(key))
         return True
 
@@ -281,7 +305,7 @@ class Estimated(Adaptive):
         if self.narrowing or self._guard(coord, t):
             return
         src = coord.cache.sources
-        keys = [k for k in sorted(self.rows.of) if k in src]
+        keys = [k for k in sorted(self.rows.of) if k in src and not self._silent(coord, k)]
         for k in keys:
             self._source(coord, k).accrue(t)
         self.alpha = alpha = self._fit_alpha()
