@@ -81,6 +81,8 @@ class Agent:
         self.period = 0         # number of shrinks applied (the backend's period count)
         self.last_up = None
         self.summaries = None   # source index -> swat.Replicator, allocated by the first summary control
+        self.alt = None         # per source edge.core.predict.Chooser, once the backend allows lines
+        self.allow = 1          # filter models allowed (edge.core.predict bits), from the ``models`` control
         self.stats = {"samples": 0, "reports": 0, "bad_samples": 0, "bad_messages": 0, "probes": 0,
                       "stale": 0, "unsupported": 0}
 
@@ -105,13 +107,19 @@ class Agent:
         self.last_up = now
         return ("up", codec.encode(kind, fields))
 
-    def _report(self, now, i, why):
-        """Report source ``i``'s current value stamped ``now`` and recentre on it."""
+    def _report(self, now, i, why, constant=False):
+        """Report source ``i``'s current value stamped ``now`` and recentre on it (start a line on it
+        when lines are allowed: edge.core.predict)."""
         f = self.filters[i]
         v = self.values[i]
-        f.recenter(v)
         self.stats["reports"] += 1
-        return self._up(now, "report", {"src": i, "epoch": f.epoch, "t": now, "v": v, "why": why})
+        fields = {"src": i, "epoch": f.epoch, "t": now, "v": v, "why": why}
+        if self.alt is None:
+            f.recenter(v)
+            return self._up(now, "report", fields)
+        self.alt[i].report(f, now, v, self.allow, constant)
+        fields["slope"], fields["gap"] = f.slope, f.gap
+        return self._up(now, "line", fields)
 
     def start(self, now):
         """Birth (also sent after every reconnect), in parts when one payload cannot hold every source."""
@@ -163,6 +171,9 @@ class Agent:
         self.stats["samples"] += 1
         self.values[i] = value
         f = self.filters[i]
+        if self.alt is not None:
+            self.alt[i].sample(now, value, f.width)
+            f.at(now)
         out = []
         if f.center is None:
             out.append(self._report(now, i, codec.WHY_FIRST))
@@ -199,6 +210,9 @@ class Agent:
             return []
         if kind == "config":
             self._configure(now, m)
+            return []
+        if kind == "models":
+            self._models(m["allow"])
             return []
         i = m["src"]
         if i >= len(self.filters):
@@ -246,6 +260,17 @@ class Agent:
         self.beat = self._ms(m["beat"])
         self.period = max(self.period, m["tick"]) if same else m["tick"]
 
+    def _models(self, allow):
+        """The backend's filter models: lines need edge.core.predict (loaded only then); a filter
+        keeps its line until its next report, which follows the new ``allow``."""
+        self.allow = allow
+        if allow & 2 and self.alt is None:
+            from edge.core import predict
+            for i, f in enumerate(self.filters):
+                g = self.filters[i] = predict.LineFilter(f.width, f.cons, f.epoch, self.rnd)
+                g.center, g.mask, g.lo, g.hi, g.v0 = f.center, f.mask, f.lo, f.hi, f.center or 0.0
+            self.alt = [predict.Chooser(self.rnd) for _ in self.filters]
+
     # -- time -----------------------------------------------------------------
     def _shrink_at(self):
         return self._ms(self.t0_ms + (self.period + 1) * self.period_ms)
@@ -259,11 +284,19 @@ class Agent:
             b = self.last_up + self.beat
             if t is None or b < t:
                 t = b
+        if self.alt is not None:
+            from edge.core import predict
+            g = predict.deadline(self)
+            if g is not None and (t is None or g < t):
+                t = g
         return None if t is None else t - self.offset
 
     def handle_timer(self, now):
         now += self.offset
         out = []
+        if self.alt is not None:
+            from edge.core import predict
+            out += predict.gaps(self, now)
         if self.period_ms > 0 and self.shrink > 0:
             at = self._shrink_at()
             n = 0

@@ -32,7 +32,8 @@ class Simulation(Loop):
     def __init__(self, workload, progress=None, vectorised=True):
         self.w = w = load(workload) if not hasattr(workload, "source_ids") else workload
         host = host_mod.Host({"protocol": w.protocol, "period": w.period, "shrink": w.shrink, "latency": w.latency,
-                              "beat": w.beat, "t0": 0.0, "params": w.protocol_params}, declared=w.source_ids)
+                              "beat": w.beat, "t0": 0.0, "params": w.protocol_params,
+                              "models": w.params.get("models")}, declared=w.source_ids)
         Loop.__init__(self, Network({UP: {"delay": w.delay_up, "jitter": w.jitter},
                                      DOWN: {"delay": w.delay_down, "jitter": w.jitter}},
                                     random.Random(w.seed + 1).uniform, w.warmup,
@@ -89,7 +90,8 @@ class Simulation(Loop):
         a = self.agents[device]
         for s, j in self.dev_src[device]:
             f = a.filters[j]
-            if f.center is None or f.cons or (a.summaries and j in a.summaries):   # SWAT trees see every reading
+            if f.center is None or f.cons or a.alt is not None or (a.summaries and j in a.summaries):
+                # SWAT trees and the filter-model choice (edge.core.predict) see every reading
                 self.lo[s], self.hi[s] = np.inf, -np.inf     # always take the scalar path
             else:
                 self.lo[s], self.hi[s] = f.lo, f.hi

@@ -38,6 +38,7 @@ WHY_SHRINK = 1    # re-check after the periodic shrink found the value outside
 WHY_ASSIGN = 2    # re-check (or acknowledgement) after a bound/width/filter assignment
 WHY_RESYNC = 3    # first report of a source after start or reconnect
 WHY_FIRST = 4     # first reading of a source
+WHY_GAP = 5       # a line's source had no reading for its gap bound: its last reading, as a constant
 
 # Field types: B u8, H u16, I u32, q signed 64-bit integer, d f64, s short utf-8 string (u8 length),
 # y byte blob (u16 length), T a device time: an IEEE double on the wire, which a device holding integer
@@ -56,6 +57,9 @@ SCHEMAS = {
     "birth": (4, "up", "ITIsBB*sHdd", "seq t boot fw caps first sources name epoch width v"),
     "gone": (5, "up", "I", "boot"),
     "blob": (6, "up", "BITBy", "src seq t tag data"),
+    # a report that starts a line (edge.core.predict): slope per device time unit, gap in device time
+    # units; slope 0 is a constant report. Sent only by a device the backend allowed lines (``models``).
+    "line": (7, "up", "BHITdBdT", "src epoch seq t v why slope gap"),
     # downlink: backend -> device. Every one carries the backend's incarnation ``inc`` (one per backend
     # run) and ``to``, the token of the device birth it answers (boot ^ the birth's seq): a device drops
     # a control message from before its latest birth or from another backend run.
@@ -70,6 +74,9 @@ SCHEMAS = {
     # SWAT summary replication (Bulut & Singh 2003 §3): window 0 drops the tree; subs/read are segment masks
     "summary": (22, "down", "BIIIHBII*Bd", "src seq inc to window k subs read pad seg w"),
     # querying-metadata for relay nodes (Zhang et al. 2005 §3.2): op 1 add / 0 remove, agg 0 count / 1 sum
+    # filter models the device may use (edge.core.predict bits: 1 constant, 2 linear); a device that
+    # does not know this kind drops it and stays constant
+    "models": (23, "down", "IIIB", "seq inc to allow"),
     "moq": (30, "down", "IIIBsddBd", "seq inc to op qid tb te agg eta"),
 }
 
