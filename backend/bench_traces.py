@@ -27,10 +27,14 @@ from backend.sim.workload import load
 # ``static`` marks a fixed allocation whose messages cannot depend on the adjustment period: it runs with
 # the period set to the trace's span, which only skips the idle ticks the coordinator makes today
 # (checked equal on a short trace in tests/backend/test_traces.py).
+# Filter models (edge.core.predict): ``deadband`` is pinned to the constant model (the plain deadband every
+# IoT stack has); ``linear`` and ``choose`` are deadband's widths with lines always / chosen per source.
 COLUMNS = [
-    {"label": "deadband", "protocol": "deadband", "static": True},
+    {"label": "deadband", "protocol": "deadband", "static": True, "params": {"models": "constant"}},
     {"label": "optimal_static", "protocol": "optimal_static", "static": True},
     {"label": "adaptive", "protocol": "adaptive"},
+    {"label": "linear", "protocol": "deadband", "static": True, "params": {"models": "linear"}},
+    {"label": "choose", "protocol": "deadband", "static": True, "params": {"models": "choose"}},
 ]
 MINIMA = (("clairvoyant_pc", lambda t, v, w: minimum_reports(v, w)), ("clairvoyant_pl", minimum_segments))
 
@@ -95,8 +99,8 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
             if proto not in PROTOCOLS:
                 continue
             p = dict(_of(col.get("params"), c))
-            if col.get("static"):
-                p["period"] = c["span_s"] + 1.0
+            if col.get("static"):       # the span, at most what a config's u32 of ms holds (49 days)
+                p["period"] = min(c["span_s"] + 1.0, 4.0e6)
             spec = traces.workload(c, trace_dir, proto, p, duration)
             extra = _of(col.get("query"), c)
             spec["queries"] = [dict(q, **extra) for q in spec["queries"]]

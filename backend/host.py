@@ -26,7 +26,7 @@ SETTINGS = {"protocol": "deadband", "period": 10.0, "shrink": 0.05, "latency": 0
 # Filter models devices may use (edge.core.predict): the setting ``models`` or ``params.models``; None
 # takes ``DEFAULT_MODELS``. "choose" picks constant or linear per source online by measured cost.
 MODELS = {"constant": 1, "linear": 2, "choose": 3}
-DEFAULT_MODELS = "constant"
+DEFAULT_MODELS = "choose"
 # λ on a real network (loopback delay plus clock skew between processes): the live coordinator's and
 # the Spark backend's command-line default; the simulator states its own in the workload.
 LIVE_LATENCY = 0.5

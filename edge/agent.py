@@ -15,7 +15,7 @@ the count. Downlinks answer one birth (``to``) of one backend run (``inc``): a c
 before the latest birth or from another backend run is dropped, duplicates by a 30-entry window.
 """
 from edge.core import codec
-from edge.core.codec import NO_VALUE, newer, CAP_F32, CAP_MS
+from edge.core.codec import NO_VALUE, newer, CAP_F32, CAP_MS, CAP_LINE
 from edge.core.interval import IntervalFilter, INF
 
 FIRMWARE = "qf-0.2"
@@ -65,7 +65,7 @@ class Agent:
         self.filters = [IntervalFilter(width, (), 0, rnd) for _ in self.names]
         self.values = [None] * len(self.names)
         self.boot = boot
-        self.caps = caps | (CAP_F32 if F32 or rnd is not None else 0) | (CAP_MS if unit == 1000 else 0)
+        self.caps = caps | CAP_LINE | (CAP_F32 if F32 or rnd is not None else 0) | (CAP_MS if unit == 1000 else 0)
         self.unit = unit
         self.synced = synced
         self.offset = 0         # device time = caller's clock + offset
@@ -82,7 +82,7 @@ class Agent:
         self.last_up = None
         self.summaries = None   # source index -> swat.Replicator, allocated by the first summary control
         self.alt = None         # per source edge.core.predict.Chooser, once the backend allows lines
-        self.allow = 1          # filter models allowed (edge.core.predict bits), from the ``models`` control
+        self.allow = 1          # filter models allowed (edge.core.predict bits), from the ``setup`` control
         self.stats = {"samples": 0, "reports": 0, "bad_samples": 0, "bad_messages": 0, "probes": 0,
                       "stale": 0, "unsupported": 0}
 
@@ -201,18 +201,18 @@ class Agent:
             raise ValueError("not a control message")
         if kind == "rebirth":
             return self._start(now)
-        if m["to"] != self.token or (kind != "config" and m["inc"] != self.inc):
+        config = kind == "config" or kind == "setup"
+        if m["to"] != self.token or (not config and m["inc"] != self.inc):
             self.stats["stale"] += 1    # sent before our latest birth, or by another backend run
             return []
-        if kind == "config" and m["inc"] != self.inc:
+        if config and m["inc"] != self.inc:
             self.inc, self.top, self.seen = m["inc"], None, 0
         if not self._fresh(m["seq"]):
             return []
-        if kind == "config":
+        if config:
             self._configure(now, m)
-            return []
-        if kind == "models":
-            self._models(m["allow"])
+            if kind == "setup":
+                self._models(m["allow"])
             return []
         i = m["src"]
         if i >= len(self.filters):
@@ -265,7 +265,11 @@ class Agent:
         keeps its line until its next report, which follows the new ``allow``."""
         self.allow = allow
         if allow & 2 and self.alt is None:
-            from edge.core import predict
+            try:
+                from edge.core import predict
+            except ImportError:         # a board built without lines: say so, stay constant
+                self.stats["unsupported"] += 1
+                return
             for i, f in enumerate(self.filters):
                 g = self.filters[i] = predict.LineFilter(f.width, f.cons, f.epoch, self.rnd)
                 g.center, g.mask, g.lo, g.hi, g.v0 = f.center, f.mask, f.lo, f.hi, f.center or 0.0

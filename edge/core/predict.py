@@ -5,10 +5,10 @@ instead extrapolate the same line from the last report, pred(t) = v0 + slope·(t
 reports when a reading leaves pred(t) ± h (or changes constraint membership, as before). The slope
 and ``gap``, a bound on the time between two of the device's samples, travel in the report (codec kind
 ``line``), so the backend mirrors the line from the report alone. The backend states, at its time t,
-the hull of the line over [t − gap, t + gap] ± h: the latest sample lies in [t − gap, t] (a device that
-has no sample for ``gap`` reports its last reading as a constant), and the statement is refreshed
-every ``gap``. With h = W/2 − |slope|·gap that hull is never wider than W, so the precision the
-backend allocated holds; a line for which h would be negative is not used (constant instead).
+the hull of the line over [t − gap, t + H] ± h, H = gap/4: the latest sample lies in [t − gap, t] (a
+device that has no sample for ``gap`` reports its last reading as a constant), and the statement is
+restated every H. With h = W/2 − |slope|·(gap + H)/2 that hull is never wider than W, so the precision
+the backend allocated holds; a line for which h would be negative is not used (constant instead).
 
 The model is chosen per source online by measured cost: the device runs both models in shadow over
 its readings, counts the reports each would have sent over a recent window, and picks the cheaper at
@@ -23,8 +23,8 @@ from edge.core.interval import IntervalFilter, INF
 
 CONSTANT = 1        # model bits of the ``allow`` mask (codec kind ``models``)
 LINEAR = 2
-GAP = 2             # gap bound = GAP × the latest sampling interval
-MARGIN = 2          # linear must have saved this many shadow reports to be chosen
+GAP = 1.5           # gap bound = GAP × the latest sampling interval (jitter up to 50 % costs nothing)
+MARGIN = 4          # linear is chosen when its shadow reports, plus a quarter, plus MARGIN, are at most constant's
 WINDOW = 32         # shadow costs are halved when they sum to this: a window of recent reports
 
 
@@ -45,11 +45,7 @@ class LineFilter(IntervalFilter):
 
     def half(self):
         """h: half the band about the line (W/2 for a constant); negative: the line is not usable."""
-        r = self._r
-        h = self.width / 2
-        if self.slope:
-            h = r(h - r(abs(self.slope) * r(float(self.gap))))
-        return h
+        return band(self, self.slope, self.gap)
 
     def _place(self):
         c = self.center
@@ -78,7 +74,7 @@ class LineFilter(IntervalFilter):
         IntervalFilter.recenter(self, v)
         self.t0 = t
         self.v0 = self.center
-        self.slope = self._r(slope) if gap > 0 else 0.0
+        self.slope = self._r(slope) if horizon(gap) > 0 else 0.0
         self.gap = gap
         self._place()
 
@@ -118,12 +114,23 @@ def slope(f, t, v):
     return r(r(v - f.v0) / r(float(t - f.t0)))
 
 
+def horizon(gap):
+    """H, how long a statement about a line holds (device units; integer ms stay integers)."""
+    return gap // 4 if isinstance(gap, int) else gap / 4
+
+
+def band(f, s, gap):
+    """h for a line of slope ``s`` and gap bound ``gap`` at ``f``'s width: W/2 − |s|·(gap + H)/2."""
+    h = f.width / 2
+    if s:
+        r = f._r
+        h = r(h - r(abs(s) * r(float(gap + horizon(gap)))) / 2)
+    return h
+
+
 def feasible(f, s, gap):
     """Whether a line of slope ``s`` and gap ``gap`` leaves a non-negative band at ``f``'s width."""
-    if gap <= 0 or f.width == INF:
-        return False
-    r = f._r
-    return r(f.width / 2 - r(abs(s) * r(float(gap)))) >= 0
+    return horizon(gap) > 0 and f.width != INF and band(f, s, gap) >= 0
 
 
 class Chooser:
@@ -139,7 +146,8 @@ class Chooser:
         """The gap bound a line started now would carry (0: no interval observed yet)."""
         if self.prev is None or not self.last > self.prev:
             return 0
-        return GAP * (self.last - self.prev)
+        d = self.last - self.prev
+        return d + d // 2 if isinstance(d, int) else d * GAP
 
     def sample(self, t, v, width):
         """A reading: advance both shadows at the filter's current ``width`` and count their reports."""
@@ -164,7 +172,8 @@ class Chooser:
         """A real report of ``v`` at ``t`` on filter ``f``: start the cheaper model's line."""
         gap = self.gap()
         s = 0.0
-        if not constant and allow & LINEAR and (not allow & CONSTANT or self.cost[1] + MARGIN <= self.cost[0]):
+        c, l = self.cost
+        if not constant and allow & LINEAR and (not allow & CONSTANT or l + (l >> 2) + MARGIN <= c):
             s = slope(f, t, v)
             if not feasible(f, s, gap):
                 s = 0.0

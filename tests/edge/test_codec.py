@@ -28,7 +28,8 @@ SAMPLES = {
     "rebirth": {"seq": 15, "inc": 1, "to": 0},
     "summary": {"src": 0, "seq": 17, "inc": 1, "to": 2, "window": 1024, "k": 2, "subs": 0b1010, "read": 1,
                 "pad": [{"seg": 1, "w": 0.5}, {"seg": 3, "w": 2.0}]},
-    "models": {"seq": 18, "inc": 1, "to": 2, "allow": 3},
+    "setup": {"seq": 18, "inc": 1, "to": 2, "period": 10000, "shrink": 0.0, "beat": 0, "t0": 0, "now": 5, "tick": 0,
+              "allow": 3},
     "moq": {"seq": 16, "inc": 1, "to": 2, "op": 1, "qid": "c1", "tb": 0.0, "te": 5000.0, "agg": 0, "eta": 0.01},
 }
 

@@ -2,7 +2,7 @@
 
 A signal is fed sample by sample to a real ``Agent`` (integer-ms clock, as on a board), every uplink is
 decoded and applied to a backend-style mirror, and after every sample, and at instants between samples,
-every statement the backend could be holding (made at any refresh time in the last gap) must contain
+every statement the backend could be holding (made at any refresh in the last H) must contain
 the device's latest reading and be no wider than W. The report count of the linear-only model equals a
 brute-force reference. Runs under CPython and MicroPython; ``f32`` emulates a single-precision board
 mirrored by a padded float32 filter.
@@ -10,7 +10,7 @@ mirrored by a padded float32 filter.
 from edge.agent import Agent
 from edge.core import codec
 from edge.core.float32 import f32
-from edge.core.predict import LineFilter, CONSTANT, LINEAR, GAP
+from edge.core.predict import LineFilter, CONSTANT, LINEAR
 from portable import Rng, ctl, session
 
 W = 2.0
@@ -41,7 +41,7 @@ def _signal(seed, n, kind):
 def _agent(allow, rnd):
     a = Agent("d", ["x"], unit=1000, rnd=rnd)
     session(a)
-    a.handle_message(0, ctl(a, "models", seq=2, allow=allow))
+    a.handle_message(0, ctl(a, "setup", seq=2, period=0, shrink=0.0, beat=0, t0=0, now=0, tick=0, allow=allow))
     a.handle_message(0, ctl(a, "width", seq=3, src=0, epoch=1, period=0, width=W, ack=0))
     return a
 
@@ -56,14 +56,14 @@ def _apply(m, out):
 
 
 def _check(m, x, truth, rnd):
-    """Every statement made at a refresh r in [max(t0, x − gap), x] holds at x."""
+    """Every statement made at a refresh r in [max(t0, x − H), x] holds at x."""
     rs = [x]
     if m.slope:
-        rs += [x - m.gap // 2, x - m.gap]
+        rs += [x - m.gap // 8, x - m.gap // 4]
     for r in rs:
         if m.slope and r < m.t0:
             continue
-        lo, hi = m.known_over(r - m.gap, r + m.gap) if m.slope else m.known()
+        lo, hi = m.known_over(r - m.gap, r + m.gap // 4) if m.slope else m.known()
         assert lo <= truth <= hi, (x, r, lo, truth, hi, m.slope)
         slack = 8 * (abs(truth) + W) * 2.0 ** -23 if rnd else 1e-9     # float32: rounding and the pad
         assert hi - lo <= W + slack, (hi - lo, m.slope)
@@ -100,12 +100,12 @@ def _reference(ts, vs):
             t0, v0, s = last + g, lastv, 0.0
         prev, last, lastv = last, t, v
         c = v0 + s * float(t - t0) if t0 is not None else None
-        h = W / 2 - abs(s) * float(g) if s else W / 2
+        h = W / 2 - abs(s) * float(g + g // 4) / 2 if s else W / 2
         if c is None or v < c - h or v > c + h:
             count += 1
-            gap = GAP * (t - prev) if prev is not None else 0
+            gap = (t - prev) * 3 // 2 if prev is not None else 0
             ns = (v - v0) / float(t - t0) if t0 is not None and t > t0 else 0.0
-            if gap <= 0 or W / 2 - abs(ns) * float(gap) < 0:
+            if gap // 4 <= 0 or W / 2 - abs(ns) * float(gap + gap // 4) / 2 < 0:
                 ns = 0.0
             t0, v0, s, g = t, v, ns, gap
     return count

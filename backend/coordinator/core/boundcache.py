@@ -10,13 +10,13 @@ and pads what it states by one float32 step (edge.core.interval).
 
 Time-aware for linear sources (edge.core.predict, our extension of §1.2): ``known`` states the bound at
 the cache's clock ``now`` (seconds; the coordinator sets it), the hull of the line over the window in
-which the latest reading lies, valid until ``now + gap``; ``due`` holds each line's next refresh.
+which the latest reading lies, valid until ``now + H``; ``due`` holds each line's next refresh.
 """
 import heapq
 import math
 
 from edge.core.float32 import f32
-from edge.core.predict import LineFilter
+from edge.core.predict import LineFilter, horizon
 
 
 class Source:
@@ -65,15 +65,15 @@ class BoundCache:
         return lo, hi
 
     def _known(self, s, f):
-        """``f``'s statement at ``now``: a line's hull over [now − gap, now + gap] in device units
-        (rounded outwards to whole units; a float clock one step outwards for the rounding of ±)."""
+        """``f``'s statement at ``now``: a line's hull over [now − gap, now + H] in device units
+        (integer ms outwards to whole ms; a float clock two steps outwards for the rounding of ±)."""
         if not f.slope:
             return f.known()
-        now, g = self.now * s.unit, f.gap
+        now, g, h = self.now * s.unit, f.gap, horizon(f.gap)
         if s.unit == 1:
             return f.known_over(math.nextafter(math.nextafter(now - g, -math.inf), -math.inf),
-                                math.nextafter(math.nextafter(now + g, math.inf), math.inf))
-        return f.known_over(math.floor(now) - g, math.ceil(now) + g)
+                                math.nextafter(math.nextafter(now + h, math.inf), math.inf))
+        return f.known_over(math.floor(now + 1e-6) - g, math.ceil(now - 1e-6) + h)
 
     def report(self, key, epoch, t, v, line=None):
         """Apply a report (or probe reply) of value ``v`` stamped ``t`` under ``epoch``; ``line``:
@@ -95,7 +95,7 @@ class BoundCache:
 
     def refresh(self, s, t):
         """Schedule the next restatement of line source ``s`` after time ``t``."""
-        s.due = t + s.filt.gap / s.unit
+        s.due = t + horizon(s.filt.gap) / s.unit
         heapq.heappush(self.due, (s.due, s.key))
 
     def next_due(self):

@@ -9,13 +9,14 @@ Devices (DESIGN.md §2, §3): times of a device whose birth says CAP_MS are inte
 read as seconds here; a CAP_F32 device is mirrored in float32. Adjustment ticks fall at
 ``(t0_ms + k·T_ms) / 1000``, the expression a device computes in integers, so both agree to the bit.
 Every downlink carries the backend's ``incarnation`` and the token of the device birth it answers.
-Filter models (edge.core.predict): ``models`` is the mask of models devices may use, told them after
-each birth; a line source's statement changes with time, so it is restated at its refresh times.
+Filter models (edge.core.predict): ``models`` is the mask of models devices may use, told to a device
+whose birth says CAP_LINE in a ``setup`` (a config with that mask) instead of a ``config``; a line
+source's statement changes with time, so it is restated at its refresh times.
 """
 import heapq
 import math
 
-from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, newer
+from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, CAP_LINE, newer
 from edge.core import codec
 from backend.coordinator.core import aggregate
 from backend.coordinator.brownian.interruption import Models
@@ -123,7 +124,7 @@ class Coordinator:
         d = self.devices.get(device)
         if d is None:
             d = self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False,
-                                        "to": 0, "single": False}
+                                        "to": 0, "single": False, "lines": False}
         return d
 
     def schedule_ms(self):
@@ -165,9 +166,11 @@ class Coordinator:
         heartbeat, this backend's clock, and the number of ticks applied so far. Re-send it to every
         device after changing the period or the shrink: the device counts periods from it."""
         t0, period = self.schedule_ms()
-        self.send(device, "config", {"period": period, "shrink": self.shrink,
-                                     "beat": round(self.beat * 1000), "t0": t0,
-                                     "now": round(self.wall * 1000), "tick": self.tick - 1})
+        fields = {"period": period, "shrink": self.shrink, "beat": round(self.beat * 1000), "t0": t0,
+                  "now": round(self.wall * 1000), "tick": self.tick - 1}
+        if self.devices[device]["lines"]:
+            fields["allow"] = self.allow
+        self.send(device, "setup" if "allow" in fields else "config", fields)
 
     def probe(self, key, probe_id=0):
         s = self.cache.sources[key]
@@ -256,11 +259,10 @@ class Coordinator:
             d["boot"], d["seq"] = m["boot"], m["seq"]
             d["to"] = (m["boot"] ^ m["seq"]) & 0xFFFFFFFF
             d["single"] = bool(m["caps"] & CAP_F32)
+            d["lines"] = bool(m["caps"] & CAP_LINE)
             d["online"] = False
             self._set_online(device, True)
             self.send_config(device)
-            if self.allow != 1:
-                self.send(device, "models", {"allow": self.allow})
         for i, rec in enumerate(m["sources"], m["first"]):
             key = rec["name"]
             s = self.cache.sources.get(key)
