@@ -57,6 +57,13 @@ class LineFilter(IntervalFilter):
                 h = 0.0
             self.lo, self.hi = self._r(c - h), self._r(c + h)
 
+    def check(self, v):
+        """As ``IntervalFilter.check``; a line that a narrower width left without a band (h < 0) must
+        be reported at once (the re-check after a shrink or an assignment)."""
+        if self.slope and self.center is not None and self.half() < 0:
+            return True
+        return IntervalFilter.check(self, v)
+
     def at(self, t):
         """Place the band at device time ``t`` (a reading's time) before ``check``."""
         if self.slope and self.center is not None:
@@ -139,6 +146,7 @@ class Chooser:
     def __init__(self, rnd=None):
         self.last = None        # time of the latest reading, and of the one before
         self.prev = None
+        self.value = None       # the latest reading
         self.shadows = (LineFilter(INF, (), 0, rnd), LineFilter(INF, (), 0, rnd))
         self.cost = [0, 0]      # shadow reports of the constant, the linear model in the window
 
@@ -150,14 +158,19 @@ class Chooser:
         return d + d // 2 if isinstance(d, int) else d * GAP
 
     def sample(self, t, v, width):
-        """A reading: advance both shadows at the filter's current ``width`` and count their reports."""
-        self.prev, self.last = self.last, t
+        """A reading: advance both shadows at the filter's current ``width`` and count their reports
+        (the linear shadow's gap reports included)."""
+        last, value = self.last, self.value
+        self.prev, self.last, self.value = last, t, v
         gap = self.gap()
         for m in (0, 1):
             g = self.shadows[m]
             if g.width != width:
                 g.width = width
                 g._place()
+            if g.slope and g.center is not None and (last if last > g.t0 else g.t0) + g.gap <= t:
+                self.cost[1] += 1
+                g.line((last if last > g.t0 else g.t0) + g.gap, value, 0.0, g.gap)
             g.at(t)
             if g.center is None or g.check(v):
                 if g.center is not None:
@@ -180,12 +193,19 @@ class Chooser:
         f.line(t, v, s, gap)
 
 
+def _due(agent, i, f):
+    """When line ``f`` of source ``i`` runs out of readings: ``gap`` after its latest reading or after
+    the line's start, whichever is later (a shrink or assignment starts a line after the reading)."""
+    last = agent.alt[i].last
+    return (last if last > f.t0 else f.t0) + f.gap
+
+
 def deadline(agent):
     """The earliest time a line's source would pass its gap without a reading (None: no line)."""
     t = None
     for i, f in enumerate(agent.filters):
         if f.slope and f.center is not None:
-            d = agent.alt[i].last + f.gap
+            d = _due(agent, i, f)
             if t is None or d < t:
                 t = d
     return t
@@ -197,7 +217,7 @@ def gaps(agent, now):
     out = []
     for i, f in enumerate(agent.filters):
         if f.slope and f.center is not None:
-            at = agent.alt[i].last + f.gap
+            at = _due(agent, i, f)
             if at <= now:
                 out.append(agent._report(at, i, WHY_GAP, True))
     return out
