@@ -1,6 +1,8 @@
 """Filter models per source (edge.core.predict) end to end: the simulator's ground truth at every instant,
 the time-aware bound cache, the ``models`` setting, and devices that predate lines."""
 import math
+import os
+import sys
 
 import pytest
 
@@ -105,3 +107,16 @@ def test_models_setting_rides_in_params_and_bad_names_are_refused():
     assert host.build(s).allow == 2 and host.build().allow == host.MODELS[host.DEFAULT_MODELS]
     with pytest.raises(ValueError, match="models"):
         host.settings(models="quadratic")
+
+
+def test_lines_reach_the_live_adapter_and_the_spark_path_with_the_simulators_answers():
+    """The ``lines`` case of the driver comparison (test_determinism) does run on lines."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import drivers
+    answers, inputs = drivers.record("lines")
+    sloped = [m["slope"] for m in (codec.decode(i[3])[1] for i in inputs if i[0] == "up") if "slope" in m]
+    assert sum(1 for s in sloped if s) > 50
+    records = drivers.spool_records(inputs)
+    want = drivers.fingerprint(answers)
+    assert drivers.fingerprint(drivers.live_answers("lines", records)) == want
+    assert drivers.fingerprint(drivers.feed_answers("lines", records, seed=3)) == want
