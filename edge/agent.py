@@ -267,13 +267,16 @@ class Agent:
         if allow & 2 and self.alt is None:
             try:
                 from edge.core import predict
-            except ImportError:         # a board built without lines: say so, stay constant
+                filters = []
+                for f in self.filters:
+                    g = predict.LineFilter(f.width, f.cons, f.epoch, self.rnd)
+                    g.center, g.mask, g.lo, g.hi, g.v0 = f.center, f.mask, f.lo, f.hi, f.center or 0.0
+                    filters.append(g)
+                alt = [predict.Chooser(self.rnd) for _ in filters]
+            except (ImportError, MemoryError):     # a board built without lines, or too small: stay constant
                 self.stats["unsupported"] += 1
                 return
-            for i, f in enumerate(self.filters):
-                g = self.filters[i] = predict.LineFilter(f.width, f.cons, f.epoch, self.rnd)
-                g.center, g.mask, g.lo, g.hi, g.v0 = f.center, f.mask, f.lo, f.hi, f.center or 0.0
-            self.alt = [predict.Chooser(self.rnd) for _ in self.filters]
+            self.filters, self.alt = filters, alt
 
     # -- time -----------------------------------------------------------------
     def _shrink_at(self):
