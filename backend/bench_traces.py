@@ -26,9 +26,11 @@ from backend.sim.workload import load
 # functions of the catalogue entry, e.g. a segment column
 # {"label": "segment L=10", "protocol": ..., "query": lambda c: {"lag": 10 * c["interval_s"]}}.
 COLUMNS = [
-    {"label": "deadband", "protocol": "deadband"},
+    {"label": "deadband", "protocol": "deadband", "params": {"models": "constant"}},
     {"label": "optimal_static", "protocol": "optimal_static"},
     {"label": "adaptive", "protocol": "adaptive"},
+    {"label": "linear", "protocol": "deadband", "params": {"models": "linear"}},
+    {"label": "choose", "protocol": "deadband", "params": {"models": "choose"}},
 ]
 MINIMA = (("clairvoyant_pc", lambda t, v, w: minimum_reports(v, w)), ("clairvoyant_pl", minimum_segments))
 

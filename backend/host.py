@@ -25,7 +25,11 @@ _BIRTH = bytes([codec.SCHEMAS["birth"][0]])
 
 # The settings every driver accepts, with the one set of defaults (T and S of Olston et al. §3.1).
 SETTINGS = {"protocol": "deadband", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": 0.0,
-            "t0": None, "params": None}
+            "t0": None, "params": None, "models": None}
+# Filter models devices may use (edge.core.predict): the setting ``models`` or ``params.models``; None
+# takes ``DEFAULT_MODELS``. "choose" picks constant or linear per source online by measured cost.
+MODELS = {"constant": 1, "linear": 2, "choose": 3}
+DEFAULT_MODELS = "choose"
 # λ on a real network (loopback delay plus clock skew between processes): the live coordinator's and
 # the Spark backend's command-line default; the simulator states its own in the workload.
 LIVE_LATENCY = 0.5
@@ -55,6 +59,11 @@ def settings(given=None, **overrides):
     if not isinstance(s["protocol"], str) or not isinstance(s["params"] or {}, dict):
         raise ValueError("setting protocol must be a name and params an object, got %r, %r"
                          % (s["protocol"], s["params"]))
+    if s["params"] and "models" in s["params"]:       # every driver passes params: models may ride there
+        s["params"] = dict(s["params"])
+        s["models"] = s["params"].pop("models")
+    if s["models"] is not None and s["models"] not in MODELS:
+        raise ValueError("setting models must be one of %s, got %r" % (", ".join(MODELS), s["models"]))
     return s
 
 
@@ -66,7 +75,8 @@ def build(given=None, **overrides):
     except TypeError as e:          # a parameter the protocol does not take
         raise ValueError("protocol %s: %s" % (s["protocol"], e))
     return Coordinator(protocol, period=s["period"], shrink=s["shrink"] if protocol.shrinks else 0.0,
-                       latency=s["latency"], beat=s["beat"], t0=s["t0"] or 0.0)
+                       latency=s["latency"], beat=s["beat"], t0=s["t0"] or 0.0,
+                       models=MODELS[s["models"] or DEFAULT_MODELS])
 
 
 def new_incarnation(now, previous=None):

@@ -15,7 +15,7 @@ the count. Downlinks answer one birth (``to``) of one backend run (``inc``): a c
 before the latest birth or from an earlier backend run is dropped, duplicates by a 30-entry window.
 """
 from edge.core import codec
-from edge.core.codec import NO_VALUE, newer, CAP_F32, CAP_MS
+from edge.core.codec import NO_VALUE, newer, CAP_F32, CAP_MS, CAP_LINE
 from edge.core.interval import IntervalFilter, INF
 
 FIRMWARE = "qf-0.2"
@@ -32,12 +32,12 @@ def _finite(v):
 
 def current(inc, kind, got):
     """Whether a control of backend incarnation ``got`` may be applied by a device configured by
-    incarnation ``inc`` (None: none since its latest birth): one of ``inc`` itself, or a config of a
-    later run (32-bit serial order, RFC 1982), which the device then adopts. A replayed control of an
+    incarnation ``inc`` (None: none since its latest birth): one of ``inc`` itself, or a config (or
+    ``setup``) of a later run (32-bit serial order, RFC 1982), which the device then adopts. A replayed control of an
     earlier run, config or not, is dropped."""
     if got == inc:
         return True
-    return kind == "config" and (inc is None or 0 < (got - inc) & 0xFFFFFFFF < 0x80000000)
+    return (kind == "config" or kind == "setup") and (inc is None or 0 < (got - inc) & 0xFFFFFFFF < 0x80000000)
 
 
 def fresh(top, seen, seq):
@@ -75,7 +75,7 @@ class Agent:
         self.filters = [IntervalFilter(width, (), 0, rnd) for _ in self.names]
         self.values = [None] * len(self.names)
         self.boot = boot
-        self.caps = caps | (CAP_F32 if F32 or rnd is not None else 0) | (CAP_MS if unit == 1000 else 0)
+        self.caps = caps | CAP_LINE | (CAP_F32 if F32 or rnd is not None else 0) | (CAP_MS if unit == 1000 else 0)
         self.unit = unit
         self.synced = synced
         self.offset = 0         # device time = caller's clock + offset
@@ -91,6 +91,8 @@ class Agent:
         self.period = 0         # number of shrinks applied (the backend's period count)
         self.last_up = None
         self.summaries = None   # source index -> swat.Replicator, allocated by the first summary control
+        self.alt = None         # per source edge.core.predict.Chooser, once the backend allows lines
+        self.allow = 1          # filter models allowed (edge.core.predict bits), from the ``setup`` control
         self.stats = {"samples": 0, "reports": 0, "bad_samples": 0, "bad_messages": 0, "probes": 0,
                       "stale": 0, "unsupported": 0}
 
@@ -115,13 +117,19 @@ class Agent:
         self.last_up = now
         return ("up", codec.encode(kind, fields))
 
-    def _report(self, now, i, why):
-        """Report source ``i``'s current value stamped ``now`` and recentre on it."""
+    def _report(self, now, i, why, constant=False):
+        """Report source ``i``'s current value stamped ``now`` and recentre on it (start a line on it
+        when lines are allowed: edge.core.predict)."""
         f = self.filters[i]
         v = self.values[i]
-        f.recenter(v)
         self.stats["reports"] += 1
-        return self._up(now, "report", {"src": i, "epoch": f.epoch, "t": now, "v": v, "why": why})
+        fields = {"src": i, "epoch": f.epoch, "t": now, "v": v, "why": why}
+        if self.alt is None:
+            f.recenter(v)
+            return self._up(now, "report", fields)
+        self.alt[i].report(f, now, v, self.allow, constant)
+        fields["slope"], fields["gap"] = f.slope, f.gap
+        return self._up(now, "line", fields)
 
     def start(self, now):
         """Birth (also sent after every reconnect), in parts when one payload cannot hold every source."""
@@ -173,6 +181,9 @@ class Agent:
         self.stats["samples"] += 1
         self.values[i] = value
         f = self.filters[i]
+        if self.alt is not None:
+            self.alt[i].sample(now, value, f.width)
+            f.at(now)
         out = []
         if f.center is None:
             out.append(self._report(now, i, codec.WHY_FIRST))
@@ -200,15 +211,18 @@ class Agent:
             raise ValueError("not a control message")
         if kind == "rebirth":
             return self._start(now)
+        config = kind == "config" or kind == "setup"
         if m["to"] != self.token or not current(self.inc, kind, m["inc"]):
             self.stats["stale"] += 1    # sent before our latest birth, or by an earlier backend run
             return []
-        if kind == "config" and m["inc"] != self.inc:
+        if config and m["inc"] != self.inc:
             self.inc, self.top, self.seen = m["inc"], None, 0
         if not self._fresh(m["seq"]):
             return []
-        if kind == "config":
+        if config:
             self._configure(now, m)
+            if kind == "setup":
+                self._models(m["allow"])
             return []
         i = m["src"]
         if i >= len(self.filters):
@@ -256,6 +270,24 @@ class Agent:
         self.beat = self._ms(m["beat"])
         self.period = max(self.period, m["tick"]) if same else m["tick"]
 
+    def _models(self, allow):
+        """The backend's filter models: lines need edge.core.predict (loaded only then); a filter
+        keeps its line until its next report, which follows the new ``allow``."""
+        self.allow = allow
+        if allow & 2 and self.alt is None:
+            try:
+                from edge.core import predict
+                filters = []
+                for f in self.filters:
+                    g = predict.LineFilter(f.width, f.cons, f.epoch, self.rnd)
+                    g.center, g.mask, g.lo, g.hi, g.v0 = f.center, f.mask, f.lo, f.hi, f.center or 0.0
+                    filters.append(g)
+                alt = [predict.Chooser(self.rnd) for _ in filters]
+            except (ImportError, MemoryError):     # a board built without lines, or too small: stay constant
+                self.stats["unsupported"] += 1
+                return
+            self.filters, self.alt = filters, alt
+
     # -- time -----------------------------------------------------------------
     def _shrink_at(self):
         return self._ms(self.t0_ms + (self.period + 1) * self.period_ms)
@@ -269,11 +301,19 @@ class Agent:
             b = self.last_up + self.beat
             if t is None or b < t:
                 t = b
+        if self.alt is not None:
+            from edge.core import predict
+            g = predict.deadline(self)
+            if g is not None and (t is None or g < t):
+                t = g
         return None if t is None else t - self.offset
 
     def handle_timer(self, now):
         now += self.offset
         out = []
+        if self.alt is not None:
+            from edge.core import predict
+            out += predict.gaps(self, now)
         if self.period_ms > 0 and self.shrink > 0:
             at = self._shrink_at()
             n = 0

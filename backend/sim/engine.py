@@ -36,7 +36,8 @@ class Simulation(Loop):
     def __init__(self, workload, progress=None, vectorised=True):
         self.w = w = load(workload) if not hasattr(workload, "source_ids") else workload
         host = host_mod.Host({"protocol": w.protocol, "period": w.period, "shrink": w.shrink, "latency": w.latency,
-                              "beat": w.beat, "t0": 0.0, "params": w.protocol_params}, declared=w.source_ids)
+                              "beat": w.beat, "t0": 0.0, "params": w.protocol_params,
+                              "models": w.params.get("models")}, declared=w.source_ids)
         Loop.__init__(self, Network({UP: {"delay": w.delay_up, "jitter": w.jitter},
                                      DOWN: {"delay": w.delay_down, "jitter": w.jitter}},
                                     random.Random(w.seed + 1).uniform, w.warmup,
@@ -81,10 +82,11 @@ class Simulation(Loop):
         return a
 
     def _bound(self, s):
-        """The bound of source ``s``'s filter (``IntervalFilter.bound``); None for a SWAT tree, which sees every reading."""
+        """The bound of source ``s``'s filter (``IntervalFilter.bound``); None for a SWAT tree or a filter-model
+        choice (edge.core.predict), which see every reading."""
         dev, j = self.src_dev[s]
         a = self.agents[dev]
-        return None if a.summaries and j in a.summaries else a.filters[j].bound()
+        return None if a.alt is not None or (a.summaries and j in a.summaries) else a.filters[j].bound()
 
     def from_agent(self, now, device, out):
         if device in self.offline:

@@ -29,7 +29,7 @@ QUERY = ("id", "kind", "sources", "weights", "precision", "range", "confidence")
 QUERY_EXTRA = {"range": ("k", "point", "rank_tolerance", "fp_tolerance", "fn_tolerance"),
                "summary": ("type", "window", "value", "radius", "every"),
                "relay": ("error", "window", "span")}
-SETTINGS = ("period", "shrink", "heartbeat")     # params the coordinator takes; the rest go to the protocol
+SETTINGS = ("period", "shrink", "heartbeat", "models")   # params the coordinator takes; the rest go to the protocol
 
 
 def number(d, key, default, where, lo=None, positive=False):

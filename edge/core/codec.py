@@ -20,6 +20,7 @@ NO_VALUE = float("inf")     # value field of a birth/reply when a source has no 
 CAP_RELAY = 2       # birth capability bits: this device is a relay node (edge.core.relay)
 CAP_F32 = 4         # the device computes in single-precision floats: the backend mirrors it in float32, padded
 CAP_MS = 8          # the device's times are integer milliseconds (``t`` fields hold ms, not seconds)
+CAP_LINE = 16       # the device understands ``setup`` and may send ``line`` reports (edge.core.predict)
 
 
 def newer(a, b):
@@ -38,6 +39,7 @@ WHY_SHRINK = 1    # re-check after the periodic shrink found the value outside
 WHY_ASSIGN = 2    # re-check (or acknowledgement) after a bound/width/filter assignment
 WHY_RESYNC = 3    # first report of a source after start or reconnect
 WHY_FIRST = 4     # first reading of a source
+WHY_GAP = 5       # a line's source had no reading for its gap bound: its last reading, as a constant
 
 # Field types: B u8, H u16, I u32, q signed 64-bit integer, d f64, s short utf-8 string (u8 length),
 # y byte blob (u16 length), T a device time: an IEEE double on the wire, which a device holding integer
@@ -56,6 +58,9 @@ SCHEMAS = {
     "birth": (4, "up", "ITIsBB*sHdd", "seq t boot fw caps first sources name epoch width v"),
     "gone": (5, "up", "I", "boot"),
     "blob": (6, "up", "BITBy", "src seq t tag data"),
+    # a report that starts a line (edge.core.predict): slope per device time unit, gap in device time
+    # units; slope 0 is a constant report. Sent only by a device the backend allowed lines (``setup``).
+    "line": (7, "up", "BHITdBdT", "src epoch seq t v why slope gap"),
     # downlink: backend -> device. Every one carries the backend's incarnation ``inc`` (one per backend
     # run) and ``to``, the token of the device birth it answers (boot ^ the birth's seq): a device drops
     # a control message from before its latest birth or from another backend run.
@@ -70,6 +75,9 @@ SCHEMAS = {
     # SWAT summary replication (Bulut & Singh 2003 §3): window 0 drops the tree; subs/read are segment masks
     "summary": (22, "down", "BIIIHBII*Bd", "src seq inc to window k subs read pad seg w"),
     # querying-metadata for relay nodes (Zhang et al. 2005 §3.2): op 1 add / 0 remove, agg 0 count / 1 sum
+    # a config plus the filter models the device may use (edge.core.predict bits: 1 constant, 2 linear),
+    # sent instead of ``config`` to a device whose birth says CAP_LINE
+    "setup": (24, "down", "IIIIdIqqIB", "seq inc to period shrink beat t0 now tick allow"),
     "moq": (30, "down", "IIIBsddBd", "seq inc to op qid tb te agg eta"),
 }
 

@@ -126,9 +126,12 @@ class IntervalFilter:
 
     def known(self):
         """The tightest interval the backend can state for the current value, from its mirror."""
-        lo, hi = self.lo, self.hi
         if self.center is None:
             return -INF, INF
+        return self.clip(self.lo, self.hi)
+
+    def clip(self, lo, hi):
+        """``[lo, hi]`` narrowed by the constraints' membership, padded when a float32 mirror."""
         bit = 1
         for l, u in self.cons:
             if self.mask & bit:

@@ -28,7 +28,8 @@ IDS = ["s%d" % i for i in range(16)]
 CASES = {"naive": ("naive", {}), "deadband": ("deadband", {}), "uniform": ("uniform", {}),
          "adaptive": ("adaptive", {}), "adaptive-refined": ("adaptive", dict(REFINED, rule="shrink")),
          "optimal_static": ("optimal_static", {"steps": {s: 0.5 + (i % 5) * 0.4 for i, s in enumerate(IDS)}}),
-         "brownian": ("brownian", {"min_obs": 5})}
+         "brownian": ("brownian", {"min_obs": 5}),
+         "lines": ("deadband", {"models": "linear"})}       # linear dual prediction (edge.core.predict)
 
 
 def workload(case):

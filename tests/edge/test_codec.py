@@ -16,6 +16,8 @@ SAMPLES = {
                           {"name": "hum\u00e9", "epoch": 0, "width": 0.5, "v": INF}]},
     "gone": {"boot": 5},
     "blob": {"src": 1, "seq": 3, "t": 2.0, "tag": 7, "data": b"\x00\x01\xff"},
+    "line": {"src": 3, "epoch": 2, "seq": 5, "t": 1700000000123, "v": -1.25, "why": codec.WHY_EXIT,
+             "slope": -0.0625, "gap": 2000},
     "width": {"src": 2, "epoch": 9, "seq": 10, "inc": 1, "to": 2, "period": 123, "width": 3.5, "ack": 0},
     "bound": {"src": 2, "epoch": 10, "seq": 11, "inc": 1, "to": 2, "lo": -INF, "hi": 4.0, "ack": 1},
     "filter": {"src": 1, "epoch": 2, "seq": 12, "inc": 1, "to": 2, "width": INF, "ack": 1,
@@ -26,6 +28,8 @@ SAMPLES = {
     "rebirth": {"seq": 15, "inc": 1, "to": 0},
     "summary": {"src": 0, "seq": 17, "inc": 1, "to": 2, "window": 1024, "k": 2, "subs": 0b1010, "read": 1,
                 "pad": [{"seg": 1, "w": 0.5}, {"seg": 3, "w": 2.0}]},
+    "setup": {"seq": 18, "inc": 1, "to": 2, "period": 10000, "shrink": 0.0, "beat": 0, "t0": 0, "now": 5, "tick": 0,
+              "allow": 3},
     "moq": {"seq": 16, "inc": 1, "to": 2, "op": 1, "qid": "c1", "tb": 0.0, "te": 5000.0, "agg": 0, "eta": 0.01},
 }
 

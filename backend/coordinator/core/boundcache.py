@@ -7,21 +7,28 @@ epoch confirms that the device applied it; meanwhile ``known`` is the hull of bo
 current epoch confirms: an epoch the backend has not assigned yet is stale, not a confirmation.
 The mirror of a float32 device (birth capability CAP_F32) computes in float32 as the device does
 and pads what it states by one float32 step (edge.core.interval).
+
+Time-aware for linear sources (edge.core.predict, our extension of §1.2): ``known`` states the bound at
+the cache's clock ``now`` (seconds; the coordinator sets it), the hull of the line over the window in
+which the latest reading lies, valid until ``now + H``; ``due`` holds each line's next refresh.
 """
+import heapq
 import math
 
 from edge.core.float32 import f32
-from edge.core.interval import IntervalFilter
+from edge.core.predict import LineFilter, horizon
 
 
 class Source:
-    __slots__ = ("key", "device", "index", "filt", "old", "online", "reports", "last_t", "value")
+    __slots__ = ("key", "device", "index", "filt", "old", "online", "reports", "last_t", "value", "unit", "due")
 
-    def __init__(self, key, device, index, width, epoch, single=False):
+    def __init__(self, key, device, index, width, epoch, single=False, unit=1):
         self.key = key
         self.device = device
         self.index = index
-        self.filt = IntervalFilter(width, (), epoch, f32 if single else None, single)
+        self.unit = unit       # device time units per second (1000: integer ms)
+        self.due = None        # time (s) of the next refresh of a line's statement
+        self.filt = LineFilter(width, (), epoch, f32 if single else None, single)
         self.old = []          # mirrors of states the device may still be in
         self.online = True
         self.reports = 0       # reports received in the current adjustment period
@@ -45,10 +52,12 @@ def _member(f, rng):
 class BoundCache:
     def __init__(self):
         self.sources = {}
+        self.now = -math.inf    # the time (s) ``known`` answers for
+        self.due = []           # heap of (time, key): refreshes of linear sources' statements
 
-    def add(self, key, device, index, width, epoch, value=None, single=False):
-        """Mirror a new source; ``single``: the device computes in float32."""
-        s = Source(key, device, index, width, epoch, single)
+    def add(self, key, device, index, width, epoch, value=None, single=False, unit=1):
+        """Mirror a new source; ``single``: the device computes in float32; ``unit``: its time units per s."""
+        s = Source(key, device, index, width, epoch, single, unit)
         if value is not None:
             s.filt.recenter(value)
             s.value = value
@@ -59,9 +68,9 @@ class BoundCache:
         s = self.sources.get(key)
         if s is None:
             return -math.inf, math.inf
-        lo, hi = s.filt.known()
+        lo, hi = self._known(s, s.filt)
         for f in s.old:
-            a, b = f.known()
+            a, b = self._known(s, f)
             if a < lo:
                 lo = a
             if b > hi:
@@ -83,17 +92,56 @@ class BoundCache:
             maybe |= b
         return sure, maybe
 
-    def report(self, key, epoch, t, v):
-        """Apply a report (or probe reply) of value ``v`` stamped ``t`` under ``epoch``."""
+    def _known(self, s, f):
+        """``f``'s statement at ``now``: a line's hull over [now − gap, now + H] in device units
+        (integer ms outwards to whole ms; a float clock two steps outwards for the rounding of ±)."""
+        if not f.slope:
+            return f.known()
+        now, g, h = self.now * s.unit, f.gap, horizon(f.gap)
+        if s.unit == 1:
+            return f.known_over(math.nextafter(math.nextafter(now - g, -math.inf), -math.inf),
+                                math.nextafter(math.nextafter(now + h, math.inf), math.inf))
+        return f.known_over(math.floor(now + 1e-6) - g, math.ceil(now - 1e-6) + h)
+
+    def report(self, key, epoch, t, v, line=None):
+        """Apply a report (or probe reply) of value ``v`` stamped ``t`` under ``epoch``; ``line``:
+        (device time, slope, gap) of a line report."""
         s = self.sources[key]
         if s.old and epoch == s.filt.epoch:
             s.old = []                      # the device has confirmed the newest assignment
-        s.filt.recenter(v)
-        for f in s.old:
-            f.recenter(v)
+        for f in [s.filt] + s.old:
+            if line is None:
+                f.recenter(v)
+            else:
+                f.line(line[0], v, line[1], line[2])
+        s.due = None
+        if s.filt.slope:
+            self.refresh(s, t)
         s.reports += 1
         s.last_t = t
         s.value = v
+
+    def refresh(self, s, t):
+        """Schedule the next restatement of line source ``s`` after time ``t``."""
+        s.due = t + horizon(s.filt.gap) / s.unit
+        heapq.heappush(self.due, (s.due, s.key))
+
+    def next_due(self):
+        """Time of the earliest pending refresh (inf: none); stale entries are dropped."""
+        due = self.due
+        while due and self.sources[due[0][1]].due != due[0][0]:
+            heapq.heappop(due)
+        return due[0][0] if due else math.inf
+
+    def refreshes(self, t):
+        """Keys of the line sources due for restatement at ``t``, each rescheduled."""
+        keys = []
+        while self.next_due() == t:
+            _, key = heapq.heappop(self.due)
+            s = self.sources[key]
+            keys.append(key)
+            self.refresh(s, t)
+        return keys
 
     def shrink(self, s_frac):
         for s in self.sources.values():

@@ -10,11 +10,14 @@ read as seconds here; a CAP_F32 device is mirrored in float32. Adjustment ticks 
 ``(t0_ms + k·T_ms) / 1000``, the expression a device computes in integers, so both agree to the bit.
 Every downlink carries the backend's ``incarnation`` and the token of the device birth it answers; after
 the adapter sets a new incarnation (a new backend run), a device gets a config of it before its next control.
+Filter models (edge.core.predict): ``models`` is the mask of models devices may use, told to a device
+whose birth says CAP_LINE in a ``setup`` (a config with that mask) instead of a ``config``; a line
+source's statement changes with time, so it is restated at its refresh times.
 """
 import heapq
 import math
 
-from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, newer
+from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, CAP_LINE, newer
 from edge.core import codec
 from backend.coordinator.core import aggregate
 from backend.coordinator.brownian.interruption import Models
@@ -27,7 +30,8 @@ _UP = -1
 
 
 class Coordinator:
-    def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, lazy=True, incarnation=0):
+    def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, lazy=True, incarnation=0,
+                 models=1):
         if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or beat < 0:
             raise ValueError("need period >= 1 ms, 0 <= shrink < 1, latency >= 0, beat >= 0")
         self.protocol = protocol
@@ -38,6 +42,7 @@ class Coordinator:
         self.t0 = t0
         self.lazy = lazy                # skip idle ticks in O(1); False ticks every period (the test oracle)
         self.inc = incarnation & 0xFFFFFFFF     # this backend run, stamped on every downlink
+        self.allow = models             # filter models devices may use (edge.core.predict bits)
         self.wall = 0.0                 # the adapter's clock at the current call (a config's "now")
         self.cache = BoundCache()
         self.queries = {}
@@ -121,7 +126,7 @@ class Coordinator:
         d = self.devices.get(device)
         if d is None:
             d = self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False,
-                                        "to": 0, "single": False, "inc": None}
+                                        "to": 0, "single": False, "inc": None, "lines": False}
         return d
 
     def schedule_ms(self):
@@ -167,9 +172,11 @@ class Coordinator:
         heartbeat, this backend's clock, and the number of ticks applied so far. Re-send it to every
         device after changing the period or the shrink: the device counts periods from it."""
         t0, period = self.schedule_ms()
-        self.send(device, "config", {"period": period, "shrink": self.shrink,
-                                     "beat": round(self.beat * 1000), "t0": t0,
-                                     "now": round(self.wall * 1000), "tick": self.tick - 1})
+        fields = {"period": period, "shrink": self.shrink, "beat": round(self.beat * 1000), "t0": t0,
+                  "now": round(self.wall * 1000), "tick": self.tick - 1}
+        if self.devices[device]["lines"]:
+            fields["allow"] = self.allow
+        self.send(device, "setup" if "allow" in fields else "config", fields)
 
     def probe(self, key, probe_id=0):
         s = self.cache.sources[key]
@@ -214,6 +221,8 @@ class Coordinator:
             self.stats["duplicates"] += 1
             return self._advance(now)
         self.rx[device] = (m["boot"] if kind == "birth" else rx[0], m["seq"])
+        if kind == "line":
+            m["td"] = m["t"]            # the line's origin in device units
         if self.unit.get(device) == 1000:
             m["t"] = m["t"] / 1000
         t = m["t"]
@@ -256,6 +265,7 @@ class Coordinator:
             d["boot"], d["seq"] = m["boot"], m["seq"]
             d["to"] = (m["boot"] ^ m["seq"]) & 0xFFFFFFFF
             d["single"] = bool(m["caps"] & CAP_F32)
+            d["lines"] = bool(m["caps"] & CAP_LINE)
             d["online"] = False
             self._set_online(device, True)
             self.send_config(device)
@@ -267,7 +277,8 @@ class Coordinator:
                 continue
             v = None if rec["v"] == NO_VALUE else rec["v"]
             if s is None:
-                s = self.cache.add(key, device, i, rec["width"], rec["epoch"], v, d["single"])
+                s = self.cache.add(key, device, i, rec["width"], rec["epoch"], v, d["single"],
+                                   self.unit.get(device, 1))
                 d["keys"].append(key)
                 self.protocol.source_added(self, key)
             else:
@@ -278,6 +289,7 @@ class Coordinator:
                 s.old = []
                 s.filt.rnd = f32 if d["single"] else None
                 s.filt.pad = d["single"]
+                s.unit = self.unit.get(device, 1)
                 s.filt.set_filter(rec["width"], [], rec["epoch"])
                 s.filt.center = None
                 if v is not None:
@@ -295,14 +307,15 @@ class Coordinator:
             self._set_online(device, False)
             return
         self._set_online(device, True)
-        if kind in ("report", "reply"):
+        if kind in ("report", "reply", "line"):
             d = self.devices[device]
             if m["src"] >= len(d["keys"]):
                 self.stats["bad_messages"] += 1
                 return
             key = d["keys"][m["src"]]
             if m["v"] != NO_VALUE:
-                self.cache.report(key, m["epoch"], m["t"], m["v"])
+                line = (m["td"], m["slope"], m["gap"]) if kind == "line" and m["gap"] > 0 else None
+                self.cache.report(key, m["epoch"], m["t"], m["v"], line)
                 self.models.observe(key, m["t"], m["v"])
                 self._touch(key)
             self.protocol.reported(self, key, m)
@@ -318,7 +331,7 @@ class Coordinator:
                 and not self.dirty_src and self.protocol.quiet(self))
 
     def next_deadline(self):
-        head = self.queue[0][0] if self.queue else math.inf
+        head = min(self.queue[0][0] if self.queue else math.inf, self.cache.next_due())
         t = head if self.idle() else min(head, self.tick_time(self.tick))
         return t + self.latency
 
@@ -346,17 +359,19 @@ class Coordinator:
         """Apply every uplink and tick due by ``now`` (time ``t`` is due at ``t + λ``)."""
         while True:
             tick_t = self.tick_time(self.tick)
-            head = self.queue[0][0] if self.queue else math.inf
+            head = min(self.queue[0][0] if self.queue else math.inf, self.cache.next_due())
             if tick_t < head and self.idle():
                 self._skip(min(head, now - self.latency) if head != math.inf else now - self.latency)
                 tick_t = self.tick_time(self.tick)
             t = min(head, tick_t)
             if t + self.latency > now:      # the same expression as next_deadline, so timers land
                 break
-            self.clock = t
+            self.clock = self.cache.now = t
             while self.queue and self.queue[0][0] == t:
                 _, _, _, device, kind, m = heapq.heappop(self.queue)
                 self._apply(device, kind, m)
+            for key in self.cache.refreshes(t):     # lines move: restate them
+                self._touch(key)
             if tick_t == t:
                 self.tick += 1
                 if self.shrink:
@@ -381,6 +396,7 @@ class Coordinator:
         return bool(off) and any(s in off for s in q.sources)
 
     def _answers(self, t):
+        self.cache.now = t
         for key in self.dirty_src:
             qids = self.by_source.get(key)
             if qids:

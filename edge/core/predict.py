@@ -1,0 +1,223 @@
+"""Linear dual prediction and the online choice of filter model per source: our extension of Olston et al. 2003 §1.2.
+
+Olston's bound is a constant interval of width W around the last report. Here device and backend may
+instead extrapolate the same line from the last report, pred(t) = v0 + slope·(t − t0), and the device
+reports when a reading leaves pred(t) ± h (or changes constraint membership, as before). The slope
+and ``gap``, a bound on the time between two of the device's samples, travel in the report (codec kind
+``line``), so the backend mirrors the line from the report alone. The backend states, at its time t,
+the hull of the line over [t − gap, t + H] ± h, H = gap/4: the latest sample lies in [t − gap, t] (a
+device that has no sample for ``gap`` reports its last reading as a constant), and the statement is
+restated every H. With h = W/2 − |slope|·(gap + H)/2 that hull is never wider than W, so the precision
+the backend allocated holds; a line for which h would be negative is not used (constant instead).
+
+The model is chosen per source online by measured cost: the device runs both models in shadow over
+its readings, counts the reports each would have sent over a recent window, and picks the cheaper at
+each real report (linear only when it saves ``MARGIN``), so no downlink is needed.
+
+Times are device units (integer ms on a board, float seconds otherwise); ``t − t0`` is then exact and
+every float operation is rounded by ``rnd`` as in ``edge.core.interval``, so a float32 board and its
+padded float32 mirror compute the same line. Portable: MicroPython and CPython.
+"""
+from edge.core.codec import WHY_GAP
+from edge.core.interval import IntervalFilter, INF
+
+CONSTANT = 1        # model bits of the ``allow`` mask (codec kind ``models``)
+LINEAR = 2
+GAP = 1.5           # gap bound = GAP × the latest sampling interval (jitter up to 50 % costs nothing)
+MARGIN = 4          # linear is chosen when its shadow reports, plus a quarter, plus MARGIN, are at most constant's
+WINDOW = 32         # shadow costs are halved when they sum to this: a window of recent reports
+
+
+class LineFilter(IntervalFilter):
+    """An ``IntervalFilter`` whose centre follows a line; slope 0 is the constant filter exactly."""
+
+    def __init__(self, width=INF, cons=(), epoch=0, rnd=None, pad=False):
+        IntervalFilter.__init__(self, width, cons, epoch, rnd, pad)
+        self.t0 = 0
+        self.v0 = 0.0
+        self.slope = 0.0
+        self.gap = 0
+
+    def pred(self, t):
+        """The line at device time ``t``."""
+        r = self._r
+        return r(self.v0 + r(self.slope * r(float(t - self.t0))))
+
+    def half(self):
+        """h: half the band about the line (W/2 for a constant); negative: the line is not usable."""
+        return band(self, self.slope, self.gap)
+
+    def _place(self):
+        c = self.center
+        if c is None or self.width == INF:
+            self.lo, self.hi = -INF, INF
+        else:
+            h = self.half()
+            if h < 0:
+                h = 0.0
+            self.lo, self.hi = self._r(c - h), self._r(c + h)
+
+    def check(self, v):
+        """As ``IntervalFilter.check``; a line that a narrower width left without a band (h < 0) must
+        be reported at once (the re-check after a shrink or an assignment)."""
+        if self.slope and self.center is not None and self.half() < 0:
+            return True
+        return IntervalFilter.check(self, v)
+
+    def at(self, t):
+        """Place the band at device time ``t`` (a reading's time) before ``check``."""
+        if self.slope and self.center is not None:
+            self.center = self.pred(t)
+            self._place()
+
+    def recenter(self, v):
+        """A constant report of ``v`` (births, probe replies, plain reports)."""
+        self.slope = 0.0
+        self.v0 = self._r(v)
+        IntervalFilter.recenter(self, v)
+
+    def line(self, t, v, slope, gap):
+        """A report of ``v`` at ``t`` that starts the line of ``slope`` with sampling gap bound ``gap``."""
+        IntervalFilter.recenter(self, v)
+        self.t0 = t
+        self.v0 = self.center
+        self.slope = self._r(slope) if horizon(gap) > 0 else 0.0
+        self.gap = gap
+        self._place()
+
+    def set_bound(self, lo, hi, epoch):
+        """An explicit bound is constant."""
+        self.slope = 0.0
+        IntervalFilter.set_bound(self, lo, hi, epoch)
+        if self.center is not None:
+            self.v0 = self.center
+
+    def known_over(self, a, b):
+        """Backend: the interval stated for any reading taken in device time [a, b] (a clamped to t0)."""
+        if self.center is None or not self.slope or self.width == INF:
+            return self.known()
+        if a < self.t0:
+            a = self.t0
+        p, q = self.pred(a), self.pred(b)
+        if q < p:
+            p, q = q, p
+        h = self.half()
+        if h < 0:
+            h = 0.0
+        return self.clip(self._r(p - h), self._r(q + h))
+
+    def copy(self):
+        c = LineFilter(self.width, self.cons, self.epoch, self.rnd, self.pad)
+        c.center, c.mask, c.lo, c.hi = self.center, self.mask, self.lo, self.hi
+        c.t0, c.v0, c.slope, c.gap = self.t0, self.v0, self.slope, self.gap
+        return c
+
+
+def slope(f, t, v):
+    """The slope from ``f``'s last report to the reading ``v`` at ``t`` (0 without a usable pair)."""
+    if f.center is None or not t > f.t0:
+        return 0.0
+    r = f._r
+    return r(r(v - f.v0) / r(float(t - f.t0)))
+
+
+def horizon(gap):
+    """H, how long a statement about a line holds (device units; integer ms stay integers)."""
+    return gap // 4 if isinstance(gap, int) else gap / 4
+
+
+def band(f, s, gap):
+    """h for a line of slope ``s`` and gap bound ``gap`` at ``f``'s width: W/2 − |s|·(gap + H)/2."""
+    h = f.width / 2
+    if s:
+        r = f._r
+        h = r(h - r(abs(s) * r(float(gap + horizon(gap)))) / 2)
+    return h
+
+
+def feasible(f, s, gap):
+    """Whether a line of slope ``s`` and gap ``gap`` leaves a non-negative band at ``f``'s width."""
+    return horizon(gap) > 0 and f.width != INF and band(f, s, gap) >= 0
+
+
+class Chooser:
+    """Device side, one source: its sampling times and the shadow costs of both models."""
+
+    def __init__(self, rnd=None):
+        self.last = None        # time of the latest reading, and of the one before
+        self.prev = None
+        self.value = None       # the latest reading
+        self.shadows = (LineFilter(INF, (), 0, rnd), LineFilter(INF, (), 0, rnd))
+        self.cost = [0, 0]      # shadow reports of the constant, the linear model in the window
+
+    def gap(self):
+        """The gap bound a line started now would carry (0: no interval observed yet)."""
+        if self.prev is None or not self.last > self.prev:
+            return 0
+        d = self.last - self.prev
+        return d + d // 2 if isinstance(d, int) else d * GAP
+
+    def sample(self, t, v, width):
+        """A reading: advance both shadows at the filter's current ``width`` and count their reports
+        (the linear shadow's gap reports included)."""
+        last, value = self.last, self.value
+        self.prev, self.last, self.value = last, t, v
+        gap = self.gap()
+        for m in (0, 1):
+            g = self.shadows[m]
+            if g.width != width:
+                g.width = width
+                g._place()
+            if g.slope and g.center is not None and (last if last > g.t0 else g.t0) + g.gap <= t:
+                self.cost[1] += 1
+                g.line((last if last > g.t0 else g.t0) + g.gap, value, 0.0, g.gap)
+            g.at(t)
+            if g.center is None or g.check(v):
+                if g.center is not None:
+                    self.cost[m] += 1
+                s = slope(g, t, v) if m else 0.0
+                g.line(t, v, s if feasible(g, s, gap) else 0.0, gap)
+        if self.cost[0] + self.cost[1] >= WINDOW:
+            self.cost[0] >>= 1
+            self.cost[1] >>= 1
+
+    def report(self, f, t, v, allow, constant=False):
+        """A real report of ``v`` at ``t`` on filter ``f``: start the cheaper model's line."""
+        gap = self.gap()
+        s = 0.0
+        c, l = self.cost
+        if not constant and allow & LINEAR and (not allow & CONSTANT or l + (l >> 2) + MARGIN <= c):
+            s = slope(f, t, v)
+            if not feasible(f, s, gap):
+                s = 0.0
+        f.line(t, v, s, gap)
+
+
+def _due(agent, i, f):
+    """When line ``f`` of source ``i`` runs out of readings: ``gap`` after its latest reading or after
+    the line's start, whichever is later (a shrink or assignment starts a line after the reading)."""
+    last = agent.alt[i].last
+    return (last if last > f.t0 else f.t0) + f.gap
+
+
+def deadline(agent):
+    """The earliest time a line's source would pass its gap without a reading (None: no line)."""
+    t = None
+    for i, f in enumerate(agent.filters):
+        if f.slope and f.center is not None:
+            d = _due(agent, i, f)
+            if t is None or d < t:
+                t = d
+    return t
+
+
+def gaps(agent, now):
+    """Sources whose line passed its gap without a reading report their last reading as a constant,
+    stamped at the instant the gap ran out."""
+    out = []
+    for i, f in enumerate(agent.filters):
+        if f.slope and f.center is not None:
+            at = _due(agent, i, f)
+            if at <= now:
+                out.append(agent._report(at, i, WHY_GAP, True))
+    return out

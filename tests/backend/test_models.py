@@ -1,0 +1,122 @@
+"""Filter models per source (edge.core.predict) end to end: the simulator's ground truth at every instant,
+the time-aware bound cache, the ``models`` setting, and devices that predate lines."""
+import math
+import os
+import sys
+
+import pytest
+
+from backend import host
+from backend.coordinator.core.boundcache import BoundCache
+from backend.coordinator.core.coordinator import Coordinator
+from backend.coordinator.protocols import make
+from backend.sim import engine
+from edge.core import codec
+from edge.core.codec import CAP_LINE, CAP_MS
+
+
+def _drift(models, protocol="deadband", seed=1, arrival="periodic"):
+    return {"seed": seed, "duration": 1500, "protocol": protocol,
+            "sources": {"generator": "brownian", "count": 12, "per_device": 3, "start": [0, 50],
+                        "drift": [-0.8, 0.8], "volatility": [0.02, 0.2], "interval": 1, "arrival": arrival},
+            "queries": [{"id": "tot", "kind": "sum", "sources": "all", "precision": 30},
+                        {"id": "hi", "kind": "max", "sources": ["s%d" % i for i in range(6)], "precision": 4},
+                        {"id": "lo", "kind": "min", "sources": ["s%d" % i for i in range(4, 12)], "precision": 3},
+                        {"id": "band", "kind": "count", "sources": "all", "range": [10, 40]}],
+            "network": {"delay": 0.2, "jitter": 0.1}, "params": {"models": models}}
+
+
+def _total(r):
+    return r["messages"]["up"] + r["messages"]["down"]
+
+
+@pytest.mark.parametrize("protocol", ["deadband", "adaptive"])
+def test_lines_hold_every_answer_and_save_on_drifts(protocol):
+    runs = {m: engine.run(_drift(m, protocol)) for m in ("constant", "linear", "choose")}
+    for m, r in runs.items():       # (a COUNT answer has no precision to miss)
+        assert r["violations"] == 0, (m, r["queries"])
+        assert all(q["precision_misses"] == 0 for qid, q in r["queries"].items() if qid != "band"), m
+    assert _total(runs["linear"]) < 0.25 * _total(runs["constant"])
+    assert _total(runs["choose"]) < 0.25 * _total(runs["constant"])
+
+
+def test_irregular_readings_force_gap_reports_and_answers_stay_true():
+    """Poisson readings: a line often runs out of readings (a gap report); answers stay true, and the
+    choice, which counts those reports in shadow, does not lose to the constant model."""
+    gaps = []
+    sim = engine.Simulation(_drift("linear", arrival="exponential", seed=3))
+    send = sim.send
+
+    def spy(now, hop, end, payload, link=None):
+        if hop == "up":
+            kind, m = codec.decode(payload)
+            gaps.append(kind == "line" and m["why"] == codec.WHY_GAP)
+        return send(now, hop, end, payload, link)
+    sim.send = spy
+    r = sim.run()
+    assert r["violations"] == 0 and r["queries"]["tot"]["precision_misses"] == 0 and sum(gaps) > 100
+    runs = [engine.run(_drift(m, arrival="exponential", seed=3)) for m in ("choose", "constant")]
+    assert runs[0]["violations"] == 0 and _total(runs[0]) <= _total(runs[1]) + 12
+
+
+def test_choice_is_no_regret_on_random_walks():
+    spec = {"seed": 4, "duration": 1500, "protocol": "deadband",
+            "sources": {"generator": "random_walk", "count": 12, "per_device": 2, "start": [90, 110],
+                        "step": [0.1, 2.0]},
+            "queries": [{"id": "avg", "kind": "avg", "sources": "all", "precision": 3}]}
+    runs = {m: engine.run(dict(spec, params={"models": m})) for m in ("constant", "linear", "choose")}
+    assert all(r["violations"] == 0 for r in runs.values())
+    assert _total(runs["linear"]) > _total(runs["constant"])              # lines lose on noise...
+    assert _total(runs["choose"]) <= _total(runs["constant"]) + 12          # ...and the choice does not
+
+
+def test_cache_states_the_hull_of_the_line_over_the_window_and_restates_it():
+    cache = BoundCache()
+    cache.add("k", "d", 0, 4.0, 1, unit=1000)
+    cache.now = 10.0
+    cache.report("k", 1, 10.0, 5.0, line=(10000, 0.001, 1000))    # 1 per second, readings every <= 1 s
+    f = cache.sources["k"].filt
+    h = 2.0 - 0.001 * 1250 / 2                                      # W/2 − |slope|·(gap + gap/4)/2
+    assert f.half() == h
+    assert cache.known("k") == (5.0 - h, 5.0 + 0.25 + h)            # [t0, t0 + H]
+    cache.now = 12.0
+    lo, hi = cache.known("k")
+    assert (lo, hi) == (6.0 - h, 7.25 + h) and hi - lo <= 4.0       # [now − gap, now + H]: never wider than W
+    assert cache.next_due() == 10.25 and cache.refreshes(10.25) == ["k"] and cache.next_due() == 10.5
+    cache.report("k", 1, 12.5, 7.0)                                  # a constant report ends the line
+    assert cache.next_due() == math.inf and cache.known("k") == (5.0, 9.0)
+
+
+def _birth(caps):
+    c = Coordinator(make("deadband"), period=10.0, models=3)
+    birth = codec.encode("birth", {"seq": 1, "t": 1000, "boot": 1, "fw": "old", "caps": caps, "first": 0,
+                                   "sources": [{"name": "x", "epoch": 0, "width": 1.0, "v": 1.0}]})
+    out = c.handle_uplink(1.0, "d", birth) + c.handle_timer(2.0)
+    return [m for m in (codec.decode(a[2]) for a in out if a[0] == "down") if m[0] in ("config", "setup")]
+
+
+def test_a_device_without_lines_gets_a_plain_config_and_a_new_one_a_setup():
+    assert [k for k, _ in _birth(CAP_MS)] == ["config"]
+    (kind, m), = _birth(CAP_MS | CAP_LINE)
+    assert kind == "setup" and m["allow"] == 3
+
+
+def test_models_setting_rides_in_params_and_bad_names_are_refused():
+    s = host.settings(protocol="adaptive", params={"models": "linear", "cost": 2})
+    assert s["models"] == "linear" and s["params"] == {"cost": 2}
+    assert host.build(s).allow == 2 and host.build().allow == host.MODELS[host.DEFAULT_MODELS]
+    with pytest.raises(ValueError, match="models"):
+        host.settings(models="quadratic")
+
+
+def test_lines_reach_the_live_adapter_and_the_spark_path_with_the_simulators_answers():
+    """The ``lines`` case of the driver comparison (test_determinism) does run on lines."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import drivers
+    answers, inputs = drivers.record("lines")
+    sloped = [m["slope"] for m in (codec.decode(i[3])[1] for i in inputs if i[0] == "up") if "slope" in m]
+    assert sum(1 for s in sloped if s) > 50
+    records = drivers.spool_records(inputs)
+    want = drivers.fingerprint(answers)
+    assert drivers.fingerprint(drivers.live_answers("lines", records)) == want
+    assert drivers.fingerprint(drivers.feed_answers("lines", records, seed=3)) == want

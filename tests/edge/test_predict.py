@@ -1,0 +1,146 @@
+"""Linear dual prediction and the model choice (edge.core.predict) against ground truth on every prefix.
+
+A signal is fed sample by sample to a real ``Agent`` (integer-ms clock, as on a board), every uplink is
+decoded and applied to a backend-style mirror, and after every sample, and at instants between samples,
+every statement the backend could be holding (made at any refresh in the last H) must contain
+the device's latest reading and be no wider than W. The report count of the linear-only model equals a
+brute-force reference. Runs under CPython and MicroPython; ``f32`` emulates a single-precision board
+mirrored by a padded float32 filter.
+"""
+from edge.agent import Agent
+from edge.core import codec
+from edge.core.float32 import f32
+from edge.core.predict import LineFilter, CONSTANT, LINEAR
+from portable import Rng, ctl, session
+
+W = 2.0
+
+
+def _signal(seed, n, kind):
+    """(times in ms, values): ``drift``: slopes changing now and then, little noise; ``noise``: a random
+    walk; irregular sampling with an occasional long gap (which forces gap reports)."""
+    rng = Rng(seed)
+    ts, vs = [], []
+    t, v, s = 1000, rng.uniform(-50, 50), rng.uniform(-0.0005, 0.0005)
+    for _ in range(n):
+        step = 900 + rng.below(200)
+        if rng.below(40) == 0:
+            step *= 5
+        t += step
+        if kind == "drift":
+            if rng.below(60) == 0:
+                s = rng.uniform(-0.0005, 0.0005)
+            v += s * step + rng.uniform(-0.05, 0.05)
+        else:
+            v += rng.uniform(-1.5, 1.5)
+        ts.append(t)
+        vs.append(v)
+    return ts, vs
+
+
+def _agent(allow, rnd):
+    a = Agent("d", ["x"], unit=1000, rnd=rnd)
+    session(a)
+    a.handle_message(0, ctl(a, "setup", seq=2, period=0, shrink=0.0, beat=0, t0=0, now=0, tick=0, allow=allow))
+    a.handle_message(0, ctl(a, "width", seq=3, src=0, epoch=1, period=0, width=W, ack=0))
+    return a
+
+
+def _apply(m, out):
+    for _, payload in out:
+        kind, f = codec.decode(payload)
+        if kind == "line" and f["gap"] > 0:
+            m.line(f["t"], f["v"], f["slope"], f["gap"])
+        elif kind in ("line", "report"):
+            m.recenter(f["v"])
+
+
+def _check(m, x, truth, rnd):
+    """Every statement made at a refresh r in [max(t0, x − H), x] holds at x."""
+    rs = [x]
+    if m.slope:
+        rs += [x - m.gap // 8, x - m.gap // 4]
+    for r in rs:
+        if m.slope and r < m.t0:
+            continue
+        lo, hi = m.known_over(r - m.gap, r + m.gap // 4) if m.slope else m.known()
+        assert lo <= truth <= hi, (x, r, lo, truth, hi, m.slope)
+        slack = 8 * (abs(truth) + W) * 2.0 ** -23 if rnd else 1e-9     # float32: rounding and the pad
+        assert hi - lo <= W + slack, (hi - lo, m.slope)
+
+
+def _run(seed, allow, rnd=None, n=300, kind="drift"):
+    ts, vs = _signal(seed, n, kind)
+    a = _agent(allow, rnd)
+    m = LineFilter(W, (), 1, rnd, rnd is not None)
+    for k in range(n):
+        t = ts[k]
+        for x in (t - 1, t):        # gap timers due by the instant before the reading, then at it
+            d = a.next_deadline()
+            while d is not None and d <= x:
+                _check(m, d - 1, a.values[0], rnd)
+                _apply(m, a.handle_timer(d))
+                _check(m, d, a.values[0], rnd)
+                d = a.next_deadline()
+            if x < t and k:
+                _check(m, x, a.values[0], rnd)
+        _apply(m, a.handle_sample(t, "x", vs[k]))
+        _check(m, t, a.values[0], rnd)
+    return a.stats["reports"]
+
+
+def _reference(ts, vs):
+    """Brute force: the linear-only model's report count, straight from its definition."""
+    count, t0, v0, s, g = 0, None, 0.0, 0.0, 0
+    last = prev = None
+    lastv = None
+    for t, v in zip(ts, vs):
+        if s and last + g <= t:                   # no reading for the gap: last reading as a constant
+            count += 1
+            t0, v0, s = last + g, lastv, 0.0
+        prev, last, lastv = last, t, v
+        c = v0 + s * float(t - t0) if t0 is not None else None
+        h = W / 2 - abs(s) * float(g + g // 4) / 2 if s else W / 2
+        if c is None or v < c - h or v > c + h:
+            count += 1
+            gap = (t - prev) * 3 // 2 if prev is not None else 0
+            ns = (v - v0) / float(t - t0) if t0 is not None and t > t0 else 0.0
+            if gap // 4 <= 0 or W / 2 - abs(ns) * float(gap + gap // 4) / 2 < 0:
+                ns = 0.0
+            t0, v0, s, g = t, v, ns, gap
+    return count
+
+
+def test_linear_mirror_contains_truth_on_every_prefix():
+    for seed in range(1, 5):
+        for kind in ("drift", "noise"):
+            _run(seed, LINEAR, kind=kind)
+            _run(seed, CONSTANT | LINEAR, kind=kind)
+
+
+def test_float32_board_and_padded_mirror_agree_on_every_prefix():
+    for seed in range(1, 4):
+        for kind in ("drift", "noise"):
+            _run(seed, LINEAR, f32, kind=kind)
+            _run(seed, CONSTANT | LINEAR, f32, kind=kind)
+
+
+def test_linear_report_count_equals_brute_force():
+    for seed in range(1, 6):
+        for kind in ("drift", "noise"):
+            ts, vs = _signal(seed, 300, kind)
+            assert _run(seed, LINEAR, kind=kind) == _reference(ts, vs), (seed, kind)
+
+
+def test_choice_goes_linear_on_drift_and_stays_constant_on_noise():
+    for seed in range(1, 4):
+        drift = _run(seed, CONSTANT | LINEAR, n=400, kind="drift"), _run(seed, CONSTANT, n=400, kind="drift")
+        assert drift[0] < 0.9 * drift[1], drift
+        noise = _run(seed, CONSTANT | LINEAR, n=400, kind="noise"), _run(seed, CONSTANT, n=400, kind="noise")
+        assert noise[0] <= noise[1] + 8, noise
+
+
+def test_a_device_never_allowed_lines_sends_plain_reports():
+    a = _agent(CONSTANT, None)
+    out = a.handle_sample(1000, "x", 1.0) + a.handle_sample(2000, "x", 9.0)
+    assert [codec.decode(p)[0] for _, p in out] == ["report", "report"] and a.alt is None
