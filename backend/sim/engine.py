@@ -89,7 +89,8 @@ class Simulation(Loop):
         a = self.agents[device]
         for s, j in self.dev_src[device]:
             f = a.filters[j]
-            if f.center is None or f.cons or (a.summaries and j in a.summaries):   # SWAT trees see every reading
+            if f.center is None or f.cons or (a.summaries and j in a.summaries) or (a.segs and j in a.segs):
+                # SWAT trees and segments see every reading
                 self.lo[s], self.hi[s] = np.inf, -np.inf     # always take the scalar path
             else:
                 self.lo[s], self.hi[s] = f.lo, f.hi

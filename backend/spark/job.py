@@ -39,8 +39,8 @@ from edge.core import topics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUTPUT_SCHEMA = ("grp string, seq int, kind string, target string, payload binary, body string, "
-                 "time double, lo double, hi double, degraded boolean, guarantee string")
-COLUMNS = ("kind", "target", "payload", "body", "time", "lo", "hi", "degraded", "guarantee")
+                 "time double, lo double, hi double, degraded boolean, guarantee string, final boolean")
+COLUMNS = ("kind", "target", "payload", "body", "time", "lo", "hi", "degraded", "guarantee", "final")
 
 
 class Rows:
@@ -61,6 +61,7 @@ class Rows:
         cols["hi"].append(float(a["hi"]) if a and "hi" in a else None)
         cols["degraded"].append(bool(a["degraded"]) if a else None)
         cols["guarantee"].append(hostmod.guarantee(a) if a else None)
+        cols["final"].append(bool(a.get("final")) if a else None)
 
     def down(self, device, payload):
         self.row("down", device, payload=payload)
@@ -283,7 +284,7 @@ class Sink:
                         "time": answers.column("time"), "query": answers.column("target"),
                         "lo": answers.column("lo"), "hi": answers.column("hi"),
                         "degraded": answers.column("degraded"), "guarantee": answers.column("guarantee"),
-                        "fields": answers.column("body")})
+                        "final": answers.column("final"), "fields": answers.column("body")})
         path = os.path.join(self.answers_dir, "part-%012d.parquet" % batch_id)
         pq.write_table(out, path + ".tmp")
         os.replace(path + ".tmp", path)

@@ -26,6 +26,11 @@ SAMPLES = {
     "rebirth": {"seq": 15, "inc": 1, "to": 0},
     "summary": {"src": 0, "seq": 17, "inc": 1, "to": 2, "window": 1024, "k": 2, "subs": 0b1010, "read": 1,
                 "pad": [{"seg": 1, "w": 0.5}, {"seg": 3, "w": 2.0}]},
+    "segs": {"seq": 18, "t": 5000, "segs": [{"src": 0, "epoch": 3, "a": 1000, "e": 5000, "v": 20.5, "s": -0.25,
+                                              "w": 1.0, "f": 0},
+                                             {"src": 0, "epoch": 3, "a": 5000, "e": 5000, "v": 21.5, "s": 0.0,
+                                              "w": 1.0, "f": 1}]},
+    "segment": {"src": 1, "seq": 19, "inc": 1, "to": 2, "lag": 9500, "model": 1},
     "moq": {"seq": 16, "inc": 1, "to": 2, "op": 1, "qid": "c1", "tb": 0.0, "te": 5000.0, "agg": 0, "eta": 0.01},
 }
 
