@@ -31,6 +31,9 @@ COLUMNS = [
     {"label": "deadband", "protocol": "deadband", "static": True},
     {"label": "optimal_static", "protocol": "optimal_static", "static": True},
     {"label": "adaptive", "protocol": "adaptive"},
+    # segment mode (backend/coordinator/core/segments.py): final answers by t + L, L = 3 and 10 sampling intervals
+    {"label": "segment L=3", "protocol": "deadband", "static": True, "query": lambda c: {"lag": 3 * c["interval_s"]}},
+    {"label": "segment L=10", "protocol": "deadband", "static": True, "query": lambda c: {"lag": 10 * c["interval_s"]}},
 ]
 MINIMA = (("clairvoyant_pc", lambda t, v, w: minimum_reports(v, w)), ("clairvoyant_pl", minimum_segments))
 
@@ -95,8 +98,8 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
             if proto not in PROTOCOLS:
                 continue
             p = dict(_of(col.get("params"), c))
-            if col.get("static"):
-                p["period"] = c["span_s"] + 1.0
+            if col.get("static"):       # at most the config message's u32 milliseconds
+                p["period"] = min(c["span_s"] + 1.0, (2 ** 32 - 1) / 1000.0)
             spec = traces.workload(c, trace_dir, proto, p, duration)
             extra = _of(col.get("query"), c)
             spec["queries"] = [dict(q, **extra) for q in spec["queries"]]

@@ -170,7 +170,7 @@ class Simulation(Loop):
             s = ss[i]
             dev, k = self.src_dev[s]
             out = self.agent(dev).handle_sample(st + self.offset.get(dev, 0.0), k, vs[i])
-            if out:
+            if out or self.agents[dev].segs:       # a segment agent's deadline moves with its readings
                 self.from_agent(st, dev, out)
             self.truth.update(s, vs[i])
             i += 1
@@ -191,7 +191,7 @@ class Simulation(Loop):
         for s, v in zip(idx[~inside].tolist(), vals[~inside].tolist()):
             dev, k = self.src_dev[s]
             out = self.agent(dev).handle_sample(st + self.offset.get(dev, 0.0), k, v)
-            if out:
+            if out or self.agents[dev].segs:
                 self.from_agent(st, dev, out)
         self.truth.update_many(idx, vals)
 

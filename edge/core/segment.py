@@ -118,8 +118,8 @@ class Segmenter:
         self.done = []
         self.since = None
         if self.t is not None and not self.committed:
-            if commit:
-                self.lo = self.hi = _mid(self.lo, self.hi)
+            if commit:      # the flattest feasible line: a trend when the readings show one, else constant
+                self.lo = self.hi = 0.0 if self.lo <= 0.0 <= self.hi and self.model == LINE else _mid(self.lo, self.hi)
                 self.committed = True
                 p = self.lo
                 out.append((self.t, now, self.v if self.model == LINE else p, p if self.model == LINE else 0.0,

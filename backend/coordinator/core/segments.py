@@ -27,6 +27,11 @@ def lag_of(q):
     return q.extra.get("lag")
 
 
+def send_lag(coord, q):
+    """D = L − λ in whole milliseconds, rounded down: what the device is told and the mirror assumes."""
+    return math.floor((lag_of(q) - coord.latency) * 1000 + 1e-6) / 1000
+
+
 class Mirror:
     def __init__(self):
         self.mode = {}          # key -> (D seconds, model) of a source in segment mode
@@ -40,8 +45,8 @@ class Mirror:
     def check(self, coord, q):
         """A lag query ``coord`` can run (QueryError otherwise): L beyond the latency tolerance λ."""
         from backend.coordinator.core.queries import QueryError
-        if lag_of(q) is not None and lag_of(q) <= coord.latency:
-            raise QueryError("query %s: lag %g s must exceed the latency tolerance λ = %g s"
+        if lag_of(q) is not None and send_lag(coord, q) <= 0:
+            raise QueryError("query %s: lag %g s must exceed the latency tolerance λ = %g s by 1 ms at least"
                              % (q.id, lag_of(q), coord.latency))
 
     @staticmethod
@@ -51,8 +56,8 @@ class Mirror:
             for key in q.sources:
                 if lag_of(q) is None:
                     plain[key] = None
-                elif key not in want or lag_of(q) - coord.latency < want[key][0]:
-                    want[key] = (lag_of(q) - coord.latency, MODELS[q.extra.get("segment", "line")])
+                elif key not in want or send_lag(coord, q) < want[key][0]:
+                    want[key] = (send_lag(coord, q), MODELS[q.extra.get("segment", "line")])
 
     def born(self, coord, key):
         """A new source: segment mode if the lag queries naming it want it."""
