@@ -34,13 +34,14 @@ def _mid(lo, hi):
 class Segmenter:
     """The segments of one source; ``lag`` in clock units."""
 
-    def __init__(self, model, width, lag):
+    def __init__(self, model, width, lag, rnd=None):
         if model != LINE and model != CONST:
             raise ValueError("segment model is 1 (line) or 2 (constant)")
         self.model = model
         self.lag = lag
+        self.rnd = rnd          # None (native floats) or float32.f32: round every result as a float32 board does
         self.w = width
-        self.h = width / 2
+        self.h = self._r(width / 2)
         self.t = None           # anchor time of the open segment (None: no reading yet)
         self.v = None           # anchor value
         self.lo = -INF
@@ -48,45 +49,76 @@ class Segmenter:
         self.pt = None          # previous reading
         self.pv = None
         self.committed = False
+        self.until = None       # when a committed line stops holding the last reading
         self.done = []          # records not sent yet
         self.since = None       # earliest time whose data is not sent yet
 
+    def _r(self, x):
+        return x if self.rnd is None else self.rnd(x)
+
     def _fit(self, v, t):
         """The parameter interval putting ``v`` within ±h of the segment's line at time ``t``."""
-        h = self.h
+        h, r = self.h, self._r
         if self.model == CONST:
-            return v - h, v + h
+            return r(v - h), r(v + h)
         d = t - self.t
         if d <= 0:
-            return (-INF, INF) if -h <= v - self.v <= h else (INF, -INF)
-        return (v - h - self.v) / d, (v + h - self.v) / d
+            return (-INF, INF) if -h <= r(v - self.v) <= h else (INF, -INF)
+        d = r(d)
+        return r(r(r(v - h) - self.v) / d), r(r(r(v + h) - self.v) / d)
 
     def _open(self, t, v):
-        self.t, self.v, self.committed = t, v, False
+        self.t, self.v, self.committed, self.until = t, v, False, None
         self.lo, self.hi = self._fit(v, t) if self.model == CONST else (-INF, INF)
         if self.since is None:
             self.since = t
 
     def _close(self, e):
         """Close the open segment at ``e`` (it covers [t, e)) and queue its record."""
-        p = self.lo if self.committed else _mid(self.lo, self.hi)
+        p = self.lo if self.committed else self._r(_mid(self.lo, self.hi))
         self.done.append((self.t, e, self.v if self.model == LINE else p, p if self.model == LINE else 0.0, self.w, 0))
         if self.since is None:
             self.since = e      # a committed segment's end is news
+
+    def _hold(self, t):
+        """The last reading held until ``t``: a line segment must still be within ±h of it there."""
+        self._expire(t)
+        if self.model == LINE and t > self.pt:
+            lo, hi = self._fit(self.pv, t)
+            lo, hi = max(lo, self.lo), min(hi, self.hi)
+            if lo > hi:
+                self._close(self.pt)
+                self._open(self.pt, self.pv)
+                lo, hi = self._fit(self.pv, t)
+            self.lo, self.hi = lo, hi
+
+    def _watch(self):
+        """A committed sloped line leaves the last reading's band at ``until`` (None: never)."""
+        self.until = None
+        p = self.lo
+        if self.committed and self.model == LINE and p != 0.0:
+            r = self._r
+            q = r(r(r(self.pv + self.h if p > 0 else self.pv - self.h) - self.v) / p)
+            if q != q or q == INF or q == -INF:
+                return
+            self.until = self.t + (int(q) if isinstance(self.t, int) else q)
+            if self.until < self.pt:
+                self.until = self.pt
+
+    def _expire(self, now):
+        """Past ``until`` the committed line no longer holds the last reading: it ends there."""
+        if self.until is not None and now > self.until:
+            e = self.until
+            self._close(e)
+            self._open(e, self.pv)
+            self.until = None
 
     def sample(self, t, v):
         """Take reading ``v`` at time ``t`` (times never decrease)."""
         if self.t is None:
             self._open(t, v)
         else:
-            if self.model == LINE and t > self.pt:
-                lo, hi = self._fit(self.pv, t)          # the previous reading held until now
-                lo, hi = max(lo, self.lo), min(hi, self.hi)
-                if lo > hi:
-                    self._close(self.pt)
-                    self._open(self.pt, self.pv)
-                    lo, hi = self._fit(self.pv, t)
-                self.lo, self.hi = lo, hi
+            self._hold(t)
             lo, hi = self._fit(v, t)
             lo, hi = max(lo, self.lo), min(hi, self.hi)
             if lo > hi:
@@ -95,12 +127,13 @@ class Segmenter:
             else:
                 self.lo, self.hi = lo, hi
         self.pt, self.pv = t, v
+        self._watch()
 
     def rewidth(self, width, model=None, lag=None):
         """A new width (or model, lag): the open segment ends at the last reading, the next starts there with it."""
         if width == self.w and model in (None, self.model) and lag in (None, self.lag):
             return
-        self.w, self.h = width, width / 2
+        self.w, self.h = width, self._r(width / 2)
         self.model = model or self.model
         self.lag = lag or self.lag
         if self.t is not None:
@@ -110,17 +143,23 @@ class Segmenter:
 
     def due(self):
         """Clock time by which this source's unsent data must go out; None when nothing is owed."""
-        return None if self.since is None else self.since + self.lag
+        if self.since is not None:
+            return self.since + self.lag
+        return None if self.until is None else self.until + self.lag
 
     def take(self, now, commit):
         """The records to send now; ``commit``: also fix and send the open segment."""
+        if self.t is not None and not self.committed and commit:
+            self._hold(now)
+        self._expire(now)
         out = self.done
         self.done = []
         self.since = None
         if self.t is not None and not self.committed:
             if commit:      # the flattest feasible line: a trend when the readings show one, else constant
-                self.lo = self.hi = 0.0 if self.lo <= 0.0 <= self.hi and self.model == LINE else _mid(self.lo, self.hi)
+                self.lo = self.hi = 0.0 if self.lo <= 0.0 <= self.hi and self.model == LINE else self._r(_mid(self.lo, self.hi))
                 self.committed = True
+                self._watch()
                 p = self.lo
                 out.append((self.t, now, self.v if self.model == LINE else p, p if self.model == LINE else 0.0,
                             self.w, COMMITTED))
@@ -146,7 +185,7 @@ def configure(agent, now, i, m):
     if s is not None and m["model"]:
         s.rewidth(agent.filters[i].width, m["model"], lag)
     elif m["model"]:
-        agent.segs[i] = Segmenter(m["model"], agent.filters[i].width, lag)
+        agent.segs[i] = Segmenter(m["model"], agent.filters[i].width, lag, agent.rnd)
     out = flush(agent, now, True)
     if not m["model"] and s is not None:
         del agent.segs[i]
