@@ -133,12 +133,12 @@ class Segmenter:
         """A new width (or model, lag): the open segment ends at the last reading, the next starts there with it."""
         if width == self.w and model in (None, self.model) and lag in (None, self.lag):
             return
+        if self.t is not None and self.pt > self.t:
+            self._close(self.pt)        # under the old width and model
         self.w, self.h = width, self._r(width / 2)
         self.model = model or self.model
         self.lag = lag or self.lag
         if self.t is not None:
-            if self.pt > self.t:
-                self._close(self.pt)
             self._open(self.pt, self.pv)
 
     def due(self):
