@@ -345,6 +345,9 @@ class Coordinator:
     def _advance(self, now):
         self.wall = now
         self._release(now)
+        if self.segments.final:     # every uplink stamped up to now − λ is in: final answers up to there
+            self.out += self.segments.answers(self, max(self.clock, now - self.latency))
+            self.segments.prune()
         return self._flush(None)
 
     def _release(self, now):
@@ -412,9 +415,6 @@ class Coordinator:
                 change.update(fields)
                 self.out.append(("answer", change))
         self.dirty.clear()
-        if self.segments.final:
-            self.out += self.segments.answers(self, t)
-            self.segments.prune()
 
     def interval(self, q):
         """Guaranteed interval for ``q`` from the bound cache, maintained incrementally; while a
