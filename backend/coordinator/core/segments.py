@@ -39,6 +39,9 @@ class Mirror:
         self.plain = {}         # key -> None: report-mode sources read by a lag query (history from known())
         self.final = {}         # lag query id -> final horizon reached (None: not started)
         self.start = {}         # lag query id -> event time it was registered at
+        self.changed = {}       # key -> piece boundaries added since the last answers()
+        self.pending = {}       # lag query id -> boundaries not finalised yet (times of possible answer changes)
+        self.static = {}        # lag query id -> _static() while no piece of its sources changed
         self.finals = 0
 
     # -- modes --------------------------------------------------------------------------------------
@@ -63,6 +66,7 @@ class Mirror:
         """A new source: segment mode if the lag queries naming it want it."""
         want, plain = {}, {}
         self._want(coord, sorted(coord.by_source.get(key, ())), want, plain)
+        self.static = {}
         if key in want and key not in plain:
             self.mode[key] = want[key]
             self.send(coord, key, *want[key])
@@ -72,6 +76,7 @@ class Mirror:
 
     def offline(self, key, t):
         """The device of ``key`` is gone at ``t``: what it sends from t − D on may be lost."""
+        self.changed.setdefault(key, [])
         if key in self.mode:
             self._end(key, t - self.mode[key][0])
 
@@ -104,6 +109,8 @@ class Mirror:
         lagged = [qid for qid in sorted(coord.queries) if lag_of(coord.queries[qid]) is not None]
         self.start = {qid: self.start.get(qid, now) for qid in lagged}
         self.final = {qid: self.final.get(qid) for qid in lagged}
+        self.pending = {qid: self.pending[qid] for qid in lagged if qid in self.pending}
+        self.static = {}
 
     def send(self, coord, key, d, model):
         s = coord.cache.sources[key]
@@ -111,6 +118,7 @@ class Mirror:
 
     def resync(self, coord, key, t):
         """A device born again: its pieces stop here (it restarts its segments) and it hears its mode again."""
+        self.changed.setdefault(key, [])
         if key in self.mode:
             self._end(key, t)
             self.send(coord, key, *self.mode[key])
@@ -119,6 +127,7 @@ class Mirror:
         ps = self.pieces.get(key)
         if ps and ps[-1][1] > t:
             ps[-1][1] = max(ps[-1][0], t)
+            self.changed.setdefault(key, []).append(ps[-1][1])
 
     # -- inputs ---------------------------------------------------------------------------------------
     def receive(self, coord, device, m, unit):
@@ -141,6 +150,9 @@ class Mirror:
                 if ps and ps[-1][1] > a:
                     ps[-1][1] = a
                 ps.append(piece)
+            else:
+                continue
+            self.changed.setdefault(key, []).extend((a, e) if e != INF else (a,))
             coord.dirty.update(coord.by_source.get(key, {}))
 
     def touched(self, key, t, bound):
@@ -148,6 +160,7 @@ class Mirror:
         if key not in self.plain:
             return
         ps = self.pieces.setdefault(key, [])
+        self.changed.setdefault(key, []).append(t)
         if ps and ps[-1][0] == t:
             ps[-1][2:4] = bound
             return
@@ -156,19 +169,22 @@ class Mirror:
         ps.append([t, INF, bound[0], bound[1], 0.0, 0.0])
 
     # -- answers --------------------------------------------------------------------------------------
-    def _cover(self, coord, key, t):
-        ps = self.pieces.get(key)
-        if not ps:
-            return None
-        c = ps[-1][1]
-        if key in self.mode:
-            c = min(c, t - self.mode[key][0])
-            off = coord.models.off_since.get(key) if coord.models.off_since else None
-            if off is not None:
-                c = min(c, off - self.mode[key][0])
-        else:
-            c = min(c, t)
-        return c
+    def _static(self, coord, q):
+        """(the time-independent limit of ``q``'s coverage, the largest D of its sources), or None while a
+        source has no piece: at clock t the horizon is min(limit, t − D)."""
+        lim, dmax = INF, 0.0
+        off = coord.models.off_since
+        for key in q.sources:
+            ps = self.pieces.get(key)
+            if not ps:
+                return None
+            lim = min(lim, ps[-1][1])
+            if key in self.mode:
+                d = self.mode[key][0]
+                dmax = max(dmax, d)
+                if off and key in off:
+                    lim = min(lim, off[key] - d)
+        return lim, dmax
 
     @staticmethod
     def _at(ps, t):
@@ -198,32 +214,33 @@ class Mirror:
                 "reason": "segment mode: the answer for time t is final by t + %g s" % lag_of(q)}
 
     def answers(self, coord, t):
-        """Final answers of every lag query whose horizon moved at clock ``t``."""
+        """Final answers of every lag query whose horizon moved by clock ``t`` (uplinks up to t applied)."""
+        for key, ts in self.changed.items():
+            for qid in coord.by_source.get(key, ()):
+                if qid in self.final:
+                    self.static.pop(qid, None)
+                    self.pending.setdefault(qid, []).extend(ts)
+        self.changed = {}
         out = []
-        for qid in list(self.final):
+        for qid, f in self.final.items():
             q = coord.queries[qid]
-            covers = [self._cover(coord, key, t) for key in q.sources]
-            if any(c is None for c in covers):
+            if qid not in self.static:
+                self.static[qid] = self._static(coord, q)
+            st = self.static[qid]
+            if st is None:
                 continue
-            h = min(covers)
-            f = self.final[qid]
-            if f is None:
+            h = min(st[0], t - st[1])
+            first = f is None
+            if first:
                 f = max([self.start[qid]] + [self.pieces[key][0][0] for key in q.sources])
+                self.pending[qid] = [x for key in q.sources for p in self.pieces[key] for x in p[:2]] + [f]
             if h <= f:
                 self.final[qid] = f
                 continue
-            cuts = {f: None}
-            for key in q.sources:
-                ps = self.pieces[key]
-                i = bisect.bisect_right(ps, [f, INF, INF])
-                for p in ps[max(0, i - 1):]:
-                    if p[0] >= h:
-                        break
-                    for x in (p[0], p[1]):
-                        if f < x < h:
-                            cuts[x] = None
-            for x in sorted(cuts):
+            pend = self.pending.get(qid, ())
+            for x in sorted({x for x in pend if f <= x < h}):
                 out.append(("answer", self._final(q, x)))
+            self.pending[qid] = [x for x in pend if x >= h]
             self.final[qid] = h
         self.finals += len(out)
         return out
