@@ -96,10 +96,10 @@ class Mirror:
             if key not in plain and self.mode.get(key) != (d, model) and key in coord.cache.sources:
                 self.mode[key] = (d, model)
                 self.send(coord, key, d, model)
-        for key in read:
-            if key not in self.mode and key not in self.plain:
+        for key in read:        # a source not born yet joins when it is (born)
+            if key not in self.mode and key not in self.plain and key in coord.cache.sources:
                 self.plain[key] = None
-                self.touched(key, coord.clock, coord.cache.known(key))
+                self.touched(key, now, coord.cache.known(key))
         for key in list(self.plain):
             if key not in read or key in self.mode:
                 del self.plain[key]
