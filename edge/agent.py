@@ -208,7 +208,11 @@ class Agent:
         if i >= len(self.filters):
             raise ValueError("unknown source index")
         if kind == "segment":
-            from edge.core import segment
+            try:
+                from edge.core import segment
+            except ImportError:         # a board built without segment mode: say so, keep running
+                self.stats["unsupported"] += 1
+                return []
             return segment.configure(self, now, i, m)
         if kind == "summary":
             try:
