@@ -31,6 +31,9 @@ COLUMNS = [
     {"label": "adaptive", "protocol": "adaptive"},
     {"label": "linear", "protocol": "deadband", "params": {"models": "linear"}},
     {"label": "choose", "protocol": "deadband", "params": {"models": "choose"}},
+    # segment mode (backend/coordinator/core/segments.py): final answers by t + L, L = 3 and 10 sampling intervals
+    {"label": "segment L=3", "protocol": "deadband", "query": lambda c: {"lag": 3 * c["interval_s"]}},
+    {"label": "segment L=10", "protocol": "deadband", "query": lambda c: {"lag": 10 * c["interval_s"]}},
 ]
 MINIMA = (("clairvoyant_pc", lambda t, v, w: minimum_reports(v, w)), ("clairvoyant_pl", minimum_segments))
 

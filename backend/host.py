@@ -9,7 +9,8 @@ between them and the sans-IO ``Coordinator`` lives here, once:
   ``max(clock, now - λ)`` (as a Last Will does); a spec naming sources not born yet waits, and
   ``"sources": "all"`` follows the fleet as devices are born;
 * ``answer_record``/``answer_json``/``guarantee``: one serialisation of an answer with one guarantee
-  vocabulary (``GUARANTEES``); ``error_record`` for a refused or waiting spec;
+  vocabulary (``GUARANTEES``) and ``final`` (true: a lag query's final answer, DESIGN.md §4 segment mode);
+  ``error_record`` for a refused or waiting spec;
 * ``dispatch``: actions to a driver's sink; ``digest``: a host's state as JSON for status files.
 """
 import json
@@ -104,6 +105,7 @@ def answer_record(change):
     coordinator's fields plus ``guarantee``; a degraded answer always carries a ``reason``."""
     rec = dict(change)
     rec["guarantee"] = guarantee(change)
+    rec.setdefault("final", False)      # final: a lag query's answer for a past time that no longer changes
     if rec["guarantee"] == "degraded":
         rec.setdefault("reason", "degraded by the protocol")
     return rec

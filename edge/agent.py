@@ -93,6 +93,7 @@ class Agent:
         self.summaries = None   # source index -> swat.Replicator, allocated by the first summary control
         self.alt = None         # per source edge.core.predict.Chooser, once the backend allows lines
         self.allow = 1          # filter models allowed (edge.core.predict bits), from the ``setup`` control
+        self.segs = None        # source index -> segment.Segmenter (segment mode), allocated by the first segment control
         self.stats = {"samples": 0, "reports": 0, "bad_samples": 0, "bad_messages": 0, "probes": 0,
                       "stale": 0, "unsupported": 0}
 
@@ -181,6 +182,9 @@ class Agent:
         self.stats["samples"] += 1
         self.values[i] = value
         f = self.filters[i]
+        if self.segs is not None and i in self.segs:
+            from edge.core import segment
+            return segment.sample(self, now, i, value)
         if self.alt is not None:
             self.alt[i].sample(now, value, f.width)
             f.at(now)
@@ -227,6 +231,13 @@ class Agent:
         i = m["src"]
         if i >= len(self.filters):
             raise ValueError("unknown source index")
+        if kind == "segment":
+            try:
+                from edge.core import segment
+            except ImportError:         # a board built without segment mode: say so, keep running
+                self.stats["unsupported"] += 1
+                return []
+            return segment.configure(self, now, i, m)
         if kind == "summary":
             try:
                 from edge.core import swat
@@ -255,7 +266,7 @@ class Agent:
         else:
             f.set_filter(m["width"], [(c["l"], c["u"]) for c in m["cons"]], m["epoch"])
         v = self.values[i]
-        if v is not None and (m["ack"] or f.check(v)):
+        if v is not None and (m["ack"] or f.check(v)) and not (self.segs and i in self.segs):
             return [self._report(now, i, codec.WHY_ASSIGN)]
         return []
 
@@ -306,6 +317,11 @@ class Agent:
             g = predict.deadline(self)
             if g is not None and (t is None or g < t):
                 t = g
+        if self.segs:
+            from edge.core import segment
+            b = segment.deadline(self)
+            if b is not None and (t is None or b < t):
+                t = b
         return None if t is None else t - self.offset
 
     def handle_timer(self, now):
@@ -331,11 +347,14 @@ class Agent:
                     else:
                         f.shrink(self.shrink)
                     v = self.values[i]
-                    if v is not None and f.check(v):
+                    if v is not None and f.check(v) and not (self.segs and i in self.segs):
                         out.append(self._report(at, i, codec.WHY_SHRINK))
                 if jump:
                     break
                 at = self._shrink_at()
+        if self.segs:
+            from edge.core import segment
+            out += segment.flush(self, now)
         if self.beat > 0 and self.last_up is not None and now - self.last_up >= self.beat and not out:
             out.append(self._up(now, "beat", {"t": now}))
         return out

@@ -83,10 +83,12 @@ class Simulation(Loop):
 
     def _bound(self, s):
         """The bound of source ``s``'s filter (``IntervalFilter.bound``); None for a SWAT tree or a filter-model
-        choice (edge.core.predict), which see every reading."""
+        choice (edge.core.predict) or a segment (edge.core.segment), which see every reading."""
         dev, j = self.src_dev[s]
         a = self.agents[dev]
-        return None if a.alt is not None or (a.summaries and j in a.summaries) else a.filters[j].bound()
+        if a.alt is not None or (a.summaries and j in a.summaries) or (a.segs and j in a.segs):
+            return None
+        return a.filters[j].bound()
 
     def from_agent(self, now, device, out):
         if device in self.offline:
@@ -188,7 +190,7 @@ class Simulation(Loop):
         if sc is not None:
             sc.handed[s] += 1
             sc.bound[s] = False         # look for its next reading from here (from_agent does, if called)
-        if out:
+        if out or self.agents[dev].segs:       # a segment agent's deadline moves with its readings
             self.from_agent(st, dev, out)
         if sc is not None and sc.bound[s] is False:
             sc.set_bound(s, self._bound(s), k + 1)

@@ -7,19 +7,21 @@ instead of violations. ``headline`` is the one-line summary ``quietfleet sim`` p
 """
 import math
 
-from backend.sim import entity_truth, summary_truth, truth as truth_mod
+from backend.sim import entity_truth, segment_truth, summary_truth, truth as truth_mod
 
 
 def _split(sim):
     """The answers within the run (and before their query's removal), by the checker they go to."""
     w = sim.w
-    by_q, prob = {}, {}
+    by_q, prob, finals = {}, {}, {}
     ents = {qid: [] for qid in sim.truth.entity.tracks}
     sums = {qid: [] for qid in sim.truth.summary.tracks}
     for a in sim.answers:
         if a["time"] > w.duration or a["time"] >= sim.ended.get(a["query"], (math.inf,))[0]:
             continue
-        if a["query"] in sums:
+        if a.get("final"):
+            finals.setdefault(a["query"], []).append((a["time"], a["lo"], a["hi"], a["dlo"], a["dhi"], a["degraded"]))
+        elif a["query"] in sums:
             sums[a["query"]].append(a)
         elif a["query"] in ents:
             ents[a["query"]].append((a["time"], a["members"], a["degraded"]))
@@ -27,12 +29,12 @@ def _split(sim):
             by_q.setdefault(a["query"], []).append((a["time"], a["lo"], a["hi"], a["degraded"]))
             if a.get("guarantee") == "probabilistic":
                 prob[a["query"]] = a["confidence"]
-    return by_q, prob, ents, sums
+    return by_q, prob, ents, sums, finals
 
 
 def fleet(sim, elapsed):
     w = sim.w
-    by_q, prob, ents, sums = _split(sim)
+    by_q, prob, ents, sums, finals = _split(sim)
     per_q = {}
     tot_v = tot_m = 0
     tot_vt = 0.0
@@ -56,6 +58,13 @@ def fleet(sim, elapsed):
                       "precision_misses": m, "degraded_time": dt,
                       "mean_width": sum(widths) / len(widths) if widths else None}
         per_q[qid].update(truth_mod.fidelity(tl, answers, w.duration))
+        if qid in sim.coord.segments.start or qid in finals:       # a lag query: its final answers too
+            mine = finals.get(qid, [])
+            through = sim.coord.segments.final.get(qid) or (mine[-1][0] if mine else end)
+            fin = segment_truth.check_final(tl, mine, min(end, through), sim.precisions[qid])
+            per_q[qid].update(fin)
+            tot_v += fin["final_violations"]
+            tot_m += fin["final_precision_misses"]
         if qid in prob:     # a probabilistic guarantee is measured, not counted as violations
             per_q[qid].update({"guarantee": "probabilistic", "confidence": prob[qid]})
             continue

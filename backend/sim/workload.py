@@ -28,7 +28,8 @@ SOURCES = {"generator": ("generator", "count", "start", "step", "range", "interv
 QUERY = ("id", "kind", "sources", "weights", "precision", "range", "confidence")
 QUERY_EXTRA = {"range": ("k", "point", "rank_tolerance", "fp_tolerance", "fn_tolerance"),
                "summary": ("type", "window", "value", "radius", "every"),
-               "relay": ("error", "window", "span")}
+               "relay": ("error", "window", "span"),
+               "sum": ("lag", "segment"), "avg": ("lag", "segment")}     # segment mode: backend/coordinator/core/segments.py
 SETTINGS = ("period", "shrink", "heartbeat", "models")   # params the coordinator takes; the rest go to the protocol
 
 

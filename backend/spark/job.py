@@ -43,8 +43,8 @@ from edge.core import topics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUTPUT_SCHEMA = ("grp string, seq int, kind string, target string, payload binary, body string, "
-                 "time double, lo double, hi double, degraded boolean, guarantee string")
-COLUMNS = ("kind", "target", "payload", "body", "time", "lo", "hi", "degraded", "guarantee")
+                 "time double, lo double, hi double, degraded boolean, guarantee string, final boolean")
+COLUMNS = ("kind", "target", "payload", "body", "time", "lo", "hi", "degraded", "guarantee", "final")
 
 
 class Rows:
@@ -65,6 +65,7 @@ class Rows:
         cols["hi"].append(float(a["hi"]) if a and "hi" in a else None)
         cols["degraded"].append(bool(a["degraded"]) if a else None)
         cols["guarantee"].append(hostmod.guarantee(a) if a else None)
+        cols["final"].append(bool(a.get("final")) if a else None)
 
     def down(self, device, payload):
         self.row("down", device, payload=payload)
@@ -259,7 +260,8 @@ class Sink:
             "batch": pa.array([batch_id] * n, pa.int64()), "seq": pa.array(range(n), pa.int32()),
             "time": answers.column("time"), "query": answers.column("target"), "lo": answers.column("lo"),
             "hi": answers.column("hi"), "degraded": answers.column("degraded"),
-            "guarantee": answers.column("guarantee"), "fields": answers.column("body")}))
+            "guarantee": answers.column("guarantee"),
+            "final": answers.column("final"), "fields": answers.column("body")}))
 
     @staticmethod
     def _replace(path, data):

@@ -29,7 +29,8 @@ CASES = {"naive": ("naive", {}), "deadband": ("deadband", {}), "uniform": ("unif
          "adaptive": ("adaptive", {}), "adaptive-refined": ("adaptive", dict(REFINED, rule="shrink")),
          "optimal_static": ("optimal_static", {"steps": {s: 0.5 + (i % 5) * 0.4 for i, s in enumerate(IDS)}}),
          "brownian": ("brownian", {"min_obs": 5}),
-         "lines": ("deadband", {"models": "linear"})}       # linear dual prediction (edge.core.predict)
+         "lines": ("deadband", {"models": "linear"}),       # linear dual prediction (edge.core.predict)
+         "segment": ("deadband", {})}      # lag queries (segment mode, final answers) beside a lag-free max
 
 
 def workload(case):
@@ -44,9 +45,15 @@ def workload(case):
         {"id": "top", "kind": "max", "sources": IDS[6:], "precision": 4.0},
         {"id": "band", "kind": "count", "sources": "all", "range": [95.0, 105.0]},
     ]
+    lag = {}
+    if case == "segment":       # s0..s5 run segments, the max keeps s6.. reporting (their bounds recorded)
+        queries = [dict(q, lag=3.0 + 2 * (q["id"] == "mix"), segment="constant" if q["id"] == "mean" else "line")
+                   if q["kind"] in ("sum", "avg") else q for q in queries if q["kind"] in ("sum", "avg", "max")]
+        lag = {"lag": 4.0}
     events = [{"time": 1.0 + 0.5 * j, "add_query": q} for j, q in enumerate(q for q in queries if q["kind"] in kinds)]
     events.append({"time": 150.0, "remove_query": "mean"})
-    events.append({"time": 160.0, "add_query": {"id": "mean2", "kind": "avg", "sources": IDS[3:], "precision": 2.0}})
+    events.append({"time": 160.0, "add_query": dict({"id": "mean2", "kind": "avg", "sources": IDS[3:], "precision": 2.0},
+                                                   **lag)})
     return {"name": "determinism-" + case, "seed": 5, "duration": 300, "protocol": protocol,
             "sources": {"generator": "random_walk", "count": len(IDS), "per_device": 2, "start": [90, 110],
                         "step": [0.1, 2.0], "arrival": "exponential", "interval": 1.0},

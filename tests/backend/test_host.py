@@ -109,7 +109,7 @@ def test_guarantee_vocabulary_and_strict_json():
         host.guarantee({"lo": 1, "hi": 2, "guarantee": "set"})
     rec = json.loads(host.answer_json({"time": 1.0, "query": "q", "lo": -math.inf, "hi": math.inf, "degraded": True}))
     assert rec == {"time": 1.0, "query": "q", "lo": "-inf", "hi": "inf", "degraded": True, "guarantee": "degraded",
-                   "reason": "degraded by the protocol"}
+                   "reason": "degraded by the protocol", "final": False}
     assert set(host.GUARANTEES) >= {"interval", "probabilistic", "tolerance", "degraded"}
 
 

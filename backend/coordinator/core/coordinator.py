@@ -23,6 +23,7 @@ from backend.coordinator.core import aggregate
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
 from backend.coordinator.core.queries import QueryError, parse_query
+from backend.coordinator.core.segments import Mirror
 from edge.core.float32 import f32
 
 _TICK = 0      # event order within one timestamp: uplinks, then the adjustment tick
@@ -63,6 +64,7 @@ class Coordinator:
         self.rx = {}                    # device -> (boot, last uplink seq) for duplicate suppression
         # DBM models of every source, for the interruption model (Zhu §4.5); a protocol may bring its own
         self.models = getattr(protocol, "models", None) or Models()
+        self.segments = Mirror()        # segment mode and final answers of lag queries
         self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
 
     # -- queries ----------------------------------------------------------------
@@ -72,6 +74,7 @@ class Coordinator:
         q = parse_query(spec, self.all_sources(), self.protocol.kinds)
         if q.id in self.queries:
             raise QueryError("query %s is registered already" % q.id)
+        self.segments.check(self, q)
         self.queries[q.id] = q
         for s in q.sources:
             self.by_source.setdefault(s, {})[q.id] = None
@@ -81,6 +84,7 @@ class Coordinator:
         except QueryError:
             self.remove_query(q.id, now)
             raise
+        self.segments.queries_changed(self, self._now(now))
         return self._flush(now)
 
     def remove_query(self, qid, now=None):
@@ -92,6 +96,7 @@ class Coordinator:
         self.last.pop(qid, None)
         self.running.pop(qid, None)
         self.protocol.queries_changed(self, self._now(now))
+        self.segments.queries_changed(self, self._now(now))
         return self._flush(now)
 
     def set_precision(self, qid, precision, now=None):
@@ -254,6 +259,8 @@ class Coordinator:
             d["online"] = online
             for key in d["keys"]:
                 self.cache.sources[key].online = online
+                if not online:
+                    self.segments.offline(key, self.clock)
                 self.models.set_online(key, online, self.clock)
                 self._touch(key)
 
@@ -281,6 +288,7 @@ class Coordinator:
                                    self.unit.get(device, 1))
                 d["keys"].append(key)
                 self.protocol.source_added(self, key)
+                self.segments.born(self, key)
             else:
                 # Trust the device's own state, then re-send what we want under an epoch newer than
                 # both sides' (the device may have rebooted to epoch 0, or kept ours).
@@ -297,6 +305,7 @@ class Coordinator:
                     self.models.observe(key, m["t"], v)
                 s.filt.epoch = top
                 self.protocol.resync(self, key, want)
+                self.segments.resync(self, key, m["t"])
             self._touch(key)
 
     def _apply(self, device, kind, m):
@@ -321,6 +330,8 @@ class Coordinator:
             self.protocol.reported(self, key, m)
         elif kind == "blob":
             self.protocol.blob(self, device, m)
+        elif kind == "segs":
+            self.segments.receive(self, device, m, self.unit.get(device, 1))
 
     # -- time -------------------------------------------------------------------------
     def idle(self):
@@ -353,6 +364,9 @@ class Coordinator:
     def _advance(self, now):
         self.wall = now
         self._release(now)
+        if self.segments.final:     # every uplink stamped up to now − λ is in: final answers up to there
+            self.out += self.segments.answers(self, max(self.clock, now - self.latency))
+            self.segments.prune()
         return self._flush(None)
 
     def _release(self, now):
@@ -401,6 +415,7 @@ class Coordinator:
             qids = self.by_source.get(key)
             if qids:
                 bound = self.cache.known(key)
+                self.segments.touched(key, t, bound)
                 for qid in qids:
                     r = self.running.get(qid)
                     if r is not None:
@@ -411,7 +426,7 @@ class Coordinator:
             q = self.queries.get(qid)
             if q is None:
                 continue
-            fields = self.protocol.answer(self, q)
+            fields = self.protocol.answer(self, q) if "lag" not in q.extra else self.segments.realtime(q, t)
             offline = self.degraded(q)
             fields["degraded"] = bool(fields.get("degraded")) or offline
             if offline:

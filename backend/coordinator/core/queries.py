@@ -90,6 +90,8 @@ def parse_query(spec, all_sources, kinds=AGGREGATES):
         p = _number(spec["confidence"], "confidence", qid)
         if not 0 < p < 1:
             raise QueryError("query %s: confidence must be a probability in (0, 1), got %r" % (qid, p))
+    if "lag" in spec or "segment" in spec:
+        _check_lag(qid, kind, spec)
     known = {"id", "kind", "sources", "weights", "precision", "range"} - ({"weights"} if kind == "summary" else set())
     extra = {k: v for k, v in spec.items() if k not in known}
     q = Query(qid, kind, srcs, weights, precision, rng, extra)
@@ -165,3 +167,17 @@ def _check_summary(q):
     every = x.get("every", 1)
     if not isinstance(every, int) or isinstance(every, bool) or every < 1:
         raise QueryError("query %s: every must be an integer >= 1 (ticks between reads)" % q.id)
+
+
+def _check_lag(qid, kind, spec):
+    """Segment mode (backend/coordinator/core/segments.py): ``lag`` seconds > 0 on a sum or avg query,
+    ``segment`` ``line`` (default) or ``constant``."""
+    if "lag" not in spec:
+        raise QueryError("query %s: segment applies to queries with a lag only" % qid)
+    lag = _number(spec["lag"], "lag", qid)
+    if lag <= 0:
+        raise QueryError("query %s: lag must be > 0 seconds, got %r" % (qid, spec["lag"]))
+    if kind not in ("sum", "avg"):
+        raise QueryError("query %s: lag (segment mode) applies to sum and avg queries, not %s" % (qid, kind))
+    if spec.get("segment", "line") not in ("line", "constant"):
+        raise QueryError("query %s: segment must be \"line\" or \"constant\", got %r" % (qid, spec["segment"]))

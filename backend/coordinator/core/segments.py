@@ -1,0 +1,277 @@
+"""Segment mirror and final answers: our extension of Olston et al. 2003 §1.2.3 bounds to the lagged line
+segments of Elmeleegy et al. 2009 (swing/slide filters; not one of the five papers), device side
+``edge/core/segment.py``.
+
+A query with ``"lag": L`` (seconds) puts its sources in segment mode when no lag-free query reads them
+(a source in both keeps reporting; its bounds are recorded as they change). The device sends data of time
+τ by τ + D, D = L − λ, so once the coordinator's event clock reaches c every segment covering τ <= c − D
+has been applied. Per source the mirror keeps pieces ``[a, e, lo, hi, dlo, dhi]``: over [a, e) the value
+lies in [lo + dlo·(τ−a), hi + dhi·(τ−a)] (``e`` infinite while a committed line goes on; a float32
+board's lines are padded by a relative 2**-20). For each lag query the final horizon is the least of its
+sources' coverage; every stretch between piece boundaries below it becomes a **final answer**
+``{"time", "lo", "hi", "dlo", "dhi", "final": true}``: at τ from ``time`` until the next final answer,
+the exact aggregate lies in [lo + dlo·(τ−time), hi + dhi·(τ−time)]. A gap in a source's pieces (a
+reboot, an outage) gives an unbounded, degraded stretch. Real-time answers of a lag query are the
+newest pieces extrapolated and marked degraded: nothing about the present is proven before t + L.
+"""
+import bisect
+import math
+
+INF = math.inf
+LINE, CONST = 1, 2
+MODELS = {"line": LINE, "constant": CONST}
+PAD = {True: 2.0 ** -20, False: 1e-12}     # relative slack of a float32 / float64 device's line
+
+
+def lag_of(q):
+    return q.extra.get("lag")
+
+
+def send_lag(coord, q):
+    """D = L − λ in whole milliseconds, rounded down: what the device is told and the mirror assumes."""
+    return math.floor((lag_of(q) - coord.latency) * 1000 + 1e-6) / 1000
+
+
+class Mirror:
+    def __init__(self):
+        self.mode = {}          # key -> (D seconds, model) of a source in segment mode
+        self.pieces = {}        # key -> [[a, e, lo, hi, dlo, dhi], ...] in time order
+        self.plain = {}         # key -> None: report-mode sources read by a lag query (history from known())
+        self.final = {}         # lag query id -> final horizon reached (None: not started)
+        self.start = {}         # lag query id -> event time it was registered at
+        self.changed = {}       # key -> piece boundaries added since the last answers()
+        self.pending = {}       # lag query id -> boundaries not finalised yet (times of possible answer changes)
+        self.static = {}        # lag query id -> _static() while no piece of its sources changed
+        self.finals = 0
+
+    # -- modes --------------------------------------------------------------------------------------
+    def check(self, coord, q):
+        """A lag query ``coord`` can run (QueryError otherwise): L beyond the latency tolerance λ."""
+        from backend.coordinator.core.queries import QueryError
+        if lag_of(q) is not None and send_lag(coord, q) <= 0:
+            raise QueryError("query %s: lag %g s must exceed the latency tolerance λ = %g s by 1 ms at least"
+                             % (q.id, lag_of(q), coord.latency))
+
+    @staticmethod
+    def _want(coord, qids, want, plain):
+        for qid in qids:
+            q = coord.queries[qid]
+            for key in q.sources:
+                if lag_of(q) is None:
+                    plain[key] = None
+                elif key not in want or send_lag(coord, q) < want[key][0]:
+                    want[key] = (send_lag(coord, q), MODELS[q.extra.get("segment", "line")])
+
+    def born(self, coord, key):
+        """A new source: segment mode if the lag queries naming it want it."""
+        want, plain = {}, {}
+        self._want(coord, sorted(coord.by_source.get(key, ())), want, plain)
+        self.static = {}
+        if key in want and key not in plain:
+            self.mode[key] = want[key]
+            self.send(coord, key, *want[key])
+        elif key in want and key not in self.plain:
+            self.plain[key] = None
+            self.touched(key, coord.clock, coord.cache.known(key))
+
+    def offline(self, key, t):
+        """The device of ``key`` is gone at ``t``: what it sends from t − D on may be lost."""
+        self.changed.setdefault(key, [])
+        if key in self.mode:
+            self._end(key, t - self.mode[key][0])
+
+    def queries_changed(self, coord, now):
+        """Put sources in or out of segment mode as the lag queries over them require."""
+        want, plain = {}, {}
+        self._want(coord, sorted(coord.queries), want, plain)
+        read = {k: None for qid in sorted(coord.queries) if lag_of(coord.queries[qid]) is not None
+                for k in coord.queries[qid].sources}
+        for key in list(self.mode):
+            if key not in want or key in plain:
+                del self.mode[key]
+                self._end(key, coord.clock)
+                if key in coord.cache.sources:
+                    self.send(coord, key, 0, 0)
+        for key, (d, model) in want.items():
+            if key not in plain and self.mode.get(key) != (d, model) and key in coord.cache.sources:
+                self.mode[key] = (d, model)
+                self.send(coord, key, d, model)
+        for key in read:        # a source not born yet joins when it is (born)
+            if key not in self.mode and key not in self.plain and key in coord.cache.sources:
+                self.plain[key] = None
+                self.touched(key, now, coord.cache.known(key))
+        for key in list(self.plain):
+            if key not in read or key in self.mode:
+                del self.plain[key]
+        for key in list(self.pieces):
+            if key not in read:
+                del self.pieces[key]
+        lagged = [qid for qid in sorted(coord.queries) if lag_of(coord.queries[qid]) is not None]
+        self.start = {qid: self.start.get(qid, now) for qid in lagged}
+        self.final = {qid: self.final.get(qid) for qid in lagged}
+        self.pending = {qid: self.pending[qid] for qid in lagged if qid in self.pending}
+        self.static = {}
+
+    def send(self, coord, key, d, model):
+        s = coord.cache.sources[key]
+        coord.send(s.device, "segment", {"src": s.index, "lag": round(d * 1000), "model": model})
+
+    def resync(self, coord, key, t):
+        """A device born again: its pieces stop here (it restarts its segments) and it hears its mode again."""
+        self.changed.setdefault(key, [])
+        if key in self.mode:
+            self._end(key, t)
+            self.send(coord, key, *self.mode[key])
+
+    def _end(self, key, t):
+        ps = self.pieces.get(key)
+        if ps and ps[-1][1] > t:
+            ps[-1][1] = max(ps[-1][0], t)
+            self.changed.setdefault(key, []).append(ps[-1][1])
+
+    # -- inputs ---------------------------------------------------------------------------------------
+    def receive(self, coord, device, m, unit):
+        """A ``segs`` message from ``device``; times in ``unit`` per second."""
+        keys = coord.devices[device]["keys"]
+        single = coord.devices[device]["single"]
+        for r in m["segs"]:
+            if r["src"] >= len(keys) or keys[r["src"]] not in self.mode:
+                continue
+            key = keys[r["src"]]
+            a, e = r["a"] / unit, (INF if r["f"] & 1 else r["e"] / unit)
+            slope, v, h = r["s"] * unit, r["v"], r["w"] / 2
+            pad = PAD[single] * (abs(v) + h)
+            grow = PAD[single] * abs(slope)
+            piece = [a, e, v - h - pad, v + h + pad, slope - grow, slope + grow]
+            ps = self.pieces.setdefault(key, [])
+            if ps and ps[-1][0] == a:
+                ps[-1] = piece
+            elif not ps or ps[-1][0] < a:
+                if ps and ps[-1][1] > a:
+                    ps[-1][1] = a
+                ps.append(piece)
+            else:
+                continue
+            self.changed.setdefault(key, []).extend((a, e) if e != INF else (a,))
+            coord.dirty.update(coord.by_source.get(key, {}))
+
+    def touched(self, key, t, bound):
+        """A report-mode source's known bound changed at ``t``."""
+        if key not in self.plain:
+            return
+        ps = self.pieces.setdefault(key, [])
+        self.changed.setdefault(key, []).append(t)
+        if ps and ps[-1][0] == t:
+            ps[-1][2:4] = bound
+            return
+        if ps:
+            ps[-1][1] = t
+        ps.append([t, INF, bound[0], bound[1], 0.0, 0.0])
+
+    # -- answers --------------------------------------------------------------------------------------
+    def _static(self, coord, q):
+        """(the time-independent limit of ``q``'s coverage, the largest D of its sources), or None while a
+        source has no piece: at clock t the horizon is min(limit, t − D)."""
+        lim, dmax = INF, 0.0
+        off = coord.models.off_since
+        for key in q.sources:
+            ps = self.pieces.get(key)
+            if not ps:
+                return None
+            lim = min(lim, ps[-1][1])
+            if key in self.mode:
+                d = self.mode[key][0]
+                dmax = max(dmax, d)
+                if off and key in off:
+                    lim = min(lim, off[key] - d)
+        return lim, dmax
+
+    @staticmethod
+    def _at(ps, t):
+        """The piece of ``ps`` covering ``t``, or None (a gap)."""
+        i = bisect.bisect_right(ps, [t, INF, INF]) - 1
+        if i >= 0 and ps[i][0] <= t < ps[i][1]:
+            return ps[i]
+        return None
+
+    def realtime(self, q, t):
+        """Fields of a lag query's real-time answer: newest pieces extrapolated to ``t``, degraded."""
+        lo = hi = 0.0
+        for key in q.sources:
+            ps = self.pieces.get(key)
+            p = ps[-1] if ps else None
+            if p is None:
+                lo, hi = -INF, INF
+                break
+            d = t - p[0]
+            w = q.weights[key]
+            a, b = p[2] + p[4] * d, p[3] + p[5] * d
+            lo += w * (a if w > 0 else b)
+            hi += w * (b if w > 0 else a)
+        if q.kind == "avg":
+            lo, hi = lo / len(q.sources), hi / len(q.sources)
+        return {"lo": lo, "hi": hi, "degraded": True, "final": False,
+                "reason": "segment mode: the answer for time t is final by t + %g s" % lag_of(q)}
+
+    def answers(self, coord, t):
+        """Final answers of every lag query whose horizon moved by clock ``t`` (uplinks up to t applied)."""
+        for key, ts in self.changed.items():
+            for qid in coord.by_source.get(key, ()):
+                if qid in self.final:
+                    self.static.pop(qid, None)
+                    self.pending.setdefault(qid, []).extend(ts)
+        self.changed = {}
+        out = []
+        for qid, f in self.final.items():
+            q = coord.queries[qid]
+            if qid not in self.static:
+                self.static[qid] = self._static(coord, q)
+            st = self.static[qid]
+            if st is None:
+                continue
+            h = min(st[0], t - st[1])
+            first = f is None
+            if first:
+                f = max([self.start[qid]] + [self.pieces[key][0][0] for key in q.sources])
+                self.pending[qid] = [x for key in q.sources for p in self.pieces[key] for x in p[:2]] + [f]
+            if h <= f:
+                self.final[qid] = f
+                continue
+            pend = self.pending.get(qid, ())
+            for x in sorted({x for x in pend if f <= x < h}):
+                out.append(("answer", self._final(q, x)))
+            self.pending[qid] = [x for x in pend if x >= h]
+            self.final[qid] = h
+        self.finals += len(out)
+        return out
+
+    def _final(self, q, t):
+        lo = hi = dlo = dhi = 0.0
+        gap = False
+        for key in q.sources:
+            p = self._at(self.pieces[key], t)
+            if p is None:
+                gap = True
+                break
+            d, w = t - p[0], q.weights[key]
+            a, b = p[2] + p[4] * d, p[3] + p[5] * d
+            lo, hi = lo + w * (a if w > 0 else b), hi + w * (b if w > 0 else a)
+            dlo, dhi = dlo + w * (p[4] if w > 0 else p[5]), dhi + w * (p[5] if w > 0 else p[4])
+        n = len(q.sources) if q.kind == "avg" else 1
+        rec = {"time": t, "query": q.id, "final": True, "guarantee": "interval"}
+        if gap:
+            rec.update(lo=-INF, hi=INF, dlo=0.0, dhi=0.0, degraded=True, reason="segments lost (device reborn or offline)")
+        else:
+            rec.update(lo=lo / n, hi=hi / n, dlo=dlo / n, dhi=dhi / n, degraded=False)
+        return rec
+
+    def prune(self):
+        """Drop pieces every lag query has finalised past (the newest piece of a source stays)."""
+        done = [f for f in self.final.values() if f is not None]
+        if not done:
+            return
+        f = min(done)
+        for ps in self.pieces.values():
+            i = bisect.bisect_right(ps, [f, INF, INF]) - 1
+            if i > 0 and ps[i - 1][1] <= f:
+                del ps[:i]

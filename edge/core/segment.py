@@ -1,0 +1,233 @@
+"""Segment mode with a bounded lag: our extension of Olston et al. 2003 §1.2 bounds after the swing and slide
+filters of Elmeleegy et al. 2009 (VLDB, "Online piece-wise linear approximation of numerical streams with
+precision guarantees"; not one of the five papers).
+
+Per source the device fits segments instead of reporting on exit: a ``LINE`` segment is the line through
+its first reading (anchor ``t``, ``v``) whose slope ``p`` lies in a feasible interval [lo, hi] (a swing
+filter), a ``CONST`` segment the constant ``p`` in [lo, hi] (piecewise constant at the midrange). Every
+reading's value holds until the next reading, and it must lie within ±W/2 of the segment's line over that
+whole hold (checked at both ends: the line is monotone), so the backend's bound line(τ) ± W/2 contains
+the true value at every instant of the segment, not only at sample instants. A reading no line fits
+closes the segment (its line: the middle of [lo, hi]) and opens the next one.
+
+Lag: data of time τ must be sent by τ + ``lag`` (the query's L minus the network's λ, sent by the
+backend). Closed segments wait and travel together; when the oldest unsent data is due, the open segment
+is *committed*: its line is fixed at the middle of [lo, hi] and sent, and the segment goes on as long as
+readings keep fitting that line, so silence means "still on the committed line". Its end travels with
+the next due message. Portable (MicroPython and CPython), float32-safe: times are the agent's clock
+(integer ms on a board); the backend pads what it states for a float32 board.
+"""
+from edge.core import codec
+
+INF = float("inf")
+LINE = 1
+CONST = 2
+COMMITTED = 1           # record flag: the segment goes on past ``e`` (its line is fixed)
+MAX_RECORDS = 90        # records in one message (44 bytes each, under codec.MAX_PAYLOAD)
+
+
+def _mid(lo, hi):
+    p = (lo + hi) / 2
+    return p if p == p and p != INF and p != -INF else (lo if lo == hi else 0.0)
+
+
+class Segmenter:
+    """The segments of one source; ``lag`` in clock units."""
+
+    def __init__(self, model, width, lag, rnd=None):
+        if model != LINE and model != CONST:
+            raise ValueError("segment model is 1 (line) or 2 (constant)")
+        self.model = model
+        self.lag = lag
+        self.rnd = rnd          # None (native floats) or float32.f32: round every result as a float32 board does
+        self.w = width
+        self.h = self._r(width / 2)
+        self.t = None           # anchor time of the open segment (None: no reading yet)
+        self.v = None           # anchor value
+        self.lo = -INF
+        self.hi = INF           # feasible parameter (slope per clock unit, or the constant)
+        self.pt = None          # previous reading
+        self.pv = None
+        self.committed = False
+        self.until = None       # when a committed line stops holding the last reading
+        self.done = []          # records not sent yet
+        self.since = None       # earliest time whose data is not sent yet
+
+    def _r(self, x):
+        return x if self.rnd is None else self.rnd(x)
+
+    def _fit(self, v, t):
+        """The parameter interval putting ``v`` within ±h of the segment's line at time ``t``."""
+        h, r = self.h, self._r
+        if self.model == CONST:
+            return r(v - h), r(v + h)
+        d = t - self.t
+        if d <= 0:
+            return (-INF, INF) if -h <= r(v - self.v) <= h else (INF, -INF)
+        d = r(d)
+        return r(r(r(v - h) - self.v) / d), r(r(r(v + h) - self.v) / d)
+
+    def _open(self, t, v):
+        self.t, self.v, self.committed, self.until = t, v, False, None
+        self.lo, self.hi = self._fit(v, t) if self.model == CONST else (-INF, INF)
+        if self.since is None:
+            self.since = t
+
+    def _close(self, e):
+        """Close the open segment at ``e`` (it covers [t, e)) and queue its record."""
+        p = self.lo if self.committed else self._r(_mid(self.lo, self.hi))
+        self.done.append((self.t, e, self.v if self.model == LINE else p, p if self.model == LINE else 0.0, self.w, 0))
+        if self.since is None:
+            self.since = e      # a committed segment's end is news
+
+    def _hold(self, t):
+        """The last reading held until ``t``: a line segment must still be within ±h of it there."""
+        self._expire(t)
+        if self.model == LINE and t > self.pt:
+            lo, hi = self._fit(self.pv, t)
+            lo, hi = max(lo, self.lo), min(hi, self.hi)
+            if lo > hi:
+                self._close(self.pt)
+                self._open(self.pt, self.pv)
+                lo, hi = self._fit(self.pv, t)
+            self.lo, self.hi = lo, hi
+
+    def _watch(self):
+        """A committed sloped line leaves the last reading's band at ``until`` (None: never)."""
+        self.until = None
+        p = self.lo
+        if self.committed and self.model == LINE and p != 0.0:
+            r = self._r
+            q = r(r(r(self.pv + self.h if p > 0 else self.pv - self.h) - self.v) / p)
+            if q != q or q == INF or q == -INF:
+                return
+            self.until = self.t + (int(q) if isinstance(self.t, int) else q)
+            if self.until < self.pt:
+                self.until = self.pt
+
+    def _expire(self, now):
+        """Past ``until`` the committed line no longer holds the last reading: it ends there."""
+        if self.until is not None and now > self.until:
+            e = self.until
+            self._close(e)
+            self._open(e, self.pv)
+            self.until = None
+
+    def sample(self, t, v):
+        """Take reading ``v`` at time ``t`` (times never decrease)."""
+        if self.t is None:
+            self._open(t, v)
+        else:
+            self._hold(t)
+            lo, hi = self._fit(v, t)
+            lo, hi = max(lo, self.lo), min(hi, self.hi)
+            if lo > hi:
+                self._close(t)
+                self._open(t, v)
+            else:
+                self.lo, self.hi = lo, hi
+        self.pt, self.pv = t, v
+        self._watch()
+
+    def rewidth(self, width, model=None, lag=None):
+        """A new width (or model, lag): the open segment ends at the last reading, the next starts there with it."""
+        if width == self.w and model in (None, self.model) and lag in (None, self.lag):
+            return
+        if self.t is not None and self.pt > self.t:
+            self._close(self.pt)        # under the old width and model
+        self.w, self.h = width, self._r(width / 2)
+        self.model = model or self.model
+        self.lag = lag or self.lag
+        if self.t is not None:
+            self._open(self.pt, self.pv)
+
+    def due(self):
+        """Clock time by which this source's unsent data must go out; None when nothing is owed."""
+        if self.since is not None:
+            return self.since + self.lag
+        return None if self.until is None else self.until + self.lag
+
+    def take(self, now, commit):
+        """The records to send now; ``commit``: also fix and send the open segment."""
+        if self.t is not None and not self.committed and commit:
+            self._hold(now)
+        self._expire(now)
+        out = self.done
+        self.done = []
+        self.since = None
+        if self.t is not None and not self.committed:
+            if commit:      # the flattest feasible line: a trend when the readings show one, else constant
+                self.lo = self.hi = 0.0 if self.lo <= 0.0 <= self.hi and self.model == LINE else self._r(_mid(self.lo, self.hi))
+                self.committed = True
+                self._watch()
+                p = self.lo
+                out.append((self.t, now, self.v if self.model == LINE else p, p if self.model == LINE else 0.0,
+                            self.w, COMMITTED))
+            else:
+                self.since = self.t
+        return out
+
+
+# -- the agent's side (edge/agent.py calls these; ``agent.segs`` maps source index -> Segmenter) --------
+
+def owns(agent, i):
+    return agent.segs is not None and i in agent.segs
+
+
+def configure(agent, now, i, m):
+    """A ``segment`` control: lag (ms) and model for source ``i``; model 0 ends segment mode."""
+    lag = agent._ms(m["lag"])
+    if m["model"] and (lag <= 0 or m["model"] not in (LINE, CONST)):
+        raise ValueError("bad segment control")
+    if agent.segs is None:
+        agent.segs = {}
+    s = agent.segs.get(i)
+    if s is not None and m["model"]:
+        s.rewidth(agent.filters[i].width, m["model"], lag)
+    elif m["model"]:
+        agent.segs[i] = Segmenter(m["model"], agent.filters[i].width, lag, agent.rnd)
+    out = flush(agent, now, True)
+    if not m["model"] and s is not None:
+        del agent.segs[i]
+        if agent.values[i] is not None:
+            out.append(agent._report(now, i, codec.WHY_ASSIGN))    # back to reports: resynchronise
+    return out
+
+
+def sample(agent, now, i, v):
+    s = agent.segs[i]
+    w = agent.filters[i].width
+    if w != s.w:
+        s.rewidth(w)
+    s.sample(now, v)
+    return flush(agent, now)
+
+
+def deadline(agent):
+    """The earliest due time of any source's unsent data, or None."""
+    t = None
+    if agent.segs:
+        for s in agent.segs.values():
+            d = s.due()
+            if d is not None and (t is None or d < t):
+                t = d
+    return t
+
+
+def flush(agent, now, everything=False):
+    """When some source's data is due (or ``everything``): one message (more if large) with every source's
+    unsent segments; open segments are committed when due within half a lag."""
+    t = deadline(agent)
+    if t is None or (t > now and not everything):
+        return []
+    recs = []
+    for i in sorted(agent.segs):
+        s = agent.segs[i]
+        f = agent.filters[i]
+        for a, e, v, p, w, flag in s.take(now, everything or s.t is not None and s.t + s.lag // 2 <= now):
+            recs.append({"src": i, "epoch": f.epoch, "a": a, "e": e, "v": v, "s": p, "w": w, "f": flag})
+    out = []
+    for k in range(0, len(recs), MAX_RECORDS):
+        agent.stats["reports"] += 1
+        out.append(agent._up(now, "segs", {"t": now, "segs": recs[k:k + MAX_RECORDS]}))
+    return out

@@ -1,0 +1,171 @@
+"""Segment mode end to end (backend/coordinator/core/segments.py, edge/core/segment.py): final answers
+against ground truth on every prefix, the lag promise, spec errors, the simulator's checker, Spark rows."""
+import bisect
+import math
+import json
+import os
+
+import pytest
+
+from backend import host
+from backend.sim import engine
+from backend.spark import job
+from edge.agent import Agent
+from edge.core.float32 import f32
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "backend", "sim", "examples", "segment.yaml")
+
+
+class Rig:
+    """Agents and a Host wired back to back with no delay (λ = 0), times in integer ms; every input the host
+    takes goes through ``Host.record`` and is logged as the spool would hold it."""
+
+    def __init__(self, unit, rnd, spec, sources=(("d0", ["a", "b"]), ("d1", ["c"]))):
+        self.h = host.Host(protocol="deadband", latency=0.0)
+        self.log = []
+        self.unit = unit
+        self.agents = {d: Agent(d, names, boot=1, unit=unit, rnd=rnd) for d, names in sources}
+        self.answers = []
+        for d, a in self.agents.items():
+            self.up(0, d, a.start(0))
+        self.feed(0, "q", "spec", json.dumps(spec).encode())
+
+    def feed(self, ms, name, channel, payload):
+        self.log.append((ms / 1000, name, channel, payload, False))
+        self.act(ms, self.h.record(ms / 1000, name, channel, payload))
+
+    def dev(self, ms):
+        return ms if self.unit == 1000 else ms / 1000
+
+    def up(self, ms, d, out):
+        for _, payload in out:
+            self.feed(ms, d, "up", payload)
+
+    def act(self, ms, actions):
+        for a in actions:
+            if a[0] == "down":
+                self.up(ms, a[1], self.agents[a[1]].handle_message(self.dev(ms), a[2]))
+            elif a[0] == "answer":
+                self.answers.append(a[1])
+            elif a[0] == "error":
+                raise AssertionError(a[2])
+
+    def until(self, ms):
+        """Fire every agent and coordinator timer due by ``ms``, in time order."""
+        while True:
+            due = sorted((a.next_deadline(), d) for d, a in self.agents.items() if a.next_deadline() is not None)
+            if not due:
+                break
+            at, d = due[0]
+            t = at if self.unit == 1000 else math.ceil(at * 1000 - 1e-6)      # integer ms, never before the deadline
+            if t > ms:
+                break
+            out = self.agents[d].handle_timer(at)
+            assert self.agents[d].next_deadline() != at, "a due timer leaves nothing due"
+            self.up(t, d, out)
+        self.feed(ms, None, "tick", b"")
+
+
+def _truth_at(readings, tau):
+    total = 0.0
+    for rs in readings.values():
+        i = bisect.bisect_right(rs, (tau, float("inf"))) - 1
+        if i < 0:
+            return None
+        total += rs[i][1]
+    return total
+
+
+@pytest.mark.parametrize("unit,rnd,model", [(1, None, "line"), (1000, f32, "line"), (1000, None, "constant"),
+                                            (1, None, "constant")])
+def test_final_answers_contain_the_truth_on_every_prefix(unit, rnd, model):
+    lag = 2.0
+    rig = Rig(unit, rnd, {"kind": "sum", "sources": ["a", "b", "c"], "precision": 6.0, "lag": lag, "segment": model})
+    import random
+    rng = random.Random(7)
+    vals = {"a": 10.0, "b": -5.0, "c": 100.0}
+    readings = {k: [] for k in vals}
+    ms = 0
+    for step in range(400):
+        ms += rng.randint(50, 400 if step % 50 else 3000)
+        k = rng.choice("abc")
+        vals[k] += rng.gauss(0.03, 0.6) + (rng.choice((-8, 8)) if rng.random() < 0.03 else 0.0)
+        v = vals[k] if rnd is None else rnd(vals[k])
+        rig.until(ms)
+        readings[k].append((ms / 1000, v))
+        d = next(d for d, a in rig.agents.items() if k in a.names)
+        rig.up(ms, d, rig.agents[d].handle_sample(rig.dev(ms), k, v))
+        rig.feed(ms, None, "tick", b"")
+        horizon = rig.h.coord.segments.final["q"]
+        finals = [a for a in rig.answers if a.get("final")]
+        if all(readings.values()) and ms / 1000 - lag >= max(rs[0][0] for rs in readings.values()):
+            assert horizon is not None and horizon >= ms / 1000 - lag - 1e-9, (horizon, ms)
+        times = [a["time"] for a in finals]
+        assert times == sorted(times)
+        # brute force: every reading instant and midpoint below the horizon lies in its final answer
+        probes = sorted({t for rs in readings.values() for t, _ in rs} | {t + 0.0005 for rs in readings.values() for t, _ in rs})
+        for tau in probes:
+            if not finals or tau < times[0] or horizon is None or tau >= horizon:
+                continue
+            f = finals[bisect.bisect_right(times, tau) - 1]
+            x = _truth_at(readings, tau)
+            assert x is not None and not f["degraded"]
+            lo, hi = f["lo"] + f["dlo"] * (tau - f["time"]), f["hi"] + f["dhi"] * (tau - f["time"])
+            assert lo - 1e-9 <= x <= hi + 1e-9, (tau, lo, x, hi, f)
+            assert hi - lo <= 6.0 + 1e-6 + (2.0 ** -18 * (abs(lo) + abs(hi)) if rnd else 0.0)   # a float32 board's pad
+    realtime = [a for a in rig.answers if not a.get("final")]
+    assert realtime and all(a["degraded"] and "final by t + 2 s" in a["reason"] for a in realtime[1:])
+    ups = sum(a.stats["reports"] for a in rig.agents.values())
+    assert len(finals) > 20 and ups < sum(len(r) for r in readings.values()) / 2
+
+
+@pytest.mark.parametrize("spec,error", [
+    ({"kind": "min", "lag": 5}, "applies to sum and avg"),
+    ({"kind": "sum", "lag": 0}, "lag must be > 0"),
+    ({"kind": "sum", "lag": "soon"}, "lag must be a finite number"),
+    ({"kind": "sum", "lag": 0.4}, "must exceed the latency tolerance"),
+    ({"kind": "sum", "lag": 5, "segment": "spline"}, "segment must be"),
+    ({"kind": "sum", "segment": "line"}, "segment applies to queries with a lag"),
+])
+def test_bad_lag_specs_get_clear_errors(spec, error):
+    h = host.Host(protocol="deadband", latency=0.5, declared=["a"])
+    out = h.spec(0.0, "q", dict(spec, sources=["a"], precision=1.0))
+    assert out[0][0] == "error" and error in out[0][2], out
+
+
+def test_example_workload_beats_deadband_and_the_checker_sees_a_wrong_final():
+    sim = engine.simulation(EXAMPLE)
+    res = sim.run()
+    q = res["queries"]["mean"]
+    assert res["violations"] == 0 and q["final_violations"] == 0 and q["finals"] > 100
+    assert q["final_through"] >= sim.w.duration - 10.0
+    plain = engine.run(dict(_spec(), queries=[{k: v for k, v in x.items() if k not in ("lag", "segment")}
+                                              for x in _spec()["queries"]]))
+    total = res["messages"]["up"] + res["messages"]["down"]
+    assert total < 0.6 * (plain["messages"]["up"] + plain["messages"]["down"])
+    from backend.sim import result
+    i = max(k for k, a in enumerate(sim.answers) if a.get("final") and a["time"] < 100)
+    sim.answers[i] = dict(sim.answers[i], lo=sim.answers[i]["lo"] + 1.0, hi=sim.answers[i]["hi"] + 1.0)
+    assert result.fleet(sim, 1.0)["queries"]["mean"]["final_violations"] > 0
+
+
+def _spec():
+    import yaml
+    with open(EXAMPLE) as fh:
+        return yaml.safe_load(fh)
+
+
+def test_spark_run_batch_gives_the_same_final_and_real_time_answers():
+    rig = Rig(1000, None, {"kind": "avg", "sources": ["a", "b", "c"], "precision": 3.0, "lag": 1.5})
+    for k in range(1, 150):
+        rig.until(k * 100)
+        rig.up(k * 100, "d0", rig.agents["d0"].handle_sample(k * 100, "a", (k % 17) * 0.3))
+        rig.up(k * 100, "d0", rig.agents["d0"].handle_sample(k * 100, "b", (k % 5) * 0.1))
+        rig.up(k * 100, "d1", rig.agents["d1"].handle_sample(k * 100, "c", 5.0 - (k % 11) * 0.2))
+    cols = job.run_batch(host.Host(protocol="deadband", latency=0.0), rig.log)
+    rows = [(f, json.loads(b)) for k, f, b in zip(cols["kind"], cols["final"], cols["body"]) if k == "answer"]
+    assert [b for _, b in rows] == rig.answers
+    assert sum(f for f, _ in rows) > 10 and any(not f for f, _ in rows)
+    assert all(f == bool(b.get("final")) for f, b in rows)
+    assert all(json.loads(host.answer_json(b))["final"] is f for f, b in rows)

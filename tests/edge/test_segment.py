@@ -1,0 +1,144 @@
+"""Segment mode on the device (edge/core/segment.py) against the readings themselves, on every prefix.
+
+An agent in segment mode is fed irregular random walks with jumps sample by sample (timers fired when
+due, as the pump does); after every event its decoded ``segs`` messages are replayed into pieces the way
+the backend does, and the oracle checks (1) every reading's value, over the whole time it holds, lies
+within ±W/2 of the line of every piece covering that time, up to what the backend may claim by then
+(now − D); (2) the pieces leave no hole and reach now − D (the lag promise); (3) messages carry several
+segments. Native floats, integer-ms boards and emulated float32 boards.
+"""
+from edge.agent import Agent
+from edge.core import codec, segment
+from edge.core.float32 import f32
+from portable import Rng, ctl, session, raises
+
+INF = float("inf")
+
+
+def _drive(model, unit, rnd, seed, n=220, width=2.0):
+    rng = Rng(seed)
+    a = Agent("d", ["x", "y"], width=width, unit=unit, rnd=rnd)
+    session(a)
+    lag_ms = 1500
+    for i in range(2):
+        a.handle_message(0, ctl(a, "segment", src=i, seq=2 + i, lag=lag_ms, model=model))
+    lag = lag_ms if unit == 1000 else lag_ms / 1000
+    pad = 2.0 ** -20 if rnd is not None else 1e-12
+    readings = [[], []]
+    pieces = [[], []]
+    vals = [0.0, 50.0]
+    stats = {"msgs": 0, "recs": 0, "checks": 0}
+    now = 0
+
+    def take(out):
+        for _, p in out:
+            kind, m = codec.decode(p)
+            if kind != "segs":
+                continue
+            stats["msgs"] += 1
+            for r in m["segs"]:
+                stats["recs"] += 1
+                ps = pieces[r["src"]]
+                e = INF if r["f"] & 1 else r["e"]
+                rec = [r["a"], e, r["v"], r["s"], r["w"]]
+                if ps and ps[-1][0] == r["a"]:
+                    ps[-1] = rec
+                else:
+                    assert not ps or ps[-1][0] < r["a"]
+                    if ps:
+                        ps[-1][1] = min(ps[-1][1], r["a"])
+                    ps.append(rec)
+
+    def check(now):
+        claim = now - lag                   # what the backend may state as final at this instant
+        for i in range(2):
+            ps, rs = pieces[i], readings[i]
+            if not rs or rs[0][0] > claim:
+                continue
+            assert ps and ps[0][0] == rs[0][0], "pieces start at the first reading"
+            for k in range(1, len(ps)):
+                assert ps[k - 1][1] == ps[k][0], "no hole between pieces"
+            assert ps[-1][1] >= claim, "data older than the lag not sent: %r < %r" % (ps[-1][1], claim)
+            for j in range(len(rs)):
+                t0, v = rs[j]
+                t1 = rs[j + 1][0] if j + 1 < len(rs) else now
+                for pa, pe, pv, ps_, pw in ps:
+                    lo, hi = max(t0, pa), min(t1, pe)       # [t0, t1) meets [pa, pe), up to the claim
+                    if lo >= hi or lo > claim:
+                        continue
+                    hi = min(hi, claim)
+                    for tau in (lo, hi):
+                        line = pv + ps_ * (tau - pa) if model == segment.LINE else pv
+                        slack = pw / 2 + pad * (abs(pv) + pw / 2 + abs(ps_ * (tau - pa)))
+                        stats["checks"] += 1
+                        assert abs(v - line) <= slack, (i, tau, v, line, pw, (pa, pe, pv, ps_))
+
+    for step in range(n):
+        gap = 100 + rng.u32() % (2 * lag_ms if step % 37 == 0 else 600)
+        nxt = now + gap if unit == 1000 else (round(now * 1000) + gap) / 1000
+        d = a.next_deadline()
+        while d is not None and d <= nxt:
+            take(a.handle_timer(d))
+            now = d
+            check(now)
+            d2 = a.next_deadline()
+            assert d2 is None or d2 > d, "a due timer leaves nothing due"
+            d = d2
+        now = nxt
+        i = rng.u32() % 2
+        jump = rng.u32() % 29 == 0
+        vals[i] += (rng.random() - 0.5) * (8 * width if jump else 0.9 * width) + (0.3 if i else 0.0)
+        v = vals[i] if rnd is None else rnd(vals[i])
+        readings[i].append((now, v))
+        take(a.handle_sample(now, i, v))
+        check(now)
+    assert stats["checks"] > 500 and stats["recs"] > stats["msgs"], stats
+    assert a.stats["bad_messages"] == 0
+    return stats
+
+
+def test_line_segments_hold_every_reading_native_floats():
+    for seed in (1, 2, 3):
+        _drive(segment.LINE, 1, None, seed)
+
+
+def test_constant_segments_hold_every_reading_native_floats():
+    for seed in (4, 5):
+        _drive(segment.CONST, 1, None, seed)
+
+
+def test_integer_ms_board_line_and_constant():
+    for seed in (6, 7):
+        _drive(segment.LINE, 1000, None, seed)
+        _drive(segment.CONST, 1000, None, seed)
+
+
+def test_float32_board_emulated():
+    for seed in (8, 9):
+        _drive(segment.LINE, 1000, f32, seed)
+        _drive(segment.CONST, 1000, f32, seed)
+
+
+def test_fewer_messages_than_samples_and_segment_mode_off_resumes_reports():
+    a = Agent("d", ["x"], width=1.0)
+    session(a)
+    a.handle_message(0.0, ctl(a, "segment", src=0, seq=2, lag=5000, model=segment.LINE))
+    out = []
+    for k in range(100):
+        out += a.handle_sample(k * 0.1, "x", 0.05 * k)      # one straight line
+        if a.next_deadline() is not None and a.next_deadline() <= k * 0.1:
+            out += a.handle_timer(k * 0.1)
+    assert len(out) <= 3 and a.stats["samples"] == 100
+    kinds = [codec.decode(p)[0] for _, p in a.handle_message(10.0, ctl(a, "segment", src=0, seq=3, lag=0, model=0))]
+    assert kinds[-1] == "report" and not a.segs
+    assert [codec.decode(p)[0] for _, p in a.handle_sample(10.1, "x", 100.0)] == ["report"]
+
+
+def test_bad_segment_controls_are_counted():
+    a = Agent("d", ["x"], width=1.0)
+    session(a)
+    for bad in (ctl(a, "segment", src=0, seq=2, lag=0, model=1), ctl(a, "segment", src=0, seq=3, lag=10, model=7),
+                ctl(a, "segment", src=4, seq=4, lag=10, model=1)):
+        assert a.handle_message(0.0, bad) == []
+    assert a.stats["bad_messages"] == 3 and not a.segs
+    raises(ValueError, segment.Segmenter, 3, 1.0, 10)
