@@ -149,3 +149,13 @@ def test_the_live_demos_site_beats_plain_deadband_including_control(tmp_path):
     assert dead["violations"] == ad["violations"] == 0
     assert _total(ad) < 0.95 * _total(dead)
     assert sim.coord.protocol.cuts.stats["demoted"] >= 1       # the workshop is in neither extreme's reach
+
+
+def test_the_demos_deadband_replay_from_installed_filters():
+    from backend import demo
+    q = [{"id": "m", "kind": "avg", "sources": ["a"], "precision": 2.0}]      # deadband width 2: ±1
+    vals = [0.0, 5.0, 5.5, 6.2, 6.9, 7.4, 4.0]
+    readings = [(float(t), "a", v) for t, v in enumerate(vals)]
+    assert demo.deadband_reports(q, readings) == (5, 1)      # 0.0 first, 5.0, 6.2, 7.4, 4.0; one filter installed
+    # from t = 2 on: centred on 5.0 (the reading at t = 1), no control: 6.2 (> 6), 7.4 (> 7.2), 4.0
+    assert demo.deadband_reports(q, readings, start=2.0) == (3, 0)
