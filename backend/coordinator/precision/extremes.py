@@ -85,16 +85,18 @@ class Cuts:
         source still in one keeps its width and a cut for another would only cost messages."""
         changed = {}
         qids = [qid for qid in sorted(coord.by_source.get(key, ())) if coord.queries[qid].kind in ("min", "max")]
-        if not qids or any(coord.queries[qid].kind in ("sum", "avg") for qid in coord.by_source[key]):
-            return []       # a source that a SUM/AVG query needs keeps a width anyway
+        if not qids:
+            return []
+        # a source that a SUM/AVG query needs keeps a width anyway: no cut (but its reports move the extremes)
+        free = not any(coord.queries[qid].kind in ("sum", "avg") for qid in coord.by_source[key])
         ends = {qid: self._inner(coord, coord.queries[qid]) for qid in qids}
-        if (qids[0], key) in self.cut:
+        if free and (qids[0], key) in self.cut:
             if any(_side(coord.queries[qid]) * (v - self.cut[(qid, key)]) > 0 for qid in qids):
                 for qid in qids:        # it could become an extreme: an ordinary bound again
                     del self.cut[(qid, key)]
                 self.stats["promoted"] += 1
                 changed[key] = None
-        elif all(ends[qid] is not None for qid in qids):
+        elif free and all(ends[qid] is not None for qid in qids):
             a, b = coord.cache.known(key)
             far = True
             for qid in qids:
