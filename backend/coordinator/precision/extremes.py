@@ -34,14 +34,15 @@ RUNGS = 3           # constraints c, c ± δ, c ± 2δ: how far a rising source 
 class Cuts:
     """The out-sources of every MIN/MAX query and their cuts: {(query id, key): c}."""
 
-    def __init__(self, reach=REACH):
+    def __init__(self, reach=REACH, stats=None):
         if isinstance(reach, bool) or not isinstance(reach, (int, float)) or not reach >= 2:
             raise ValueError("reach must be a number >= 2, got %r" % (reach,))
         self.reach = float(reach)
         self.cut = {}           # (qid, key) -> cut, in insertion order
         self.prec = {}          # qid -> precision the cuts were made for
         self.edge = {}          # qid -> its innermost cut (or one beyond it), so most reports skip the re-cut scan
-        self.stats = {"demoted": 0, "recut": 0, "promoted": 0}
+        self.stats = {} if stats is None else stats        # counters, in the protocol's stats when given
+        self.stats.update({"demoted": 0, "recut": 0, "promoted": 0})
 
     def reset(self, coord):
         """Drop the cuts of queries that are gone or whose precision or sources changed."""
