@@ -49,6 +49,7 @@ def test_screen_looks_at_every_reading_outside_the_bound():
             continue
         looked += 1
         i = k + 1
+        sc.handed[s] = sc.local(s, i)           # what the engine's agent hand-over keeps
         sc.bound[s] = False
         bound[s] = (vs[k] - 3.0, vs[k] + 3.0)
         sc.set_bound(s, bound[s], i)
