@@ -11,12 +11,15 @@ board's lines are padded by a relative 2**-20). For each lag query the final hor
 sources' coverage; every stretch between piece boundaries below it becomes a **final answer**
 ``{"time", "lo", "hi", "dlo", "dhi", "final": true}``: at τ from ``time`` until the next final answer,
 the exact aggregate lies in [lo + dlo·(τ−time), hi + dhi·(τ−time)]. A gap in a source's pieces (a
-reboot, an outage) gives an unbounded, degraded stretch. Real-time answers of a lag query are the
-newest pieces extrapolated and marked degraded: nothing about the present is proven before t + L.
+reboot, an outage: what the device sent from D before it on may be lost) gives an unbounded, degraded
+stretch. Real-time answers of a lag query are its newest final answer extrapolated and marked degraded:
+nothing about the present is proven before t + L.
 """
 import bisect
 import heapq
 import math
+
+from backend.coordinator.core.queries import QueryError
 
 INF = math.inf
 LINE, CONST = 1, 2
@@ -45,12 +48,10 @@ class Mirror:
         self.static = {}        # lag query id -> (lazy min-heap of (limit, key), largest D), rebuilt on mode changes
         self.lim = {}           # key -> its current limit (entries of the heaps that differ are stale)
         self.last = {}          # lag query id -> its newest final answer
-        self.finals = 0
 
     # -- modes --------------------------------------------------------------------------------------
     def check(self, coord, q):
         """A lag query ``coord`` can run (QueryError otherwise): L beyond the latency tolerance λ."""
-        from backend.coordinator.core.queries import QueryError
         if lag_of(q) is not None and send_lag(coord, q) <= 0:
             raise QueryError("query %s: lag %g s must exceed the latency tolerance λ = %g s by 1 ms at least"
                              % (q.id, lag_of(q), coord.latency))
@@ -120,10 +121,11 @@ class Mirror:
         coord.send(s.device, "segment", {"src": s.index, "lag": round(d * 1000), "model": model})
 
     def resync(self, coord, key, t):
-        """A device born again: its pieces stop here (it restarts its segments) and it hears its mode again."""
+        """A device born again at ``t``: what it sent reaches t − D (it may have rebooted and lost the
+        rest); it restarts its segments when it hears its mode again."""
         self.changed.setdefault(key, [])
         if key in self.mode:
-            self._end(key, t)
+            self._end(key, t - self.mode[key][0])
             self.send(coord, key, *self.mode[key])
 
     def _end(self, key, t):
@@ -247,7 +249,6 @@ class Mirror:
                 out.append(("answer", self._final(q, x)))
             self.pending[qid] = [x for x in pend if x >= h]
             self.final[qid] = h
-        self.finals += len(out)
         return out
 
     def _final(self, q, t):
