@@ -244,7 +244,9 @@ def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=
              "whole run including the ground-truth check); the simulator works per event (a reading that must be "
              "reported, a message, a due timer), so it is lowest on traces where most readings are reported. A run "
              "over its wall-clock limit (%g s) would show `> limit`. Violations in these runs: **%d**. "
-             "Section took %.0f s." % (traces.PRECISION_FRACTION, limit, viol, time.time() - t0), ""]
+             "Section took %.0f s on %d cores at a load average of %.1f (other work shares the cores; "
+             "samples/s scale with it)." % (traces.PRECISION_FRACTION, limit, viol, time.time() - t0,
+                                           os.cpu_count() or 1, os.getloadavg()[0]), ""]
     for split, title in (("dev", "Development traces"), ("held-out", "Held-out traces (never tuned on)")):
         part = [r for r in rows if r["split"] == split]
         if part:

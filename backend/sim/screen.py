@@ -66,11 +66,13 @@ class Screen:
 
     def set_bound(self, s, bound, i):
         """Source ``s``'s filter now has ``bound`` (or None); readings before global index ``i`` are consumed.
-        A caller that has just used a reading of ``s`` sets ``bound[s] = False`` first, so it is looked again."""
+        A caller that has just given the reading at ``i - 1`` to the agent of ``s`` (``handed[s]`` counts it)
+        sets ``bound[s] = False`` first, so it is looked again from there."""
         if bound is None or bound != self.bound[s]:
+            used = self.bound[s] is False       # then its agent has every reading before i
             self.bound[s] = bound
             self.chunk[s] = FIRST_CHUNK
-            self._look(s, self.local(s, i))
+            self._look(s, self.handed[s] if used else self.local(s, i))
 
     def next(self):
         """The smallest global index some source needs looked at (``size`` when none)."""

@@ -14,10 +14,11 @@ from backend.sim import entity_truth, summary_truth
 
 TOL = 1e-9   # relative tolerance for float summation in the checker
 SMALL = 24   # fewer readings than this are cheaper one by one than in numpy
+CELLS = 1 << 20     # values of a MIN/MAX/COUNT query's sources held at once by the bulk truth
 
 
 class _Track:
-    __slots__ = ("q", "idx", "w", "wvec", "mvec", "sum", "scale", "known", "n", "since", "timeline")
+    __slots__ = ("q", "idx", "w", "wvec", "mvec", "col", "sum", "scale", "known", "n", "since", "timeline")
 
     def __init__(self, q, index):
         self.q = q
@@ -27,6 +28,8 @@ class _Track:
         self.wvec[self.idx] = self.w
         self.mvec = np.zeros(len(index), dtype=bool)    # membership (a weight may be 0)
         self.mvec[self.idx] = True
+        self.col = np.full(len(index), -1)              # source index -> its position in idx
+        self.col[self.idx] = np.arange(len(self.idx))
         self.sum = 0.0
         self.scale = 0.0
         self.known = 0
@@ -76,18 +79,17 @@ class Truth:
         tr.scale = math.fsum(abs(x) for x in terms)
         tr.since = 0
 
-    def update_range(self, s, v, t=None):
-        """Readings ``s``/``v`` (numpy arrays, in time order) in bulk. ``t`` None: all of one instant, not
-        flushed; else their times, ending with a whole instant, each instant flushed as ``flush`` would."""
-        if len(s) < SMALL or self.entity.tracks or self.summary.hist or any(
-                tr.q.kind not in ("sum", "avg") for tr in self.tracks.values()):
-            tl = None if t is None else t.tolist()
+    def update_range(self, s, v, t):
+        """Readings ``s``/``v`` at times ``t`` (numpy arrays in time order, ending with a whole instant), in
+        bulk: each instant is flushed as ``flush`` would after its readings."""
+        m = len(s)
+        if m < SMALL or self.entity.tracks or self.summary.hist:
+            tl = t.tolist()
             for k, (i, x) in enumerate(zip(s.tolist(), v.tolist())):
                 self.update(i, x)
-                if tl is not None and (k + 1 == len(tl) or tl[k + 1] != tl[k]):
+                if k + 1 == m or tl[k + 1] != tl[k]:
                     self.flush(tl[k])
             return
-        m = len(s)
         order = np.argsort(s, kind="stable")
         so = s[order]
         first = np.ones(m, dtype=bool)
@@ -99,22 +101,26 @@ class Truth:
         old[order] = prev                           # each reading's source value before it
         fresh = np.isnan(old)
         old[fresh] = 0.0
-        ends = None if t is None else np.append(np.flatnonzero(t[1:] != t[:-1]), m - 1)
+        ends = np.append(np.flatnonzero(t[1:] != t[:-1]), m - 1)
         for tr in self.tracks.values():
             mem = tr.mvec[s]
             hits = np.cumsum(mem)
             if not hits[-1]:
                 continue
-            w = np.where(mem, tr.wvec[s], 0.0)
-            sums = tr.sum + np.cumsum(w * (v - old))
-            scales = tr.scale + np.cumsum(np.abs(w * v) - np.abs(w * old))
             known = tr.known + np.cumsum(fresh & mem)
-            if ends is not None:
-                self._steps(tr, t, ends, hits, sums, scales, known)
-            else:
-                self.dirty.add(tr.q.id)
-            tr.sum, tr.scale, tr.known = float(sums[-1]), float(scales[-1]), int(known[-1])
-            tr.since += int(hits[-1])
+            touched = np.diff(hits[ends], prepend=0) > 0
+            e = ends[touched & (known[ends] >= tr.n)]       # the instants flush would evaluate tr at
+            if tr.q.kind in ("sum", "avg"):
+                w = np.where(mem, tr.wvec[s], 0.0)
+                sums = tr.sum + np.cumsum(w * (v - old))
+                scales = tr.scale + np.cumsum(np.abs(w * v) - np.abs(w * old))
+                div = tr.n if tr.q.kind == "avg" else 1
+                self._append(tr, t[e], sums[e] / div, scales[e] / div)
+                tr.sum, tr.scale = float(sums[-1]), float(scales[-1])
+                tr.since += int(hits[-1])
+            elif len(e):
+                self._append(tr, t[e], self._exact_rows(tr, self._rows(tr, s, v, mem, e)), np.full(len(e), tr.scale))
+            tr.known = int(known[-1])
         last = np.unique(s[::-1], return_index=True)
         for i, k in zip(last[0].tolist(), (m - 1 - last[1]).tolist()):
             self.values[i] = float(v[k])
@@ -123,23 +129,49 @@ class Truth:
             if tr.since >= tr.n:
                 self._resum(tr)
 
-    def _steps(self, tr, t, ends, hits, sums, scales, known):
-        """Append to ``tr``'s timeline what ``flush`` would at each instant end in ``ends``."""
-        h = hits[ends]
-        touched = np.diff(h, prepend=0) > 0
-        if tr.q.id in self.dirty:           # touched earlier within the first instant
-            touched[0] = True
-            self.dirty.discard(tr.q.id)
-        e = ends[touched & (known[ends] >= tr.n)]
-        if not len(e):
-            return
-        x = sums[e] / tr.n if tr.q.kind == "avg" else sums[e]
-        sc = scales[e] / tr.n if tr.q.kind == "avg" else scales[e]
-        keep = np.ones(len(e), dtype=bool)
+    def _rows(self, tr, s, v, mem, e):
+        """The values of ``tr``'s sources right after each reading index in ``e``, one row each (in chunks
+        of ``CELLS`` values, forward-filled from the previous row)."""
+        n = tr.n
+        hit = np.flatnonzero(mem)
+        col = tr.col[s[hit]]
+        out = np.empty((len(e), n))
+        base = self.cur[tr.idx]
+        h0 = 0
+        step = max(1, CELLS // n)
+        for c0 in range(0, len(e), step):
+            ec = e[c0:c0 + step]
+            h1 = int(np.searchsorted(hit, ec[-1], "right"))
+            row = np.searchsorted(ec, hit[h0:h1])            # first row at or after each reading
+            uniq, back = np.unique((row * n + col[h0:h1])[::-1], return_index=True)    # last reading per cell
+            src = np.full(len(ec) * n, -1)
+            src[uniq] = h0 + (h1 - h0 - 1 - back)
+            src = np.maximum.accumulate(src.reshape(len(ec), n), axis=0)
+            vals = np.where(src >= 0, v[hit[np.maximum(src, 0)]], base)
+            out[c0:c0 + len(ec)] = vals
+            base, h0 = vals[-1], h1
+        return out
+
+    @staticmethod
+    def _exact_rows(tr, rows):
+        """``aggregate.exact`` of a MIN, MAX or COUNT query on each row of its sources' values."""
+        k = tr.q.kind
+        if k == "min":
+            return rows.min(axis=1)
+        if k == "max":
+            return rows.max(axis=1)
+        if tr.q.range is None:
+            return np.full(len(rows), float(tr.n))
+        a, b = tr.q.range
+        return ((rows >= a) & (rows <= b)).sum(axis=1).astype(float)
+
+    def _append(self, tr, t, x, scale):
+        """Append to ``tr``'s timeline the instants at which its exact value ``x`` changes, as ``flush`` does."""
+        keep = np.ones(len(x), dtype=bool)
         keep[1:] = x[1:] != x[:-1]
-        if tr.timeline and tr.timeline[-1][1] == x[0]:
+        if len(x) and tr.timeline and tr.timeline[-1][1] == x[0]:
             keep[0] = False
-        tr.timeline.extend(zip(t[e[keep]].tolist(), x[keep].tolist(), sc[keep].tolist()))
+        tr.timeline.extend(zip(t[keep].tolist(), x[keep].tolist(), scale[keep].tolist()))
 
     def update(self, i, v):
         old = self.values[i]

@@ -56,7 +56,8 @@ def run(spark, workdir, mode, batches, reports, devices):
                         spool=sp if mode == "retention" else None)
         if mode == "none":
             sink.table.fan = 10 ** 9
-        spark.conf.set("spark.sql.streaming.minBatchesToRetain", str(job.RETAIN_BATCHES if mode == "retention" else 100))
+        retain = job.RETAIN_BATCHES if mode == "retention" else 100     # 100: Spark's default
+        spark.conf.set("spark.sql.streaming.minBatchesToRetain", str(retain))
         q = job.start(spark, spool_dir, out, FLEET, {"protocol": "naive", "period": 1.0}, trigger=0.1, sink=sink)
         try:
             for b in range(batches):

@@ -196,7 +196,7 @@ def plan(spark, spool, fleet, settings, status_sources=False, source_options=Non
 class Sink:
     """foreachBatch target: publish a batch's actions and append its answers, once per batch id."""
 
-    def __init__(self, out_dir, fleet, publisher=None, on_batch=None, spool=None, keep=0):
+    def __init__(self, out_dir, fleet, publisher=None, on_batch=None, spool=None):
         self.out_dir = out_dir
         self.fleet = fleet
         self.publisher = publisher
@@ -204,7 +204,7 @@ class Sink:
         self.table = Table(os.path.join(out_dir, "answers"))
         self.marker = os.path.join(out_dir, "sink.committed")
         # after each delivered batch: compact answers, trim the spool writer ``spool`` (None: not ours)
-        self.retention = Retention(os.path.join(out_dir, "checkpoint"), self.table, spool, keep)
+        self.retention = Retention(os.path.join(out_dir, "checkpoint"), self.table, spool)
 
     def committed(self):
         try:
@@ -243,7 +243,8 @@ class Sink:
             self.publisher.flush()
         published_at = time.time()
         self._replace(os.path.join(self.out_dir, "status.json"),
-                      json.dumps(hostmod.strict({"batch": batch_id, "published_at": published_at, "groups": status}),
+                      json.dumps(hostmod.strict({"batch": batch_id, "published_at": published_at, "groups": status,
+                                                   "retention": self.retention.stats}),
                                  indent=1).encode())
         self._replace(self.marker, b"%d\n" % batch_id)
         self.retention(batch_id)

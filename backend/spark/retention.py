@@ -5,7 +5,7 @@ answer table compacted, checkpoint history bounded.
   batches after the last committed one, from that batch's end offset; the state store holds the
   rest (the ``Host`` snapshot and journal). So while the sink delivers batch ``b`` every spool
   segment wholly below the end offset of the last committed batch can go (``Spool.trim`` keeps the
-  active segment). ``keep`` extra records may be kept for inspection.
+  active segment).
 - Answer table: ``answers.Table.compact`` up to the batch just delivered (level merging).
 - Checkpoint: Spark deletes offset and commit log entries and state-store versions older than
   ``spark.sql.streaming.minBatchesToRetain`` (``job.session(retain_batches=...)``); ``status.json``
@@ -35,13 +35,13 @@ def committed_offset(checkpoint):
 
 
 class Retention:
-    """Called by the sink after it delivered a batch: compact answers, trim the spool writer ``spool``."""
+    """Called by the sink after it delivered a batch: compact answers, trim the spool writer ``spool``;
+    ``stats`` (files merged so far, the spool's earliest offset) go to ``status.json``."""
 
-    def __init__(self, checkpoint, table, spool=None, keep=0):
+    def __init__(self, checkpoint, table, spool=None):
         self.checkpoint = checkpoint
         self.table = table
         self.spool = spool
-        self.keep = keep
         self.stats = {"merged": 0, "trimmed_to": None}
 
     def __call__(self, batch_id):
@@ -49,4 +49,4 @@ class Retention:
         if self.spool is not None:
             end = committed_offset(self.checkpoint)
             if end is not None:
-                self.stats["trimmed_to"] = self.spool.trim(end - self.keep)
+                self.stats["trimmed_to"] = self.spool.trim(end)

@@ -190,7 +190,8 @@ def test_link_loss_degrades_answers_alike_in_the_live_and_spark_paths(tmp_path):
     assert spark[-1]["reason"].startswith("offline")
     clock = [0.0]
     path = tmp_path / "answers.jsonl"
-    live = LiveCoordinator(Host(settings), FLEET, "127.0.0.1", 9, "unused", answers_path=str(path), clock=lambda: clock[0])
+    live = LiveCoordinator(Host(settings), FLEET, "127.0.0.1", 9, "unused", answers_path=str(path),
+                           clock=lambda: clock[0])
     for now, topic, payload in records:
         clock[0] = now
         if topic == link and payload == b"lost":

@@ -169,3 +169,19 @@ def test_spark_run_batch_gives_the_same_final_and_real_time_answers():
     assert sum(f for f, _ in rows) > 10 and any(not f for f, _ in rows)
     assert all(f == bool(b.get("final")) for f, b in rows)
     assert all(json.loads(host.answer_json(b))["final"] is f for f, b in rows)
+
+
+@pytest.mark.parametrize("fault", [{"network": {"delay": 0.2, "jitter": 0.1, "reboots": 20}},
+                                   {"outages": {"rate": 0.005, "mean_length": 20}}])
+def test_reboots_and_outages_give_degraded_gaps_never_wrong_finals(fault):
+    w = _spec()
+    if "outages" in fault:
+        w["sources"] = dict(w["sources"], **fault)
+    else:
+        w.update(fault)
+    sim = engine.simulation(w)
+    res = sim.run()
+    q = res["queries"]["mean"]
+    gaps = [a for a in sim.answers if a.get("final") and a["degraded"]]
+    assert res["violations"] == 0 and q["final_violations"] == 0 and q["finals"] > 100
+    assert gaps and all(a["lo"] == -float("inf") and "lost" in a["reason"] for a in gaps)

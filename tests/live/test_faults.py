@@ -162,7 +162,6 @@ def _stale(answers):
     return out
 
 
-
 def _uplinks(c):
     """{device: {seq: (kind, device time in s)}} of the uplinks and births an observer saw (births first:
     they say whether a device counts in integer ms)."""

@@ -150,7 +150,7 @@ def feed_in_cuts(spool, records, rng, cuts=6, delivered=None):
 
     def feed():
         done = 0
-        give_up = time.monotonic() + 600       # the job failed: let the test report it, not hang
+        give_up = time.monotonic() + 300       # the job failed: let the test report it, not hang
         for i, cut in enumerate(ends):
             while delivered is not None and len(delivered) < i and time.monotonic() < give_up:
                 time.sleep(0.05)

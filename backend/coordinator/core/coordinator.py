@@ -366,7 +366,6 @@ class Coordinator:
         self._release(now)
         if self.segments.final:     # every uplink stamped up to now − λ is in: final answers up to there
             self.out += self.segments.answers(self, max(self.clock, now - self.latency))
-            self.segments.prune()
         return self._flush(None)
 
     def _release(self, now):

@@ -11,11 +11,15 @@ board's lines are padded by a relative 2**-20). For each lag query the final hor
 sources' coverage; every stretch between piece boundaries below it becomes a **final answer**
 ``{"time", "lo", "hi", "dlo", "dhi", "final": true}``: at τ from ``time`` until the next final answer,
 the exact aggregate lies in [lo + dlo·(τ−time), hi + dhi·(τ−time)]. A gap in a source's pieces (a
-reboot, an outage) gives an unbounded, degraded stretch. Real-time answers of a lag query are the
-newest pieces extrapolated and marked degraded: nothing about the present is proven before t + L.
+reboot, an outage: what the device sent from D before it on may be lost) gives an unbounded, degraded
+stretch. Real-time answers of a lag query are its newest final answer extrapolated and marked degraded:
+nothing about the present is proven before t + L.
 """
 import bisect
+import heapq
 import math
+
+from backend.coordinator.core.queries import QueryError
 
 INF = math.inf
 LINE, CONST = 1, 2
@@ -41,22 +45,22 @@ class Mirror:
         self.start = {}         # lag query id -> event time it was registered at
         self.changed = {}       # key -> piece boundaries added since the last answers()
         self.pending = {}       # lag query id -> boundaries not finalised yet (times of possible answer changes)
-        self.static = {}        # lag query id -> _static() while no piece of its sources changed
-        self.finals = 0
+        self.static = {}        # lag query id -> (lazy min-heap of (limit, key), largest D), rebuilt on mode changes
+        self.lim = {}           # key -> its current limit (entries of the heaps that differ are stale)
+        self.last = {}          # lag query id -> its newest final answer
 
     # -- modes --------------------------------------------------------------------------------------
     def check(self, coord, q):
         """A lag query ``coord`` can run (QueryError otherwise): L beyond the latency tolerance λ."""
-        from backend.coordinator.core.queries import QueryError
         if lag_of(q) is not None and send_lag(coord, q) <= 0:
             raise QueryError("query %s: lag %g s must exceed the latency tolerance λ = %g s by 1 ms at least"
                              % (q.id, lag_of(q), coord.latency))
 
     @staticmethod
-    def _want(coord, qids, want, plain):
+    def _want(coord, qids, want, plain, only=None):
         for qid in qids:
             q = coord.queries[qid]
-            for key in q.sources:
+            for key in q.sources if only is None else (only,):
                 if lag_of(q) is None:
                     plain[key] = None
                 elif key not in want or send_lag(coord, q) < want[key][0]:
@@ -65,7 +69,7 @@ class Mirror:
     def born(self, coord, key):
         """A new source: segment mode if the lag queries naming it want it."""
         want, plain = {}, {}
-        self._want(coord, sorted(coord.by_source.get(key, ())), want, plain)
+        self._want(coord, sorted(coord.by_source.get(key, ())), want, plain, key)
         self.static = {}
         if key in want and key not in plain:
             self.mode[key] = want[key]
@@ -117,10 +121,11 @@ class Mirror:
         coord.send(s.device, "segment", {"src": s.index, "lag": round(d * 1000), "model": model})
 
     def resync(self, coord, key, t):
-        """A device born again: its pieces stop here (it restarts its segments) and it hears its mode again."""
+        """A device born again at ``t``: what it sent reaches t − D (it may have rebooted and lost the
+        rest); it restarts its segments when it hears its mode again."""
         self.changed.setdefault(key, [])
         if key in self.mode:
-            self._end(key, t)
+            self._end(key, t - self.mode[key][0])
             self.send(coord, key, *self.mode[key])
 
     def _end(self, key, t):
@@ -152,6 +157,7 @@ class Mirror:
                 ps.append(piece)
             else:
                 continue
+            self._trim(ps)
             self.changed.setdefault(key, []).extend((a, e) if e != INF else (a,))
             coord.dirty.update(coord.by_source.get(key, {}))
 
@@ -167,24 +173,35 @@ class Mirror:
         if ps:
             ps[-1][1] = t
         ps.append([t, INF, bound[0], bound[1], 0.0, 0.0])
+        self._trim(ps)
 
     # -- answers --------------------------------------------------------------------------------------
-    def _static(self, coord, q):
-        """(the time-independent limit of ``q``'s coverage, the largest D of its sources), or None while a
-        source has no piece: at clock t the horizon is min(limit, t − D)."""
-        lim, dmax = INF, 0.0
+    def _limit(self, coord, key):
+        """How far ``key``'s pieces reach whatever the clock: its last piece's end, and for a device gone
+        offline its time less D (what it sent after may be lost)."""
+        lim = self.pieces[key][-1][1]
         off = coord.models.off_since
-        for key in q.sources:
-            ps = self.pieces.get(key)
-            if not ps:
+        if key in self.mode and off and key in off:
+            lim = min(lim, off[key] - self.mode[key][0])
+        return lim
+
+    def _horizon(self, coord, q, t):
+        """Through when every source of ``q`` is known at clock ``t`` (None while one has no piece):
+        min over sources of their limit (a lazy heap per query) and t − the largest D among them."""
+        st = self.static.get(q.id)
+        if st is None:
+            if not all(self.pieces.get(key) for key in q.sources):
                 return None
-            lim = min(lim, ps[-1][1])
-            if key in self.mode:
-                d = self.mode[key][0]
-                dmax = max(dmax, d)
-                if off and key in off:
-                    lim = min(lim, off[key] - d)
-        return lim, dmax
+            for key in q.sources:
+                self.lim[key] = self._limit(coord, key)
+            heap = [(self.lim[key], key) for key in q.sources]
+            heapq.heapify(heap)
+            dmax = max([self.mode[key][0] for key in q.sources if key in self.mode] + [0.0])
+            st = self.static[q.id] = (heap, dmax)
+        heap = st[0]
+        while self.lim.get(heap[0][1], heap[0][0]) != heap[0][0]:
+            heapq.heappop(heap)             # stale: that source's limit moved since
+        return min(heap[0][0], t - st[1])
 
     @staticmethod
     def _at(ps, t):
@@ -195,41 +212,31 @@ class Mirror:
         return None
 
     def realtime(self, q, t):
-        """Fields of a lag query's real-time answer: newest pieces extrapolated to ``t``, degraded."""
-        lo = hi = 0.0
-        for key in q.sources:
-            ps = self.pieces.get(key)
-            p = ps[-1] if ps else None
-            if p is None:
-                lo, hi = -INF, INF
-                break
-            d = t - p[0]
-            w = q.weights[key]
-            a, b = p[2] + p[4] * d, p[3] + p[5] * d
-            lo += w * (a if w > 0 else b)
-            hi += w * (b if w > 0 else a)
-        if q.kind == "avg":
-            lo, hi = lo / len(q.sources), hi / len(q.sources)
+        """Fields of a lag query's real-time answer: its newest final answer extrapolated to ``t``, degraded
+        (nothing about the present is proven before t + L)."""
+        f = self.last.get(q.id)
+        lo, hi = (-INF, INF) if f is None else (f["lo"] + f["dlo"] * (t - f["time"]), f["hi"] + f["dhi"] * (t - f["time"]))
         return {"lo": lo, "hi": hi, "degraded": True, "final": False,
                 "reason": "segment mode: the answer for time t is final by t + %g s" % lag_of(q)}
 
     def answers(self, coord, t):
         """Final answers of every lag query whose horizon moved by clock ``t`` (uplinks up to t applied)."""
         for key, ts in self.changed.items():
+            lim = self._limit(coord, key) if self.pieces.get(key) else None
+            moved = lim != self.lim.get(key)
+            self.lim[key] = lim
             for qid in coord.by_source.get(key, ()):
                 if qid in self.final:
-                    self.static.pop(qid, None)
                     self.pending.setdefault(qid, []).extend(ts)
+                    if moved and qid in self.static:
+                        heapq.heappush(self.static[qid][0], (lim, key))
         self.changed = {}
         out = []
         for qid, f in self.final.items():
             q = coord.queries[qid]
-            if qid not in self.static:
-                self.static[qid] = self._static(coord, q)
-            st = self.static[qid]
-            if st is None:
+            h = self._horizon(coord, q, t)
+            if h is None:
                 continue
-            h = min(st[0], t - st[1])
             first = f is None
             if first:
                 f = max([self.start[qid]] + [self.pieces[key][0][0] for key in q.sources])
@@ -242,7 +249,6 @@ class Mirror:
                 out.append(("answer", self._final(q, x)))
             self.pending[qid] = [x for x in pend if x >= h]
             self.final[qid] = h
-        self.finals += len(out)
         return out
 
     def _final(self, q, t):
@@ -258,20 +264,17 @@ class Mirror:
             lo, hi = lo + w * (a if w > 0 else b), hi + w * (b if w > 0 else a)
             dlo, dhi = dlo + w * (p[4] if w > 0 else p[5]), dhi + w * (p[5] if w > 0 else p[4])
         n = len(q.sources) if q.kind == "avg" else 1
-        rec = {"time": t, "query": q.id, "final": True, "guarantee": "interval"}
+        rec = self.last[q.id] = {"time": t, "query": q.id, "final": True, "guarantee": "interval"}
         if gap:
             rec.update(lo=-INF, hi=INF, dlo=0.0, dhi=0.0, degraded=True, reason="segments lost (device reborn or offline)")
         else:
             rec.update(lo=lo / n, hi=hi / n, dlo=dlo / n, dhi=dhi / n, degraded=False)
         return rec
 
-    def prune(self):
-        """Drop pieces every lag query has finalised past (the newest piece of a source stays)."""
+    def _trim(self, ps):
+        """Drop the pieces of ``ps`` every lag query has finalised past (the newest stays)."""
         done = [f for f in self.final.values() if f is not None]
-        if not done:
-            return
-        f = min(done)
-        for ps in self.pieces.values():
+        if done and len(ps) > 1 and ps[1][0] <= min(done):
+            f = min(done)
             i = bisect.bisect_right(ps, [f, INF, INF]) - 1
-            if i > 0 and ps[i - 1][1] <= f:
-                del ps[:i]
+            del ps[:max(0, min(i, len(ps) - 1))]

@@ -164,7 +164,7 @@ class Estimated(Adaptive):
         if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not prior > 0:
             raise ValueError("prior must be a number > 0, got %r" % (prior,))
         self.prior = float(prior)
-        self.cuts = Cuts(reach)         # MIN/MAX: sources far from the extreme are silent below a cut
+        self.cuts = Cuts(reach, self.stats)     # MIN/MAX: sources far from the extreme are silent below a cut
         self.decay = 1.0 - 1.0 / memory
         self.memory, self.every, self.hysteresis, self.guard = memory, every, hysteresis, guard
         self.src = {}                   # key -> _Source

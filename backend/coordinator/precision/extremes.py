@@ -34,14 +34,15 @@ RUNGS = 3           # constraints c, c ± δ, c ± 2δ: how far a rising source 
 class Cuts:
     """The out-sources of every MIN/MAX query and their cuts: {(query id, key): c}."""
 
-    def __init__(self, reach=REACH):
+    def __init__(self, reach=REACH, stats=None):
         if isinstance(reach, bool) or not isinstance(reach, (int, float)) or not reach >= 2:
             raise ValueError("reach must be a number >= 2, got %r" % (reach,))
         self.reach = float(reach)
         self.cut = {}           # (qid, key) -> cut, in insertion order
         self.prec = {}          # qid -> precision the cuts were made for
         self.edge = {}          # qid -> its innermost cut (or one beyond it), so most reports skip the re-cut scan
-        self.stats = {"demoted": 0, "recut": 0, "promoted": 0}
+        self.stats = {} if stats is None else stats        # counters, in the protocol's stats when given
+        self.stats.update({"demoted": 0, "recut": 0, "promoted": 0})
 
     def reset(self, coord):
         """Drop the cuts of queries that are gone or whose precision or sources changed."""
@@ -85,16 +86,18 @@ class Cuts:
         source still in one keeps its width and a cut for another would only cost messages."""
         changed = {}
         qids = [qid for qid in sorted(coord.by_source.get(key, ())) if coord.queries[qid].kind in ("min", "max")]
-        if not qids or any(coord.queries[qid].kind in ("sum", "avg") for qid in coord.by_source[key]):
-            return []       # a source that a SUM/AVG query needs keeps a width anyway
+        if not qids:
+            return []
+        # a source that a SUM/AVG query needs keeps a width anyway: no cut (but its reports move the extremes)
+        free = not any(coord.queries[qid].kind in ("sum", "avg") for qid in coord.by_source[key])
         ends = {qid: self._inner(coord, coord.queries[qid]) for qid in qids}
-        if (qids[0], key) in self.cut:
+        if free and (qids[0], key) in self.cut:
             if any(_side(coord.queries[qid]) * (v - self.cut[(qid, key)]) > 0 for qid in qids):
                 for qid in qids:        # it could become an extreme: an ordinary bound again
                     del self.cut[(qid, key)]
                 self.stats["promoted"] += 1
                 changed[key] = None
-        elif all(ends[qid] is not None for qid in qids):
+        elif free and all(ends[qid] is not None for qid in qids):
             a, b = coord.cache.known(key)
             far = True
             for qid in qids:

@@ -269,8 +269,8 @@ class Bridge:
                 self.beat = m["beat"] / 1000
                 self.period = (m["period"], m["shrink"], m["t0"], m["tick"])
                 return self._config(now)
-            if kind in ("summary", "moq") or m["src"] != 0:
-                raise ValueError("the sensor has one source and no summaries")
+            if kind in ("summary", "moq", "segment") or m["src"] != 0:
+                raise ValueError("the sensor has one source and no summaries or segments")
             if kind == "probe":
                 return self._send(now, "P", m["probe"])
             ep = m["epoch"]
