@@ -108,18 +108,20 @@ class Agent:
         return ("up", codec.encode(kind, fields))
 
     def _report(self, now, i, why, constant=False):
-        """Report source ``i``'s current value stamped ``now`` and recentre on it (start a line on it
-        when lines are allowed: edge.core.predict)."""
+        """Report source ``i``'s current value stamped ``now`` and recentre on it; when lines are
+        allowed (edge.core.predict) the chosen model starts there, and only a line needs a ``line``."""
         f = self.filters[i]
         v = self.values[i]
         self.stats["reports"] += 1
         fields = {"src": i, "epoch": f.epoch, "t": now, "v": v, "why": why}
         if self.alt is None:
             f.recenter(v)
-            return self._up(now, "report", fields)
-        self.alt[i].report(f, now, v, self.allow, constant)
-        fields["slope"], fields["gap"] = f.slope, f.gap
-        return self._up(now, "line", fields)
+        else:
+            self.alt[i].report(f, now, v, self.allow, constant)
+            if f.slope:
+                fields["slope"], fields["gap"] = f.slope, f.gap
+                return self._up(now, "line", fields)
+        return self._up(now, "report", fields)
 
     def start(self, now):
         """Birth (also sent after every reconnect), in parts when one payload cannot hold every source."""

@@ -50,7 +50,7 @@ def test_irregular_readings_force_gap_reports_and_answers_stay_true():
     def spy(now, hop, end, payload, link=None):
         if hop == "up":
             kind, m = codec.decode(payload)
-            gaps.append(kind == "line" and m["why"] == codec.WHY_GAP)
+            gaps.append(kind == "report" and m["why"] == codec.WHY_GAP)
         return send(now, hop, end, payload, link)
     sim.send = spy
     r = sim.run()
