@@ -14,6 +14,8 @@ it has applied, and a width carries the period it was computed for, so no wall c
 the count. Downlinks answer one birth (``to``) of one backend run (``inc``): a control message from
 before the latest birth or from another backend run is dropped, duplicates by a 30-entry window.
 """
+import sys
+
 from edge.core import codec
 from edge.core.codec import NO_VALUE, newer, CAP_F32, CAP_MS, CAP_LINE
 from edge.core.interval import IntervalFilter, INF
@@ -48,7 +50,7 @@ def fresh(top, seen, seq):
 
 
 class Agent:
-    def __init__(self, device, sources, boot=0, caps=0, width=0.0, unit=1, synced=True, rnd=None):
+    def __init__(self, device, sources, boot=0, caps=0, width=0.0, unit=1, synced=True, rnd=None, lines=None):
         if not sources or len(sources) > codec.MAX_LIST:
             raise ValueError("an agent needs 1..255 sources")
         for name in sources:
@@ -65,7 +67,10 @@ class Agent:
         self.filters = [IntervalFilter(width, (), 0, rnd) for _ in self.names]
         self.values = [None] * len(self.names)
         self.boot = boot
-        self.caps = caps | CAP_LINE | (CAP_F32 if F32 or rnd is not None else 0) | (CAP_MS if unit == 1000 else 0)
+        if lines is None:       # lines cost a board heap (the module, two shadow filters per source): boards opt in
+            lines = sys.implementation.name != "micropython"
+        self.caps = caps | (CAP_LINE if lines else 0) | (CAP_F32 if F32 or rnd is not None else 0) | \
+            (CAP_MS if unit == 1000 else 0)
         self.unit = unit
         self.synced = synced
         self.offset = 0         # device time = caller's clock + offset
