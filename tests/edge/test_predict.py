@@ -50,7 +50,7 @@ def _apply(m, out):
     for _, payload in out:
         kind, f = codec.decode(payload)
         if kind == "line" and f["gap"] > 0:
-            m.line(f["t"], f["v"], f["slope"], f["gap"])
+            m.line(int(f["t"]), f["v"], f["slope"], int(f["gap"]))     # integer ms, as the backend reads them
         elif kind in ("line", "report"):
             m.recenter(f["v"])
 
