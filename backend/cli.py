@@ -148,13 +148,14 @@ def _broker_options(p):
 
 def _coordinator_options(p):
     """The coordinator settings of the live drivers; unset ones take ``backend.host``'s defaults."""
-    from backend.host import LIVE_LATENCY, SETTINGS
+    from backend.host import DEFAULT_MODELS, LIVE_LATENCY, MODELS, SETTINGS
     p.add_argument("--protocol", help="coordinator protocol, see backend/coordinator/protocols.py (default %s)"
                    % SETTINGS["protocol"])
     p.add_argument("--period", type=float, help="adjustment period T in seconds (default %g)" % SETTINGS["period"])
     p.add_argument("--shrink", type=float, help="shrink fraction S per period, shrinking protocols (default %g)"
                    % SETTINGS["shrink"])
     p.add_argument("--latency", type=float, default=LIVE_LATENCY, help="latency tolerance λ in seconds (default %(default)s)")
+    p.add_argument("--models", choices=sorted(MODELS), help="filter models devices may use (default %s)" % DEFAULT_MODELS)
 
 
 def cmd_experiment(args):

@@ -14,6 +14,8 @@ it has applied, and a width carries the period it was computed for, so no wall c
 the count. Downlinks answer one birth (``to``) of one backend run (``inc``): a control message from
 before the latest birth or from an earlier backend run is dropped, duplicates by a 30-entry window.
 """
+import sys
+
 from edge.core import codec
 from edge.core.codec import NO_VALUE, newer, CAP_F32, CAP_MS, CAP_LINE
 from edge.core.interval import IntervalFilter, INF
@@ -58,7 +60,7 @@ def fresh(top, seen, seq):
 
 
 class Agent:
-    def __init__(self, device, sources, boot=0, caps=0, width=0.0, unit=1, synced=True, rnd=None):
+    def __init__(self, device, sources, boot=0, caps=0, width=0.0, unit=1, synced=True, rnd=None, lines=None):
         if not sources or len(sources) > codec.MAX_LIST:
             raise ValueError("an agent needs 1..255 sources")
         for name in sources:
@@ -75,7 +77,10 @@ class Agent:
         self.filters = [IntervalFilter(width, (), 0, rnd) for _ in self.names]
         self.values = [None] * len(self.names)
         self.boot = boot
-        self.caps = caps | CAP_LINE | (CAP_F32 if F32 or rnd is not None else 0) | (CAP_MS if unit == 1000 else 0)
+        if lines is None:       # lines cost a board heap (the module, two shadow filters per source): boards opt in
+            lines = sys.implementation.name != "micropython"
+        self.caps = caps | (CAP_LINE if lines else 0) | (CAP_F32 if F32 or rnd is not None else 0) | \
+            (CAP_MS if unit == 1000 else 0)
         self.unit = unit
         self.synced = synced
         self.offset = 0         # device time = caller's clock + offset
@@ -119,18 +124,20 @@ class Agent:
         return ("up", codec.encode(kind, fields))
 
     def _report(self, now, i, why, constant=False):
-        """Report source ``i``'s current value stamped ``now`` and recentre on it (start a line on it
-        when lines are allowed: edge.core.predict)."""
+        """Report source ``i``'s current value stamped ``now`` and recentre on it; when lines are
+        allowed (edge.core.predict) the chosen model starts there, and only a line needs a ``line``."""
         f = self.filters[i]
         v = self.values[i]
         self.stats["reports"] += 1
         fields = {"src": i, "epoch": f.epoch, "t": now, "v": v, "why": why}
         if self.alt is None:
             f.recenter(v)
-            return self._up(now, "report", fields)
-        self.alt[i].report(f, now, v, self.allow, constant)
-        fields["slope"], fields["gap"] = f.slope, f.gap
-        return self._up(now, "line", fields)
+        else:
+            self.alt[i].report(f, now, v, self.allow, constant)
+            if f.slope:
+                fields["slope"], fields["gap"] = f.slope, f.gap
+                return self._up(now, "line", fields)
+        return self._up(now, "report", fields)
 
     def start(self, now):
         """Birth (also sent after every reconnect), in parts when one payload cannot hold every source."""

@@ -29,7 +29,8 @@ def run_row(table, protocol, query, streams, duration, sigma=20.0, params=None, 
     t = time.perf_counter()
     r = engine.run(workload(protocol, query, streams, duration, sigma, params=params))
     kinds = r["by_kind"]
-    msgs = r["messages"]["up"] + r["messages"]["down"] - kinds.get("birth", 0) - kinds.get("config", 0)
+    setup = kinds.get("birth", 0) + kinds.get("config", 0) + kinds.get("setup", 0)
+    msgs = r["messages"]["up"] + r["messages"]["down"] - setup
     q = r["queries"]["q"]
     row = dict(labels, protocol=protocol, streams=streams, duration=duration, sigma=sigma, messages=msgs,
                reports=kinds.get("report", 0), filters=kinds.get("filter", 0), probes=kinds.get("probe", 0),

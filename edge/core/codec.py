@@ -60,7 +60,8 @@ SCHEMAS = {
     "gone": (5, "up", "I", "boot"),
     "blob": (6, "up", "BITBy", "src seq t tag data"),
     # a report that starts a line (edge.core.predict): slope per device time unit, gap in device time
-    # units; slope 0 is a constant report. Sent only by a device the backend allowed lines (``setup``).
+    # units (a slope of 0 is read as a constant report, which devices send as ``report``). Sent only by a
+    # device the backend allowed lines (``setup``).
     "line": (7, "up", "BHITdBdT", "src epoch seq t v why slope gap"),
     # segment mode (edge.core.segment): line v + s·(τ − a) ± w/2 over [a, e); f bit 0: committed, goes on past e
     "segs": (8, "up", "IT*BHTTdddB", "seq t segs src epoch a e v s w f"),

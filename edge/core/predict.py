@@ -21,7 +21,7 @@ padded float32 mirror compute the same line. Portable: MicroPython and CPython.
 from edge.core.codec import WHY_GAP
 from edge.core.interval import IntervalFilter, INF
 
-CONSTANT = 1        # model bits of the ``allow`` mask (codec kind ``models``)
+CONSTANT = 1        # model bits of the ``allow`` mask (codec kind ``setup``)
 LINEAR = 2
 GAP = 1.5           # gap bound = GAP × the latest sampling interval (jitter up to 50 % costs nothing)
 MARGIN = 4          # linear is chosen when its shadow reports, plus a quarter, plus MARGIN, are at most constant's

@@ -142,7 +142,7 @@ def test_slow_signals_cost_no_more_than_deadband(tmp_path):
     ours = engine.run(dict(spec, protocol="adaptive"))
     assert ours["violations"] == uniform["violations"] == 0
     assert total(ours) <= total(uniform) + 12
-    assert ours["by_kind"]["config"] == 6                           # once per device: no T or S to send
+    assert ours["by_kind"]["setup"] == 6                            # once per device: no T or S to send
     day = dict(spec, duration=86400.0)                              # the §3.2 rule: a growth round every 10 s
     paper = engine.run(dict(day, protocol="adaptive", params={"rule": "shrink"}))
     assert total(paper) > 3 * total(engine.run(dict(day, protocol="deadband")))

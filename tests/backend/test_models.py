@@ -50,7 +50,7 @@ def test_irregular_readings_force_gap_reports_and_answers_stay_true():
     def spy(now, hop, end, payload, link=None):
         if hop == "up":
             kind, m = codec.decode(payload)
-            gaps.append(kind == "line" and m["why"] == codec.WHY_GAP)
+            gaps.append(kind == "report" and m["why"] == codec.WHY_GAP)
         return send(now, hop, end, payload, link)
     sim.send = spy
     r = sim.run()
@@ -87,12 +87,22 @@ def test_cache_states_the_hull_of_the_line_over_the_window_and_restates_it():
     assert cache.next_due() == math.inf and cache.known("k") == (5.0, 9.0)
 
 
-def _birth(caps):
-    c = Coordinator(make("deadband"), period=10.0, models=3)
+def _birth(caps, c=None):
+    c = c or Coordinator(make("deadband"), period=10.0, models=3)
     birth = codec.encode("birth", {"seq": 1, "t": 1000, "boot": 1, "fw": "old", "caps": caps, "first": 0,
                                    "sources": [{"name": "x", "epoch": 0, "width": 1.0, "v": 1.0}]})
     out = c.handle_uplink(1.0, "d", birth) + c.handle_timer(2.0)
     return [m for m in (codec.decode(a[2]) for a in out if a[0] == "down") if m[0] in ("config", "setup")]
+
+
+def test_lines_of_a_millisecond_device_are_mirrored_in_integer_ms():
+    """The wire carries times as doubles; the mirror computes H = gap // 4 in integers as the board did."""
+    c = Coordinator(make("deadband"), period=10.0, models=3)
+    _birth(CAP_MS | CAP_LINE, c)
+    c.handle_uplink(2.0, "d", codec.encode("line", {"src": 0, "epoch": 0, "seq": 2, "t": 2000, "v": 1.0, "why": 0,
+                                                   "slope": 0.0001, "gap": 87}))
+    f = c.cache.sources["x"].filt
+    assert (f.t0, f.gap) == (2000, 87) and isinstance(f.gap, int) and isinstance(f.t0, int) and f.slope
 
 
 def test_a_device_without_lines_gets_a_plain_config_and_a_new_one_a_setup():

@@ -39,7 +39,7 @@ def _signal(seed, n, kind):
 
 
 def _agent(allow, rnd):
-    a = Agent("d", ["x"], unit=1000, rnd=rnd)
+    a = Agent("d", ["x"], unit=1000, rnd=rnd, lines=True)
     session(a)
     a.handle_message(0, ctl(a, "setup", seq=2, period=0, shrink=0.0, beat=0, t0=0, now=0, tick=0, allow=allow))
     a.handle_message(0, ctl(a, "width", seq=3, src=0, epoch=1, period=0, width=W, ack=0))
@@ -50,7 +50,7 @@ def _apply(m, out):
     for _, payload in out:
         kind, f = codec.decode(payload)
         if kind == "line" and f["gap"] > 0:
-            m.line(f["t"], f["v"], f["slope"], f["gap"])
+            m.line(int(f["t"]), f["v"], f["slope"], int(f["gap"]))     # integer ms, as the backend reads them
         elif kind in ("line", "report"):
             m.recenter(f["v"])
 
@@ -138,6 +138,13 @@ def test_choice_goes_linear_on_drift_and_stays_constant_on_noise():
         assert drift[0] < 0.9 * drift[1], drift
         noise = _run(seed, CONSTANT | LINEAR, n=400, kind="noise"), _run(seed, CONSTANT, n=400, kind="noise")
         assert noise[0] <= noise[1] + 8, noise
+
+
+def test_lines_are_announced_by_choice_and_by_default_off_the_boards():
+    from portable import MICROPYTHON
+    assert Agent("d", ["x"], lines=True).caps & codec.CAP_LINE
+    assert not Agent("d", ["x"], lines=False).caps & codec.CAP_LINE
+    assert bool(Agent("d", ["x"]).caps & codec.CAP_LINE) == (not MICROPYTHON)
 
 
 def test_a_device_never_allowed_lines_sends_plain_reports():

@@ -60,7 +60,7 @@ def _observed(obs):
     while not obs.inbox.empty():
         topic, payload, _ = obs.inbox.get()
         kind, m = codec.decode(payload)
-        if kind == "report":
+        if kind == "report" or kind == "line":
             dev = topic.split("/")[3]
             dup += m["seq"] in seen[dev]
             seen[dev].add(m["seq"])

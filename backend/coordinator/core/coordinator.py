@@ -226,7 +226,9 @@ class Coordinator:
             self.stats["duplicates"] += 1
             return self._advance(now)
         self.rx[device] = (m["boot"] if kind == "birth" else rx[0], m["seq"])
-        if kind == "line":
+        if kind == "line" and self.unit.get(device) == 1000:
+            m["td"], m["gap"] = int(m["t"]), int(m["gap"])  # integer ms, as the device computed with them
+        elif kind == "line":
             m["td"] = m["t"]            # the line's origin in device units
         if self.unit.get(device) == 1000:
             m["t"] = m["t"] / 1000
