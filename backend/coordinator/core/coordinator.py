@@ -147,13 +147,14 @@ class Coordinator:
     # -- downlink -----------------------------------------------------------------
     def send(self, device, kind, fields):
         d = self.devices[device]
-        if d.get("inc") not in (None, self.inc) and kind != "config" and kind != "rebirth":
+        config = kind == "config" or kind == "setup"
+        if d.get("inc") not in (None, self.inc) and not config and kind != "rebirth":
             self.send_config(device)    # a new backend run: its config first, or the device drops the rest
         d["down"] = (d["down"] + 1) & 0xFFFFFFFF
         fields["seq"] = d["down"]
         fields["inc"] = self.inc
         fields["to"] = d["to"]
-        if kind == "config":
+        if config:
             d["inc"] = self.inc
         self.out.append(("down", device, codec.encode(kind, fields)))
 
