@@ -21,7 +21,7 @@ from backend.broker import Broker, BrokerError, find_mosquitto
 from backend.coordinator.core import aggregate
 from backend.coordinator.protocols import PROTOCOLS
 from backend.coordinator.core.queries import parse_query
-from backend.fleet import Fleet, micropython_available
+from backend.fleet import HEAP, Fleet, micropython_available
 from backend.sim import truth as truth_mod
 from edge.core.interval import IntervalFilter
 from edge.core import topics
@@ -245,13 +245,13 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
                           broker.credentials("backend")[1], settings, master=master, trigger=trigger,
                           spark=spark).start()
         out("backend: Spark up in %.1fs" % (time.monotonic() - t0))
-        fleet = Fleet(broker, os.path.join(workdir, "fleet"), heap="64k", width=0.0, period=0.1)
+        fleet = Fleet(broker, os.path.join(workdir, "fleet"), heap=HEAP, width=0.0, period=0.1)
         for kind, name, sources in plan:
             devices.append(fleet.start(kind, name, sources))
         if bits:
             devices += fleet.start_microbits(bits, seed=7)
-        out("fleet: %d CPython agents (paho) + %d MicroPython agents (umqtt, 64 KB heap) + %d micro:bits (QEMU, "
-            "behind a gateway), %d sources at 10 Hz" % (cpython, micropython, len(bits), 2 * len(plan) + len(bits)))
+        out("fleet: %d CPython agents (paho) + %d MicroPython agents (umqtt, %s heap) + %d micro:bits (QEMU, "
+            "behind a gateway), %d sources at 10 Hz" % (cpython, micropython, HEAP, len(bits), 2 * len(plan) + len(bits)))
         n_sources = 2 * len(plan) + len(bits)
         deadline = time.monotonic() + 90
         while True:
