@@ -21,7 +21,7 @@ from backend.coordinator.core.queries import parse_query
 from backend.sim import result as result_mod, truth as truth_mod
 from backend.sim.loop import DOWN, UP, Loop
 from backend.sim.network import Network
-from backend.sim.screen import Screen
+from backend.sim.screen import Screen, bound
 from backend.sim.sources import outages, samples
 from backend.sim.workload import load
 from edge.agent import Agent
@@ -82,13 +82,13 @@ class Simulation(Loop):
         return a
 
     def _bound(self, s):
-        """The bound of source ``s``'s filter (``IntervalFilter.bound``); None for a SWAT tree or a filter-model
+        """The bound of source ``s``'s filter (``screen.bound``); None for a SWAT tree or a filter-model
         choice (edge.core.predict) or a segment (edge.core.segment), which see every reading."""
         dev, j = self.src_dev[s]
         a = self.agents[dev]
         if a.alt is not None or (a.summaries and j in a.summaries) or (a.segs and j in a.segs):
             return None
-        return a.filters[j].bound()
+        return bound(a.filters[j])
 
     def from_agent(self, now, device, out):
         if device in self.offline:

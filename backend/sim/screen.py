@@ -1,8 +1,9 @@
 """Event-to-event readings for the fleet simulator (DESIGN.md §5): which readings must reach an agent, found in bulk.
 
-Each source's readings are one array. While a source's filter has a fixed bound (``IntervalFilter.bound``),
-the index of its next reading outside it is found with ``interval.outside`` over the array (the
-vectorised form of the filter's own test) in chunks; a source without such a bound needs every
+Each source's readings are one array. While a source's filter has a fixed bound (``bound``), the index
+of its next reading outside it is found with ``outside`` over the array (the vectorised form of
+``IntervalFilter.check``'s bound test, kept here so the board's filter stays small; tests/backend/test_screen.py
+holds them equal) in chunks; a source without such a bound needs every
 reading. A heap orders these indices over all sources, so the readings before the smallest are
 silent: they change nothing but their source's latest value and sample count, which reach the agent
 lazily (``hand``), and the ground truth, which takes them in bulk. An index may also be a checkpoint
@@ -14,10 +15,21 @@ import heapq
 
 import numpy as np
 
-from edge.core.interval import outside
-
 SCALAR = 4          # readings looked at one by one before a numpy search
 FIRST_CHUNK = 32
+
+
+def outside(lo, hi, v):
+    """``IntervalFilter.check``'s bound test over a numpy array of readings."""
+    return (v < lo) | (v > hi)
+
+
+def bound(f):
+    """``(lo, hi)`` of an ``IntervalFilter`` when a reading is reported exactly when ``outside`` them,
+    else None (no report yet, or constraints: membership counts too)."""
+    if f.center is None or f.cons:
+        return None
+    return f.lo, f.hi
 
 
 class Screen:

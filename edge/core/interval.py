@@ -29,11 +29,6 @@ def membership(cons, v):
     return mask
 
 
-def outside(lo, hi, v):
-    """``check``'s bound test, also over a numpy array of readings (the simulator's vectorised screening)."""
-    return (v < lo) | (v > hi)
-
-
 class IntervalFilter:
     """Bound/constraint filter for one numeric source. Sans-IO: no clock, no sockets."""
 
@@ -73,13 +68,6 @@ class IntervalFilter:
         if v < self.lo or v > self.hi:
             return True
         return bool(self.cons) and membership(self.cons, v) != self.mask
-
-    def bound(self):
-        """``(lo, hi)`` when a reading is reported exactly when ``outside`` them, else None (no report yet,
-        or constraints)."""
-        if self.center is None or self.cons:
-            return None
-        return self.lo, self.hi
 
     def recenter(self, v):
         """Apply a report of ``v``: centre the bound on it and record its constraint membership."""
