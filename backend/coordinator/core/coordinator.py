@@ -13,6 +13,7 @@ from edge.core import codec
 from backend.coordinator.core import aggregate
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
+from backend.coordinator.core.integrity import Integrity
 from backend.coordinator.core.queries import QueryError, parse_query
 
 _TICK = 0      # event order within one timestamp: uplinks, then the adjustment tick
@@ -47,6 +48,8 @@ class Coordinator:
         # DBM models of every source, for the interruption model (Zhu §4.5); a protocol may bring its own
         self.models = getattr(protocol, "models", None) or Models()
         self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
+        self.integrity = Integrity(latency, beat)    # gaps, silence, skew (issue #20)
+        self.revoked = {}               # query id -> [t_from, t_to] of answers found wrong, for the next change
 
     # -- queries ----------------------------------------------------------------
     def add_query(self, spec, now=None):
@@ -149,7 +152,7 @@ class Coordinator:
                     self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False}
                 self.send(device, "rebirth", {})
                 return self._advance(now)
-            if rx is not None and rx[0] == m["boot"] and m["seq"] <= rx[1]:
+            if not self.integrity.accept(now, device, m["boot"], m["seq"], m["t"], birth=True):
                 self.stats["duplicates"] += 1
                 return self._advance(now)
         elif rx is None:
@@ -158,17 +161,38 @@ class Coordinator:
                 self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False}
             self.send(device, "rebirth", {})
             return self._advance(now)
-        elif m["seq"] <= rx[1] and (rx[1] - m["seq"]) < 0x80000000:
+        elif not self.integrity.accept(now, device, rx[0], m["seq"], m["t"]):
             self.stats["duplicates"] += 1
             return self._advance(now)
         self.rx[device] = (m["boot"] if kind == "birth" else rx[0], m["seq"])
         t = m["t"]
         if t < self.clock:
-            self.stats["late"] += 1     # later than λ: applied now, the answer was wrong meanwhile
+            self.stats["late"] += 1     # later than λ: applied now, the answers meanwhile are revoked
+            self._revoke(device, t)
             t = self.clock
         self.n += 1
         heapq.heappush(self.queue, (t, _UP, self.n, device, kind, m))
         return self._advance(now)
+
+    def _revoke(self, device, since):
+        """The answers over ``device``'s sources from ``since`` to the clock may have been wrong."""
+        d = self.devices.get(device)
+        for key in d["keys"] if d else ():
+            for qid in self.by_source.get(key, ()):
+                a, b = self.revoked.get(qid, (since, self.clock))
+                self.revoked[qid] = [min(a, since), max(b, self.clock)]
+                self.dirty[qid] = None
+
+    def _integrity(self, now):
+        """Degrade devices with a lost uplink, silence or a skewed clock; ask suspects for a birth."""
+        new, ask = self.integrity.check(now)
+        for device, _, since in new:
+            if device in self.devices:
+                self._revoke(device, since)
+                self._set_online(device, False)
+        for device in ask:
+            if device in self.devices:
+                self.send(device, "rebirth", {})
 
     def link_lost(self, now):
         """The adapter lost its broker: every device counts as gone (as by its Last Will) at
@@ -228,11 +252,13 @@ class Coordinator:
     def _apply(self, device, kind, m):
         if kind == "birth":
             self._birth(device, m)
+            self.integrity.resynced(device)
+            self._set_online(device, device not in self.integrity.suspect)
             return
         if kind == "gone":
             self._set_online(device, False)
             return
-        self._set_online(device, True)
+        self._set_online(device, device not in self.integrity.suspect)
         if kind in ("report", "reply"):
             d = self.devices[device]
             if m["src"] >= len(d["keys"]):
@@ -252,7 +278,7 @@ class Coordinator:
         t = self.t0 + self.tick * self.period
         if self.queue and self.queue[0][0] < t:
             t = self.queue[0][0]
-        return t + self.latency
+        return min(t + self.latency, self.integrity.next_deadline())
 
     def handle_timer(self, now):
         return self._advance(now)
@@ -279,6 +305,8 @@ class Coordinator:
                 for s in self.cache.sources.values():
                     s.reports = 0
             self._answers(t)
+        self._integrity(now)
+        self._answers(self.clock)
         return self._flush(None)
 
     def _flush(self, now):
@@ -311,11 +339,14 @@ class Coordinator:
             offline = self.degraded(q)
             fields["degraded"] = bool(fields.get("degraded")) or offline
             if offline:
-                fields["reason"] = self.models.reason(q)
-            if self.last.get(qid) != fields:
+                fields["reason"] = self.integrity.why(q, self.cache.sources) + self.models.reason(q)
+            revoked = self.revoked.pop(qid, None)
+            if self.last.get(qid) != fields or revoked:
                 self.last[qid] = fields
                 change = {"time": t, "query": qid}
                 change.update(fields)
+                if revoked:
+                    change["revoked"] = revoked
                 self.out.append(("answer", change))
         self.dirty.clear()
 
