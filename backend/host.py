@@ -22,7 +22,7 @@ from backend.coordinator.protocols import make
 
 # The settings every driver accepts, with the one set of defaults (T and S of Olston et al. §3.1).
 SETTINGS = {"protocol": "deadband", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": 0.0,
-            "t0": None, "params": None}
+            "skew": 0.0, "t0": None, "params": None}
 # λ on a real network (loopback delay plus clock skew between processes): the live coordinator's and
 # the Spark backend's command-line default; the simulator states its own in the workload.
 LIVE_LATENCY = 0.5
@@ -45,7 +45,7 @@ def settings(given=None, **overrides):
             if key not in SETTINGS:
                 raise ValueError("unknown setting %r (have: %s)" % (key, ", ".join(SETTINGS)))
             s[key] = value
-    for key in ("period", "shrink", "latency", "beat") + (("t0",) if s["t0"] is not None else ()):
+    for key in ("period", "shrink", "latency", "beat", "skew") + (("t0",) if s["t0"] is not None else ()):
         v = s[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ValueError("setting %s must be a finite number, got %r" % (key, v))
@@ -63,7 +63,7 @@ def build(given=None, **overrides):
     except TypeError as e:          # a parameter the protocol does not take
         raise ValueError("protocol %s: %s" % (s["protocol"], e))
     return Coordinator(protocol, period=s["period"], shrink=s["shrink"] if protocol.shrinks else 0.0,
-                       latency=s["latency"], beat=s["beat"], t0=s["t0"] or 0.0)
+                       latency=s["latency"], beat=s["beat"], t0=s["t0"] or 0.0, skew=s["skew"])
 
 
 def guarantee(fields):

@@ -286,6 +286,6 @@ class Agent:
                 if jump:
                     break
                 at = self._shrink_at()
-        if self.beat > 0 and self.last_up is not None and now - self.last_up >= self.beat and not out:
+        if self.beat > 0 and self.last_up is not None and now >= self.last_up + self.beat and not out:
             out.append(self._up(now, "beat", {"t": now}))
         return out

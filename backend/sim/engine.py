@@ -32,7 +32,8 @@ class Simulation(Loop):
     def __init__(self, workload, progress=None, vectorised=True):
         self.w = w = load(workload) if not hasattr(workload, "source_ids") else workload
         host = host_mod.Host({"protocol": w.protocol, "period": w.period, "shrink": w.shrink, "latency": w.latency,
-                              "beat": w.beat, "t0": 0.0, "params": w.protocol_params}, declared=w.source_ids)
+                              "beat": w.beat, "skew": w.faults.get("skew", 0.0), "t0": 0.0,
+                              "params": w.protocol_params}, declared=w.source_ids)
         Loop.__init__(self, Network({UP: {"delay": w.delay_up, "jitter": w.jitter},
                                      DOWN: {"delay": w.delay_down, "jitter": w.jitter}},
                                     random.Random(w.seed + 1).uniform, w.warmup,
@@ -150,7 +151,9 @@ class Simulation(Loop):
             for start, stop in spans:
                 self.push(start, OUTAGE, (dev, True))
                 self.push(stop, OUTAGE, (dev, False))
-        self.end = w.duration + w.latency          # deliveries of readings up to the end arrive by then
+        self.end = w.duration + max(w.latency, self.coord.latency)   # deliveries of readings up to the end arrive by then
+        if w.faults:    # ... and what went missing is found out by then (answers after the end are not checked)
+            self.end += self.coord.integrity.horizon()
         n = len(self.ts)
         self.next_report = n // 10 if self.progress else n + 1
 

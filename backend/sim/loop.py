@@ -65,7 +65,13 @@ class Loop:
         for _, payload in out:
             self.send(now, UP, device, payload)
         deadline = self.agents[device].next_deadline()
-        self.arm(device, None if deadline is None else deadline - self.offset.get(device, 0.0))
+        if deadline is not None and device in self.offset:     # the true time the device's clock reads it
+            off = self.offset[device]
+            at = deadline - off
+            while at + off < deadline:
+                at = math.nextafter(at, math.inf)
+            deadline = at
+        self.arm(device, deadline)
 
     def deliver_down(self, t, data):
         dev = data[0]
@@ -74,7 +80,10 @@ class Loop:
     def agent_timer(self, t, device):
         if self.timer_at.get(device) == t:
             del self.timer_at[device]
-            self.from_agent(t, device, self.agent(device).handle_timer(t + self.offset.get(device, 0.0)))
+            a = self.agent(device)
+            due = a.next_deadline()         # the device's clock reads at least its deadline (skew rounding)
+            now = t + self.offset.get(device, 0.0)
+            self.from_agent(t, device, a.handle_timer(now if due is None else max(now, due)))
 
     # -- the coordinator, through the host --------------------------------------------------
     def from_host(self, now, actions):

@@ -16,7 +16,11 @@ def _split(sim):
     by_q, prob = {}, {}
     ents = {qid: [] for qid in sim.truth.entity.tracks}
     sums = {qid: [] for qid in sim.truth.summary.tracks}
+    revoked = {}
     for a in sim.answers:
+        if "revoked" in a and a["revoked"][0] <= w.duration:    # open-ended past the checked span
+            lo, hi = a["revoked"]
+            revoked.setdefault(a["query"], []).append([lo, hi if hi < w.duration else math.inf])
         if a["time"] > w.duration or a["time"] >= sim.ended.get(a["query"], (math.inf,))[0]:
             continue
         if a["query"] in sums:
@@ -27,6 +31,11 @@ def _split(sim):
             by_q.setdefault(a["query"], []).append((a["time"], a["lo"], a["hi"], a["degraded"]))
             if a.get("guarantee") == "probabilistic":
                 prob[a["query"]] = a["confidence"]
+    for qid, windows in revoked.items():     # answers found wrong later count as degraded (issue #20)
+        if qid in by_q:
+            by_q[qid] = truth_mod.revoke(by_q[qid], windows)
+        elif qid in ents:
+            ents[qid] = truth_mod.revoke(ents[qid], windows)
     return by_q, prob, ents, sums
 
 

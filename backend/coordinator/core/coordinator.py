@@ -18,6 +18,7 @@ from edge.core import codec
 from backend.coordinator.core import aggregate
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
+from backend.coordinator.core.integrity import Integrity
 from backend.coordinator.core.queries import QueryError, parse_query
 from edge.core.float32 import f32
 
@@ -26,13 +27,16 @@ _UP = -1
 
 
 class Coordinator:
-    def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, lazy=True, incarnation=0):
-        if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or beat < 0:
-            raise ValueError("need period >= 1 ms, 0 <= shrink < 1, latency >= 0, beat >= 0")
+    def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, lazy=True, incarnation=0,
+                 skew=0.0):
+        if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or beat < 0 or skew < 0:
+            raise ValueError("need period >= 1 ms, 0 <= shrink < 1, latency >= 0, beat >= 0, skew >= 0")
         self.protocol = protocol
         self.period = period            # T, the adjustment period
         self.shrink = shrink            # S, the shrink fraction (0 for static protocols)
-        self.latency = protocol.queue_latency(latency)   # λ (0 when the protocol pads instead)
+        # λ (0 when the protocol pads instead), plus 2σ: a report stamped t by a clock within ±σ is
+        # applied at t − σ and arrives by t + σ + λ (integrity.py)
+        self.latency = protocol.queue_latency(latency + 2 * skew)
         self.beat = beat
         self.t0 = t0
         self.lazy = lazy                # skip idle ticks in O(1); False ticks every period (the test oracle)
@@ -57,6 +61,8 @@ class Coordinator:
         # DBM models of every source, for the interruption model (Zhu §4.5); a protocol may bring its own
         self.models = getattr(protocol, "models", None) or Models()
         self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
+        self.integrity = Integrity(self.latency, beat, skew)    # gaps, silence, skew (issue #20)
+        self.revoked = {}               # query id -> [t_from, t_to] of answers found wrong, for the next change
 
     # -- queries ----------------------------------------------------------------
     def add_query(self, spec, now=None):
@@ -195,28 +201,69 @@ class Coordinator:
                 self._device(device)
                 self.send(device, "rebirth", {})
                 return self._advance(now)
-            if rx is not None and rx[0] == m["boot"] and m["seq"] <= rx[1]:
-                self.stats["duplicates"] += 1
-                return self._advance(now)
             self.unit[device] = 1000 if m["caps"] & CAP_MS else 1
         elif rx is None:
             self.stats["unknown_device"] += 1
+            self.integrity.dropped(device, m["seq"])
             self._device(device)
             self.send(device, "rebirth", {})
             return self._advance(now)
-        elif m["seq"] <= rx[1] and (rx[1] - m["seq"]) < 0x80000000:
+        if self.unit.get(device) == 1000:
+            m["t"] = m["t"] / 1000
+        if not self.integrity.accept(now, device, m["boot"] if kind == "birth" else rx[0], m["seq"], m["t"],
+                                     birth=kind == "birth"):
             self.stats["duplicates"] += 1
             return self._advance(now)
         self.rx[device] = (m["boot"] if kind == "birth" else rx[0], m["seq"])
-        if self.unit.get(device) == 1000:
-            m["t"] = m["t"] / 1000
-        t = m["t"]
+        if device in self.integrity.revokes:
+            self._suspect(device, self.integrity.revokes.pop(device))
+        if self.integrity.check_clock(device, m["t"], now):
+            self._suspect(device, self.t0)
+        if kind == "report" or kind == "reply":
+            m["hull"] = self.integrity.cover(device, m["t"])
+            m["boot"] = rx[0]
+        elif kind == "birth":
+            m["hull"] = self.integrity.cover(device, m["t"])
+        t = m["t"] = self.integrity.event(m["t"])
         if t < self.clock:
-            self.stats["late"] += 1     # later than λ: applied now, the answer was wrong meanwhile
+            self.stats["late"] += 1     # later than λ: applied now, the answers meanwhile are revoked
+            self._revoke(device, t)
             t = self.clock
         self.n += 1
         heapq.heappush(self.queue, (t, _UP, self.n, device, kind, m))
         return self._advance(now)
+
+    def _revoke(self, device, since):
+        """The answers over ``device``'s sources from ``since`` to the clock may have been wrong."""
+        d = self.devices.get(device)
+        for key in d["keys"] if d else ():
+            for qid in self.by_source.get(key, ()):
+                a, b = self.revoked.get(qid, (since, self.clock))
+                self.revoked[qid] = [min(a, since), max(b, self.clock)]
+                self.dirty[qid] = None
+
+    def _suspect(self, device, since):
+        """``device`` is out of sync: revoke its answers since ``since`` and degrade it from now on."""
+        if device in self.devices:
+            self._revoke(device, since)
+            self._set_online(device, False)
+
+    def _trust(self, device, settle=None):
+        """Online unless suspect or settling after a birth (its values may be as recent as ``settle``)."""
+        ok = self.integrity.trusted(device, self.clock)
+        self._set_online(device, ok)
+        if settle is not None and not ok and device not in self.integrity.suspect:
+            self.n += 1
+            heapq.heappush(self.queue, (settle, _UP, self.n, device, "settled", {}))
+
+    def _integrity(self, now):
+        """Degrade devices with a lost uplink or silence; ask suspects for a birth."""
+        new, ask = self.integrity.due(now)
+        for device, _, since in new:
+            self._suspect(device, since)
+        for device in ask:
+            if device in self.devices:
+                self.send(device, "rebirth", {})
 
     def link_lost(self, now):
         """The adapter lost its broker: every device counts as gone (as by its Last Will) at
@@ -260,6 +307,9 @@ class Coordinator:
                 self.stats["conflicts"] += 1
                 continue
             v = None if rec["v"] == NO_VALUE else rec["v"]
+            self.integrity.regressed(device, i, rec["epoch"], self.wall, birth=True)
+            if s is not None and not self.integrity.newest(device, i, m["seq"]):
+                v = s.value     # a report sent after this birth was applied already
             if s is None:
                 s = self.cache.add(key, device, i, rec["width"], rec["epoch"], v, d["single"])
                 d["keys"].append(key)
@@ -283,19 +333,41 @@ class Coordinator:
 
     def _apply(self, device, kind, m):
         if kind == "birth":
+            if not self.integrity.fresh_birth(device, m["boot"], m["seq"]):
+                return          # reordered behind a newer birth: its state and token are stale
             self._birth(device, m)
+            self.integrity.resynced(device, m["hull"])
+            self._trust(device, m["hull"])
+            return
+        if device not in self.devices:
             return
         if kind == "gone":
             self._set_online(device, False)
             return
-        self._set_online(device, True)
+        if kind == "settled":
+            self._trust(device)
+            return
+        if kind == "expire":
+            self.cache.release(m["key"], self.clock)
+            self._touch(m["key"])
+            return
+        self._trust(device)
         if kind in ("report", "reply"):
             d = self.devices[device]
             if m["src"] >= len(d["keys"]):
                 self.stats["bad_messages"] += 1
                 return
             key = d["keys"][m["src"]]
+            if self.integrity.superseded(device, m["boot"], m["src"], m["seq"]):
+                return          # reordered behind a newer report or birth: the mirror is newer already
+            if self.integrity.regressed(device, m["src"], m["epoch"], self.wall):
+                last = self.cache.sources[key].last_t      # it rebooted after that report
+                self._suspect(device, self.clock if last is None else last)
             if m["v"] != NO_VALUE:
+                if m["hull"] > self.clock:      # it may have happened as late as m["hull"] (clock skew)
+                    self.cache.hold(key, m["hull"])
+                    self.n += 1
+                    heapq.heappush(self.queue, (m["hull"], _UP, self.n, device, "expire", {"key": key}))
                 self.cache.report(key, m["epoch"], m["t"], m["v"])
                 self.models.observe(key, m["t"], m["v"])
                 self._touch(key)
@@ -314,7 +386,7 @@ class Coordinator:
     def next_deadline(self):
         head = self.queue[0][0] if self.queue else math.inf
         t = head if self.idle() else min(head, self.tick_time(self.tick))
-        return t + self.latency
+        return min(t + self.latency, self.integrity.next_deadline())
 
     def handle_timer(self, now):
         return self._advance(now)
@@ -334,6 +406,8 @@ class Coordinator:
     def _advance(self, now):
         self.wall = now
         self._release(now)
+        self._integrity(now)
+        self._answers(self.clock)
         return self._flush(None)
 
     def _release(self, now):
@@ -393,11 +467,14 @@ class Coordinator:
             offline = self.degraded(q)
             fields["degraded"] = bool(fields.get("degraded")) or offline
             if offline:
-                fields["reason"] = self.models.reason(q)
-            if self.last.get(qid) != fields:
+                fields["reason"] = self.integrity.why(q, self.cache.sources) + self.models.reason(q)
+            revoked = self.revoked.pop(qid, None)
+            if self.last.get(qid) != fields or revoked:
                 self.last[qid] = fields
                 change = {"time": t, "query": qid}
                 change.update(fields)
+                if revoked:
+                    change["revoked"] = revoked
                 self.out.append(("answer", change))
         self.dirty.clear()
 
