@@ -473,8 +473,8 @@ class Coordinator:
                 self.last[qid] = fields
                 change = {"time": t, "query": qid}
                 change.update(fields)
-                if revoked:
-                    change["revoked"] = revoked
+                if revoked:         # up to this change, which replaces them
+                    change["revoked"] = [revoked[0], max(revoked[1], t)]
                 self.out.append(("answer", change))
         self.dirty.clear()
 

@@ -77,7 +77,8 @@ class Integrity:
         since = reason = None
         if d is None or d["boot"] != boot:
             if d is not None and birth:     # rebooted: what it sent after its last uplink may be lost
-                since, reason = self.event(d["last_t"]), REBOOTED
+                since = min([self.event(d["last_t"])] + [at[1] for at in d["missing"].values()])
+                reason = REBOOTED
             d = self._state(device, boot, seq, t)
             for s in self.unknown.pop(device, ()):  # dropped before this birth, but sent after it
                 if newer(s, seq) and birth:

@@ -133,6 +133,8 @@ class EntityProtocol(Protocol):
 
     def resync(self, coord, key, want):
         self.install(coord, key, force=True)
+        if coord.cache.sources[key].value is not None:     # the birth's value is news, like a report
+            self.reported(coord, key, {})
 
     def queries_changed(self, coord, now):
         for qid in list(self.states):
