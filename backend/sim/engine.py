@@ -17,6 +17,7 @@ import numpy as np
 from backend import host as host_mod
 from backend.coordinator.core.queries import parse_query
 from backend.sim import result as result_mod, truth as truth_mod
+from backend.sim.forced import Forced
 from backend.sim.loop import DOWN, UP, Loop
 from backend.sim.network import Network
 from backend.sim.sources import outages, samples
@@ -51,6 +52,10 @@ class Simulation(Loop):
             rng = random.Random(w.seed + 3)
             self.offset = {dev: rng.uniform(-skew, skew) for dev in self.agents}
         self.reboots = 0
+        self.forced = None          # what the faults force to be unknowable (issue #20)
+        if w.faults:
+            self.forced = Forced(w.latency, w.duration, {dev: list(ids) for dev, ids in w.devices()})
+            self.watch = self.forced.uplink
         self.truth = truth_mod.Truth(w.source_ids)
         # Vectorised screening (DESIGN.md §5): numpy mirrors of every agent filter let a whole
         # instant's in-bound readings skip the scalar agent; anything else takes the scalar path.

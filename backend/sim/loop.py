@@ -38,6 +38,7 @@ class Loop:
         self.answers = []
         self.now = 0.0
         self.end = math.inf           # events after this time are not run
+        self.watch = None             # watch(now, device, payload, arrivals) of every uplink sent
         self.handlers = {UP: self.deliver_up, DOWN: self.deliver_down, TIMER: self.agent_timer,
                          COORD: self.coord_timer}
 
@@ -48,7 +49,10 @@ class Loop:
 
     def send(self, now, hop, end, payload, link=None):
         """Put ``payload`` on ``hop`` towards (or from) ``end``; it arrives as a ``hop`` event."""
-        for at in self.net.arrivals(now, hop, end if link is None else link, payload):
+        arrivals = self.net.arrivals(now, hop, end if link is None else link, payload)
+        if self.watch is not None and hop == UP:
+            self.watch(now, end, payload, arrivals)
+        for at in arrivals:
             self.push(at, hop, (end, payload))
 
     def arm(self, who, t):

@@ -71,6 +71,16 @@ def fleet(sim, elapsed):
         tot_v += v
         tot_vt += vt
         tot_m += m
+    faults = None
+    if sim.forced is not None:     # degraded time next to the time the faults forced (issue #20)
+        for qid, r in per_q.items():
+            if "degraded_time" in r and qid in sim.queries:
+                r["forced_time"] = sim.forced.time(sim.queries[qid].sources)
+        shares = [(r["degraded_time"], r["forced_time"]) for r in per_q.values() if "forced_time" in r]
+        n_q = max(1, len(shares))
+        faults = {"degraded_share": sum(d for d, _ in shares) / n_q / w.duration,
+                  "forced_share": sum(f for _, f in shares) / n_q / w.duration,
+                  "integrity": dict(sim.coord.integrity.stats)}
     net = sim.net
     agents = sim.agents.values()
     n = len(sim.ts)
@@ -85,7 +95,7 @@ def fleet(sim, elapsed):
         "probes": sum(a.stats["probes"] for a in agents),
         "violations": tot_v, "violation_time": tot_vt, "precision_misses": tot_m,
         "late": sim.coord.stats["late"], "lost": sim.lost, "warmup": w.warmup,
-        "network": dict(net.counts, reboots=sim.reboots),
+        "network": dict(net.counts, reboots=sim.reboots), "faults": faults,
         "protocol_stats": getattr(sim.protocol, "stats", None),
         "queries": per_q,
         "params": {"period": w.period, "shrink": w.shrink, "delay_up": w.delay_up,
