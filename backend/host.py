@@ -3,7 +3,8 @@
 The simulator, the live coordinator and the Spark job each own I/O and time only; everything else
 between them and the sans-IO ``Coordinator`` lives here, once:
 
-* ``SETTINGS``/``build``: a coordinator from settings with one set of defaults;
+* ``SETTINGS``/``build``: a coordinator from settings with one set of defaults (``skew``: the device
+  clock offset σ the coordinator covers, see ``coordinator.core.integrity``);
 * ``Host``: a coordinator plus its spec inbox. Every input is a record ``(now, device-or-query,
   channel, payload)`` as the broker or the spool delivers it; query changes take effect at event time
   ``max(clock, now - λ)`` (as a Last Will does); a spec naming sources not born yet waits, and
@@ -32,7 +33,7 @@ GUARANTEES = {
     "interval": "the exact aggregate lies in [lo, hi]",
     "probabilistic": "the exact value lies in [lo, hi] with the stated confidence",
     "tolerance": "the members are within the query's rank or fraction tolerance",
-    "degraded": "a source is offline or out of sync; see reason",
+    "degraded": "a source is offline, out of sync or its clock is off; see reason",
     "none": "no guarantee yet (no model or no reading)",
 }
 
@@ -79,7 +80,15 @@ def guarantee(fields):
 
 def answer_record(change):
     """One answer change as every driver writes it (JSONL line, retained payload, table row): the
-    coordinator's fields plus ``guarantee``; a degraded answer always carries a ``reason``."""
+    coordinator's fields plus ``guarantee``; a degraded answer always carries a ``reason``.
+
+    Fields: ``time`` (event time from which it holds, until the query's next change), ``query``,
+    ``lo``/``hi`` or ``members``, ``degraded`` (true: no guarantee now; a source is offline, out of
+    sync or its clock is off, see ``reason``), ``reason`` (``"lost uplink: d3; offline: s5; ..."``:
+    the integrity findings of ``coordinator.core.integrity`` first — lost uplink, silent, rebooted,
+    lost state, clock skew — then the offline widening), ``guarantee``, and, when late news showed
+    earlier answers may have been wrong, ``revoked: [t0, t1]``: every answer of this query holding
+    within [t0, t1) (up to this change) is withdrawn and counts as degraded (issue #20)."""
     rec = dict(change)
     rec["guarantee"] = guarantee(change)
     if rec["guarantee"] == "degraded":

@@ -19,14 +19,15 @@ from backend.coordinator.core import aggregate
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
 from backend.coordinator.core.integrity import Integrity
+from backend.coordinator.core.resync import UP, Resync
 from backend.coordinator.core.queries import QueryError, parse_query
 from edge.core.float32 import f32
 
 _TICK = 0      # event order within one timestamp: uplinks, then the adjustment tick
-_UP = -1
+_UP = UP
 
 
-class Coordinator:
+class Coordinator(Resync):
     def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, lazy=True, incarnation=0,
                  skew=0.0):
         if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or beat < 0 or skew < 0:
@@ -150,6 +151,7 @@ class Coordinator:
     def assign_width(self, key, width):
         s = self.cache.sources[key]
         epoch, narrowing = self.cache.set_width(key, width)
+        self.integrity.sent(key, epoch, self.clock if self.clock > -math.inf else self.wall)
         self.send(s.device, "width", {"src": s.index, "epoch": epoch, "period": self.tick - 1,
                                       "width": width, "ack": 1 if narrowing else 0})
         self._touch(key)
@@ -158,6 +160,7 @@ class Coordinator:
         """Install constraints; ``ack=0`` (Cheng §3): the device reports only a membership change."""
         s = self.cache.sources[key]
         epoch = self.cache.set_filter(key, width, cons, keep_old=bool(ack))
+        self.integrity.sent(key, epoch, self.clock if self.clock > -math.inf else self.wall)
         self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": ack,
                                        "cons": [{"l": l, "u": u} for l, u in cons]})
         self._touch(key)
@@ -210,60 +213,13 @@ class Coordinator:
             return self._advance(now)
         if self.unit.get(device) == 1000:
             m["t"] = m["t"] / 1000
-        if not self.integrity.accept(now, device, m["boot"] if kind == "birth" else rx[0], m["seq"], m["t"],
-                                     birth=kind == "birth"):
+        t = self._admit(now, device, kind, m, rx)
+        if t is None:
             self.stats["duplicates"] += 1
             return self._advance(now)
-        self.rx[device] = (m["boot"] if kind == "birth" else rx[0], m["seq"])
-        if device in self.integrity.revokes:
-            self._suspect(device, self.integrity.revokes.pop(device))
-        if self.integrity.check_clock(device, m["t"], now):
-            self._suspect(device, self.t0)
-        if kind == "report" or kind == "reply":
-            m["hull"] = self.integrity.cover(device, m["t"])
-            m["boot"] = rx[0]
-        elif kind == "birth":
-            m["hull"] = self.integrity.cover(device, m["t"])
-        t = m["t"] = self.integrity.event(m["t"])
-        if t < self.clock:
-            self.stats["late"] += 1     # later than λ: applied now, the answers meanwhile are revoked
-            self._revoke(device, t)
-            t = self.clock
         self.n += 1
         heapq.heappush(self.queue, (t, _UP, self.n, device, kind, m))
         return self._advance(now)
-
-    def _revoke(self, device, since):
-        """The answers over ``device``'s sources from ``since`` to the clock may have been wrong."""
-        d = self.devices.get(device)
-        for key in d["keys"] if d else ():
-            for qid in self.by_source.get(key, ()):
-                a, b = self.revoked.get(qid, (since, self.clock))
-                self.revoked[qid] = [min(a, since), max(b, self.clock)]
-                self.dirty[qid] = None
-
-    def _suspect(self, device, since):
-        """``device`` is out of sync: revoke its answers since ``since`` and degrade it from now on."""
-        if device in self.devices:
-            self._revoke(device, since)
-            self._set_online(device, False)
-
-    def _trust(self, device, settle=None):
-        """Online unless suspect or settling after a birth (its values may be as recent as ``settle``)."""
-        ok = self.integrity.trusted(device, self.clock)
-        self._set_online(device, ok)
-        if settle is not None and not ok and device not in self.integrity.suspect:
-            self.n += 1
-            heapq.heappush(self.queue, (settle, _UP, self.n, device, "settled", {}))
-
-    def _integrity(self, now):
-        """Degrade devices with a lost uplink or silence; ask suspects for a birth."""
-        new, ask = self.integrity.due(now)
-        for device, _, since in new:
-            self._suspect(device, since)
-        for device in ask:
-            if device in self.devices:
-                self.send(device, "rebirth", {})
 
     def link_lost(self, now):
         """The adapter lost its broker: every device counts as gone (as by its Last Will) at
@@ -308,6 +264,7 @@ class Coordinator:
                 continue
             v = None if rec["v"] == NO_VALUE else rec["v"]
             self.integrity.regressed(device, i, rec["epoch"], self.wall, birth=True)
+            self.integrity.ctl.pop(key, None)      # controls sent before a birth are void
             if s is not None and not self.integrity.newest(device, i, m["seq"]):
                 v = s.value     # a report sent after this birth was applied already
             if s is None:
@@ -344,12 +301,7 @@ class Coordinator:
         if kind == "gone":
             self._set_online(device, False)
             return
-        if kind == "settled":
-            self._trust(device)
-            return
-        if kind == "expire":
-            self.cache.release(m["key"], self.clock)
-            self._touch(m["key"])
+        if self._resync_event(device, kind, m):
             return
         self._trust(device)
         if kind in ("report", "reply"):
@@ -358,16 +310,9 @@ class Coordinator:
                 self.stats["bad_messages"] += 1
                 return
             key = d["keys"][m["src"]]
-            if self.integrity.superseded(device, m["boot"], m["src"], m["seq"]):
+            if not self._fresh_report(device, key, m):
                 return          # reordered behind a newer report or birth: the mirror is newer already
-            if self.integrity.regressed(device, m["src"], m["epoch"], self.wall):
-                last = self.cache.sources[key].last_t      # it rebooted after that report
-                self._suspect(device, self.clock if last is None else last)
             if m["v"] != NO_VALUE:
-                if m["hull"] > self.clock:      # it may have happened as late as m["hull"] (clock skew)
-                    self.cache.hold(key, m["hull"])
-                    self.n += 1
-                    heapq.heappush(self.queue, (m["hull"], _UP, self.n, device, "expire", {"key": key}))
                 self.cache.report(key, m["epoch"], m["t"], m["v"])
                 self.models.observe(key, m["t"], m["v"])
                 self._touch(key)

@@ -18,7 +18,7 @@ due deadline (a heap, one entry per device and kind), never per device per call.
 A lost uplink, silence or a skewed clock makes the device *suspect*: the coordinator revokes the
 answers over its sources since its last trusted uplink (``since``, event time) and degrades them with
 the reason until a birth resynchronises it; a suspect device is asked for a birth at once, again on
-its first uplink heard, and then with a backoff (``retry`` doubling up to 16·retry). A clock found
+its first uplink heard, and then with a backoff (``retry`` doubling up to an hour). A clock found
 skewed stays suspect: a birth does not fix it.
 """
 import heapq
@@ -26,6 +26,8 @@ import math
 
 WINDOW = 256            # sequence numbers below the highest seen that may still arrive
 _HALF = 0x80000000
+BACKOFF = 3600.0        # the longest wait between two requests for a birth (s); hearing it asks at once
+SEEN = 32               # recent sequence numbers remembered with their time (a duplicate has the same)
 SKEWED = "clock skew"
 REBOOTED = "rebooted"
 
@@ -46,6 +48,7 @@ class Integrity:
         self.suspect = {}       # device -> reason, in the order they became suspect
         self.revokes = {}       # device -> since when its answers are revoked (a reboot or gap a birth shows)
         self.unknown = {}       # device -> seqs dropped before its first birth
+        self.ctl = {}           # source key -> (epoch, when) of the latest control with an epoch
         self.awaiting = {}      # devices suspect until the birth just accepted is applied
         self.settle = {}        # device -> event time its latest birth has surely happened by
         self.applied = {}       # device -> [boot, latest birth seq, {src: latest report seq}, {src: epoch}] applied
@@ -56,7 +59,7 @@ class Integrity:
     def _state(self, device, boot, seq, first_t):
         old = self.dev.get(device)
         d = self.dev[device] = {"boot": boot, "high": seq, "high_t": first_t, "missing": {}, "last": None,
-                                "birth": (seq - 1) & 0xFFFFFFFF, "birth_t": old["birth_t"] if old else -math.inf,
+                                "birth": (seq - 1) & 0xFFFFFFFF, "seen": {}, "birth_t": old["birth_t"] if old else -math.inf,
                                 "last_t": first_t, "lead": -math.inf, "armed": old["armed"] if old else {},
                                 "asked": old["asked"] if old else None, "wait": old["wait"] if old else 0.0}
         return d
@@ -102,6 +105,12 @@ class Integrity:
             elif birth and (d["high"] - seq) & 0xFFFFFFFF > WINDOW and newer(seq, d["birth"]):
                 d["high"], d["high_t"], d["missing"] = seq, t, {}    # seq rewound (stale uplinks of a past boot)
             else:
+                if d["seen"].get(seq, t) != t and self.suspect.get(device) != SKEWED:
+                    # the number again with another time: the device restarted its numbering (a
+                    # reboot whose birth was lost); what it sent since is unknown
+                    self.revokes[device] = self.event(d["last_t"])
+                    self.suspect[device] = "lost state"
+                    self._arm(device, "ask", now)
                 return False
         if birth:               # a birth carries the whole state: what it skipped is no longer missing,
             d["birth_t"] = t    # but the answers until it is applied may have been wrong
@@ -116,6 +125,9 @@ class Integrity:
             self.revokes[device] = since
             self.suspect.setdefault(device, reason)
             self.awaiting[device] = None        # its birth is on the way: no need to ask
+        d["seen"][seq] = t
+        if len(d["seen"]) > SEEN:
+            del d["seen"][next(iter(d["seen"]))]
         d["last"] = now
         d["last_t"] = max(d["last_t"], t)
         if t - now > d["lead"]:
@@ -171,6 +183,25 @@ class Integrity:
             a[3][src] = epoch
         return False
 
+    def sent(self, key, epoch, clock):
+        """A control carrying ``epoch`` left for ``key``'s device once event time reached ``clock``."""
+        self.ctl[key] = (epoch, clock)
+
+    def unconfirmed(self, device, key, epoch, t, now):
+        """Whether a report of ``key`` stamped ``t`` (event time) still carries an epoch older than a
+        control sent long enough before it to have arrived: the control was lost, or the device lost its
+        state (a reboot whose birth was lost, which nothing else may show). Flags the device (asked for a birth) and
+        returns the event time the control was sent (its answers are revoked from then), else None."""
+        c = self.ctl.get(key)
+        if c is None or not newer(c[0], epoch) or t <= c[1] + 2 * self.latency + self.margin:
+            return None     # (it leaves λ after its event time at the latest, and arrives λ later)
+        del self.ctl[key]
+        if self.suspect.get(device) != SKEWED:
+            self.suspect[device] = "control lost"
+            self.awaiting.pop(device, None)
+            self._arm(device, "ask", now)
+        return c[1]
+
     def newest(self, device, src, seq):
         """Whether no report of ``src`` newer than a birth numbered ``seq`` was applied yet."""
         done = self.applied[device][2].get(src)
@@ -224,7 +255,7 @@ class Integrity:
                     ask.append(device)
                     self.stats["asked"] += 1
                     d["asked"] = now
-                    d["wait"] = min(2 * d["wait"], 16 * self.retry) if d["wait"] else self.retry
+                    d["wait"] = min(2 * d["wait"], BACKOFF) if d["wait"] else self.retry
                     self._arm(device, "ask", now + d["wait"])
                 continue
             if kind == "gap":
