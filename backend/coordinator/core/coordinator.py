@@ -293,7 +293,7 @@ class Coordinator(Resync):
             if not self.integrity.fresh_birth(device, m["boot"], m["seq"]):
                 return          # reordered behind a newer birth: its state and token are stale
             self._birth(device, m)
-            self.integrity.resynced(device, m["hull"])
+            self.integrity.resynced(device, m["hull"], m["seq"])
             self._trust(device, m["hull"])
             return
         if device not in self.devices:

@@ -49,6 +49,7 @@ class Integrity:
         self.revokes = {}       # device -> since when its answers are revoked (a reboot or gap a birth shows)
         self.unknown = {}       # device -> seqs dropped before its first birth
         self.ctl = {}           # source key -> (epoch, when) of the latest control with an epoch
+        self.need = {}          # device -> the highest uplink seq when it became suspect
         self.awaiting = {}      # devices suspect until the birth just accepted is applied
         self.settle = {}        # device -> event time its latest birth has surely happened by
         self.applied = {}       # device -> [boot, latest birth seq, {src: latest report seq}, {src: epoch}] applied
@@ -79,8 +80,10 @@ class Integrity:
             return False        # sent before the latest birth (perhaps by a past boot): superseded by it
         since = reason = None
         if d is None or d["boot"] != boot:
-            if d is not None and birth:     # rebooted: what it sent after its last uplink may be lost
-                since = min([self.event(d["last_t"])] + [at[1] for at in d["missing"].values()])
+            if d is not None and birth:     # rebooted: since its last birth (what followed may have been
+                # the new boot's, numbered like the old one's), what it sent may be lost
+                since = min([self.event(d["last_t"] if d["birth_t"] == -math.inf else d["birth_t"])]
+                            + [at[1] for at in d["missing"].values()])
                 reason = REBOOTED
             d = self._state(device, boot, seq, t)
             for s in self.unknown.pop(device, ()):  # dropped before this birth, but sent after it
@@ -110,6 +113,7 @@ class Integrity:
                     # reboot whose birth was lost); what it sent since is unknown
                     self.revokes[device] = self.event(d["last_t"])
                     self.suspect[device] = "lost state"
+                    self.need[device] = d["high"]
                     self._arm(device, "ask", now)
                 return False
         if birth:               # a birth carries the whole state: what it skipped is no longer missing,
@@ -124,6 +128,7 @@ class Integrity:
         if since is not None:
             self.revokes[device] = since
             self.suspect.setdefault(device, reason)
+            self.need[device] = d["high"]
             self.awaiting[device] = None        # its birth is on the way: no need to ask
         d["seen"][seq] = t
         if len(d["seen"]) > SEEN:
@@ -176,6 +181,7 @@ class Integrity:
         if not birth and top is not None and newer(top, epoch):
             if self.suspect.get(device) != SKEWED:
                 self.suspect[device] = "lost state"
+                self.need[device] = self.dev[device]["high"]
                 self.awaiting.pop(device, None)
                 self._arm(device, "ask", now)
             return True
@@ -198,6 +204,7 @@ class Integrity:
         del self.ctl[key]
         if self.suspect.get(device) != SKEWED:
             self.suspect[device] = "control lost"
+            self.need[device] = self.dev[device]["high"]
             self.awaiting.pop(device, None)
             self._arm(device, "ask", now)
         return c[1]
@@ -227,16 +234,22 @@ class Integrity:
         lo = max(-self.sigma, d["lead"]) if d is not None else -self.sigma
         return lo, max(lo, self.sigma)
 
-    def resynced(self, device, settle):
+    def resynced(self, device, settle, seq):
         """A birth was applied: the device's state is the backend's again (a skewed clock is not),
-        once event time reaches ``settle`` (the latest instant the birth can have been sent)."""
+        once event time reaches ``settle`` (the latest instant the birth can have been sent), unless
+        the birth (numbered ``seq``) is older than the uplink that made it suspect."""
+        need = self.need.get(device)
+        if need is not None and newer(need, seq):
+            return False        # older than what the suspicion waits for (a reordered birth)
         if self.suspect.get(device, SKEWED) != SKEWED:
             del self.suspect[device]
         self.awaiting.pop(device, None)
+        self.need.pop(device, None)
         self.settle[device] = settle
         d = self.dev.get(device)
         if d is not None:
             d["asked"], d["wait"] = None, 0.0
+        return True
 
     # -- deadlines -------------------------------------------------------------------------
     def due(self, now):
@@ -276,6 +289,7 @@ class Integrity:
                 self.stats["silent"] += 1
             if device not in self.suspect:
                 self.suspect[device] = reason
+                self.need[device] = d["high"]
                 new.append((device, reason, since))
                 self._arm(device, "ask", now)
         return new, ask
