@@ -24,7 +24,7 @@ def schedule(seed):
            "jitter": 0.0 if entity else r.choice([0.0, 0.05, 0.1]),
            "loss": r.choice([0, 0.02, 0.05, 0.1]), "duplicate": r.choice([0, 0.05, 0.1]),
            "reorder": r.choice([0, 0.1, 0.2, 0.3]), "skew": 0.0 if entity else r.choice([0, 0.1, 0.3]),
-           "reboots": r.choice([0, 0, 30, 60]), "partitions": []}
+           "reboots": r.choice([0, 0, 60, 240]), "partitions": []}
     for _ in range(r.choice([0, 0, 1, 2])):
         a = r.uniform(0, dur - 2)
         devs = "all" if r.random() < 0.3 else ["d%d" % r.randrange(ndev)]

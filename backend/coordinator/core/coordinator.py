@@ -37,7 +37,8 @@ class Coordinator(Resync):
         self.shrink = shrink            # S, the shrink fraction (0 for static protocols)
         # λ (0 when the protocol pads instead), plus 2σ: a report stamped t by a clock within ±σ is
         # applied at t − σ and arrives by t + σ + λ (integrity.py)
-        self.latency = protocol.queue_latency(latency + 2 * skew)
+        self.tolerance = latency + 2 * skew
+        self.latency = protocol.queue_latency(self.tolerance)
         self.beat = beat
         self.t0 = t0
         self.lazy = lazy                # skip idle ticks in O(1); False ticks every period (the test oracle)

@@ -32,8 +32,9 @@ class Resync:
             m.setdefault("boot", rx[0] if rx else None)
         t = m["t"] = ig.event(m["t"])
         if t < self.clock:
-            self.stats["late"] += 1     # later than λ: applied now, the answers meanwhile are revoked
-            self._revoke(device, t)
+            self.stats["late"] += 1     # applied now; later than λ (not covered by a protocol's
+            if now - t > self.tolerance:    # padding either): the answers meanwhile are revoked
+                self._revoke(device, t)
             t = self.clock
         return t
 
