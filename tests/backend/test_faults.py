@@ -81,3 +81,18 @@ def test_lost_duplicated_and_reordered_uplinks_are_flagged_never_silently_wrong(
 def test_bad_fault_settings_are_explained(net, msg):
     with pytest.raises(WorkloadError, match=msg.replace("[", r"\[").replace("]", r"\]")):
         load(fleet(**net))
+
+
+def test_forced_time_spans_a_lost_report_until_the_next_one_and_a_late_one_until_lambda_before_it():
+    from backend.sim.forced import Forced
+    from edge.core import codec
+    rep = lambda src, seq, t: codec.encode("report", {"src": src, "epoch": 0, "seq": seq, "t": t, "v": 1.0, "why": 0})
+    f = Forced(0.5, 100.0, {"d0": ["a", "b"]})
+    f.uplink(10.0, "d0", rep(0, 1, 10.0), [])               # lost: a unknowable from 10
+    f.uplink(12.0, "d0", rep(1, 2, 12.0), [12.1])           # b on time: nothing
+    f.uplink(15.0, "d0", rep(0, 3, 15.0), [15.2])           # a again: known from 15
+    f.uplink(20.0, "d0", rep(1, 4, 20.0), [23.0])           # b late: unknowable 20 .. 22.5
+    f.uplink(30.0, "d0", codec.encode("beat", {"seq": 5, "t": 30.0}), [])   # a lost beat forces nothing
+    assert f.time(["a"]) == 5.0 and f.time(["b"]) == 2.5 and f.time(["a", "b"]) == 7.5
+    f.uplink(90.0, "d0", rep(1, 6, 90.0), [])               # lost and never followed: until the end
+    assert f.time(["b"]) == 12.5
