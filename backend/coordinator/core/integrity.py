@@ -28,6 +28,7 @@ WINDOW = 256            # sequence numbers below the highest seen that may still
 _HALF = 0x80000000
 BACKOFF = 3600.0        # the longest wait between two requests for a birth (s); hearing it asks at once
 SEEN = 32               # recent sequence numbers remembered with their time (a duplicate has the same)
+RESOLUTION = 0.001      # device times are whole milliseconds on a board: a lead this small is rounding
 SKEWED = "clock skew"
 REBOOTED = "rebooted"
 
@@ -296,7 +297,7 @@ class Integrity:
 
     def check_clock(self, device, t, now):
         """True when ``device`` just showed a clock leading by more than σ (flag it)."""
-        if t - now > self.sigma + 1e-9 and self.suspect.get(device) != SKEWED:
+        if t - now > self.sigma + RESOLUTION and self.suspect.get(device) != SKEWED:
             self.suspect.pop(device, None)
             self.suspect[device] = SKEWED
             self.stats["skewed"] += 1
