@@ -3,7 +3,8 @@
 The simulator, the live coordinator and the Spark job each own I/O and time only; everything else
 between them and the sans-IO ``Coordinator`` lives here, once:
 
-* ``SETTINGS``/``build``: a coordinator from settings with one set of defaults;
+* ``SETTINGS``/``build``: a coordinator from settings with one set of defaults (``skew``: the device
+  clock offset σ the coordinator covers, see ``coordinator.core.integrity``);
 * ``Host``: a coordinator plus its spec inbox. Every input is a record ``(now, device-or-query,
   channel, payload)`` as the broker or the spool delivers it; query changes take effect at event time
   ``max(clock, now - λ)`` (as a Last Will does); a spec naming sources not born yet waits, and
@@ -26,7 +27,7 @@ _BIRTH = bytes([codec.SCHEMAS["birth"][0]])
 
 # The settings every driver accepts, with the one set of defaults (T and S of Olston et al. §3.1).
 SETTINGS = {"protocol": "deadband", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": 0.0,
-            "t0": None, "params": None, "models": None}
+            "skew": 0.0, "t0": None, "params": None, "models": None}
 # Filter models devices may use (edge.core.predict): the setting ``models`` or ``params.models``; None
 # takes ``DEFAULT_MODELS``. "choose" picks constant or linear per source online by measured cost.
 MODELS = {"constant": 1, "linear": 2, "choose": 3}
@@ -40,7 +41,7 @@ GUARANTEES = {
     "interval": "the exact aggregate lies in [lo, hi]",
     "probabilistic": "the exact value lies in [lo, hi] with the stated confidence",
     "tolerance": "the members are within the query's rank or fraction tolerance",
-    "degraded": "a source is offline or out of sync; see reason",
+    "degraded": "a source is offline, out of sync or its clock is off; see reason",
     "none": "no guarantee yet (no model or no reading)",
 }
 
@@ -53,7 +54,7 @@ def settings(given=None, **overrides):
             if key not in SETTINGS:
                 raise ValueError("unknown setting %r (have: %s)" % (key, ", ".join(SETTINGS)))
             s[key] = value
-    for key in ("period", "shrink", "latency", "beat") + (("t0",) if s["t0"] is not None else ()):
+    for key in ("period", "shrink", "latency", "beat", "skew") + (("t0",) if s["t0"] is not None else ()):
         v = s[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ValueError("setting %s must be a finite number, got %r" % (key, v))
@@ -77,7 +78,7 @@ def build(given=None, **overrides):
         raise ValueError("protocol %s: %s" % (s["protocol"], e))
     return Coordinator(protocol, period=s["period"], shrink=s["shrink"] if protocol.shrinks else 0.0,
                        latency=s["latency"], beat=s["beat"], t0=s["t0"] or 0.0,
-                       models=MODELS[s["models"] or DEFAULT_MODELS])
+                       models=MODELS[s["models"] or DEFAULT_MODELS], skew=s["skew"])
 
 
 def new_incarnation(now, previous=None):
@@ -102,7 +103,15 @@ def guarantee(fields):
 
 def answer_record(change):
     """One answer change as every driver writes it (JSONL line, retained payload, table row): the
-    coordinator's fields plus ``guarantee``; a degraded answer always carries a ``reason``."""
+    coordinator's fields plus ``guarantee``; a degraded answer always carries a ``reason``.
+
+    Fields: ``time`` (event time from which it holds, until the query's next change), ``query``,
+    ``lo``/``hi`` or ``members``, ``degraded`` (true: no guarantee now; a source is offline, out of
+    sync or its clock is off, see ``reason``), ``reason`` (``"lost uplink: d3; offline: s5; ..."``:
+    the integrity findings of ``coordinator.core.integrity`` first — lost uplink, silent, rebooted,
+    lost state, clock skew — then the offline widening), ``guarantee``, and, when late news showed
+    earlier answers may have been wrong, ``revoked: [t0, t1]``: every answer of this query holding
+    within [t0, t1) (up to this change) is withdrawn and counts as degraded (issue #20)."""
     rec = dict(change)
     rec["guarantee"] = guarantee(change)
     rec.setdefault("final", False)      # final: a lag query's answer for a past time that no longer changes

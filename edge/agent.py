@@ -362,6 +362,6 @@ class Agent:
         if self.segs:
             from edge.core import segment
             out += segment.flush(self, now)
-        if self.beat > 0 and self.last_up is not None and now - self.last_up >= self.beat and not out:
+        if self.beat > 0 and self.last_up is not None and now >= self.last_up + self.beat and not out:
             out.append(self._up(now, "beat", {"t": now}))
         return out

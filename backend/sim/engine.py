@@ -19,6 +19,7 @@ import random
 from backend import host as host_mod
 from backend.coordinator.core.queries import parse_query
 from backend.sim import result as result_mod, truth as truth_mod
+from backend.sim.forced import Forced
 from backend.sim.loop import DOWN, UP, Loop
 from backend.sim.network import Network
 from backend.sim.screen import Screen, bound
@@ -36,8 +37,8 @@ class Simulation(Loop):
     def __init__(self, workload, progress=None, vectorised=True):
         self.w = w = load(workload) if not hasattr(workload, "source_ids") else workload
         host = host_mod.Host({"protocol": w.protocol, "period": w.period, "shrink": w.shrink, "latency": w.latency,
-                              "beat": w.beat, "t0": 0.0, "params": w.protocol_params,
-                              "models": w.params.get("models")}, declared=w.source_ids)
+                              "beat": w.beat, "skew": w.faults.get("skew", 0.0), "t0": 0.0,
+                              "params": w.protocol_params, "models": w.params.get("models")}, declared=w.source_ids)
         Loop.__init__(self, Network({UP: {"delay": w.delay_up, "jitter": w.jitter},
                                      DOWN: {"delay": w.delay_down, "jitter": w.jitter}},
                                     random.Random(w.seed + 1).uniform, w.warmup,
@@ -55,6 +56,10 @@ class Simulation(Loop):
             rng = random.Random(w.seed + 3)
             self.offset = {dev: rng.uniform(-skew, skew) for dev in self.agents}
         self.reboots = 0
+        self.forced = None          # what the faults force to be unknowable (issue #20)
+        if w.faults:
+            self.forced = Forced(w.latency, w.duration, {dev: list(ids) for dev, ids in w.devices()})
+            self.watch = self.forced.uplink
         self.truth = truth_mod.Truth(w.source_ids)
         self.screen = None              # backend.sim.screen.Screen of the run (vectorised only)
         self.scalar = 0                 # readings that went through their agent, this run
@@ -155,7 +160,9 @@ class Simulation(Loop):
             for start, stop in spans:
                 self.push(start, OUTAGE, (dev, True))
                 self.push(stop, OUTAGE, (dev, False))
-        self.end = w.duration + w.latency          # deliveries of readings up to the end arrive by then
+        self.end = w.duration + max(w.latency, self.coord.latency)   # deliveries of readings up to the end arrive by then
+        if w.faults:    # ... and what went missing is found out by then (answers after the end are not checked)
+            self.end += self.coord.integrity.horizon()
         n = len(self.ts)
         self.next_report = n // 10 if self.progress else n + 1
 

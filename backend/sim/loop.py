@@ -38,6 +38,7 @@ class Loop:
         self.answers = []
         self.now = 0.0
         self.end = math.inf           # events after this time are not run
+        self.watch = None             # watch(now, device, payload, arrivals) of every uplink sent
         self.handlers = {UP: self.deliver_up, DOWN: self.deliver_down, TIMER: self.agent_timer,
                          COORD: self.coord_timer}
 
@@ -48,7 +49,10 @@ class Loop:
 
     def send(self, now, hop, end, payload, link=None):
         """Put ``payload`` on ``hop`` towards (or from) ``end``; it arrives as a ``hop`` event."""
-        for at in self.net.arrivals(now, hop, end if link is None else link, payload):
+        arrivals = self.net.arrivals(now, hop, end if link is None else link, payload)
+        if self.watch is not None and hop == UP:
+            self.watch(now, end, payload, arrivals)
+        for at in arrivals:
             self.push(at, hop, (end, payload))
 
     def arm(self, who, t):
@@ -65,7 +69,13 @@ class Loop:
         for _, payload in out:
             self.send(now, UP, device, payload)
         deadline = self.agents[device].next_deadline()
-        self.arm(device, None if deadline is None else deadline - self.offset.get(device, 0.0))
+        if deadline is not None and device in self.offset:     # the true time the device's clock reads it
+            off = self.offset[device]
+            at = deadline - off
+            while at + off < deadline:
+                at = math.nextafter(at, math.inf)
+            deadline = at
+        self.arm(device, deadline)
 
     def deliver_down(self, t, data):
         dev = data[0]
@@ -74,7 +84,10 @@ class Loop:
     def agent_timer(self, t, device):
         if self.timer_at.get(device) == t:
             del self.timer_at[device]
-            self.from_agent(t, device, self.agent(device).handle_timer(t + self.offset.get(device, 0.0)))
+            a = self.agent(device)
+            due = a.next_deadline()         # the device's clock reads at least its deadline (skew rounding)
+            now = t + self.offset.get(device, 0.0)
+            self.from_agent(t, device, a.handle_timer(now if due is None else max(now, due)))
 
     # -- the coordinator, through the host --------------------------------------------------
     def from_host(self, now, actions):

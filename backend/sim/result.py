@@ -16,7 +16,11 @@ def _split(sim):
     by_q, prob, finals = {}, {}, {}
     ents = {qid: [] for qid in sim.truth.entity.tracks}
     sums = {qid: [] for qid in sim.truth.summary.tracks}
+    revoked = {}
     for a in sim.answers:
+        if "revoked" in a and a["revoked"][0] <= w.duration:    # open-ended past the checked span
+            lo, hi = a["revoked"]
+            revoked.setdefault(a["query"], []).append([lo, hi if hi < w.duration else math.inf])
         if a["time"] > w.duration or a["time"] >= sim.ended.get(a["query"], (math.inf,))[0]:
             continue
         if a.get("final"):
@@ -29,6 +33,11 @@ def _split(sim):
             by_q.setdefault(a["query"], []).append((a["time"], a["lo"], a["hi"], a["degraded"]))
             if a.get("guarantee") == "probabilistic":
                 prob[a["query"]] = a["confidence"]
+    for qid, windows in revoked.items():     # answers found wrong later count as degraded (issue #20)
+        if qid in by_q:
+            by_q[qid] = truth_mod.revoke(by_q[qid], windows)
+        elif qid in ents:
+            ents[qid] = truth_mod.revoke(ents[qid], windows)
     return by_q, prob, ents, sums, finals
 
 
@@ -71,6 +80,16 @@ def fleet(sim, elapsed):
         tot_v += v
         tot_vt += vt
         tot_m += m
+    faults = None
+    if sim.forced is not None:     # degraded time next to the time the faults forced (issue #20)
+        for qid, r in per_q.items():
+            if "degraded_time" in r and qid in sim.queries:
+                r["forced_time"] = sim.forced.time(sim.queries[qid].sources)
+        shares = [(r["degraded_time"], r["forced_time"]) for r in per_q.values() if "forced_time" in r]
+        n_q = max(1, len(shares))
+        faults = {"degraded_share": sum(d for d, _ in shares) / n_q / w.duration,
+                  "forced_share": sum(f for _, f in shares) / n_q / w.duration,
+                  "integrity": dict(sim.coord.integrity.stats)}
     net = sim.net
     agents = sim.agents.values()
     n = len(sim.ts)
@@ -85,7 +104,7 @@ def fleet(sim, elapsed):
         "probes": sum(a.stats["probes"] for a in agents),
         "violations": tot_v, "violation_time": tot_vt, "precision_misses": tot_m,
         "late": sim.coord.stats["late"], "lost": sim.lost, "warmup": w.warmup,
-        "network": dict(net.counts, reboots=sim.reboots),
+        "network": dict(net.counts, reboots=sim.reboots), "faults": faults,
         "protocol_stats": getattr(sim.protocol, "stats", None),
         "queries": per_q,
         "params": {"period": w.period, "shrink": w.shrink, "delay_up": w.delay_up,

@@ -265,6 +265,25 @@ def _runs(T, flag, end):
     return float(total)
 
 
+def revoke(answers, windows):
+    """``answers`` (time-ordered tuples ending in ``degraded``) with every revoked window
+    ``[t_from, t_to]`` (an answer change's ``revoked``, issue #20) marked degraded."""
+    if not windows:
+        return answers
+    answers = sorted(answers, key=lambda a: a[0])      # stable: same-time changes keep their order
+    cuts = sorted({a[0] for a in answers} | {w[0] for w in windows} | {w[1] for w in windows if w[1] < math.inf})
+    out, i, cur = [], 0, None
+    for t in cuts:
+        while i < len(answers) and answers[i][0] <= t:
+            cur = answers[i]
+            i += 1
+        if cur is None:
+            continue
+        deg = cur[-1] or any(a <= t < b for a, b in windows)
+        out.append((t,) + tuple(cur[1:-1]) + (deg,))
+    return out
+
+
 def check(truth, answers, precision, end):
     """Merge the truth and answer step functions of one query.
 

@@ -28,6 +28,7 @@ class _Pair:
         self.down = set()
         self.delayed = []               # (arrival, n, device, payload): uplinks the network holds back
         self.oracle_timers = self.lazy_timers = 0
+        self.outbox = []                # (t, actions) of the lazy coordinator's timers, to deliver
         for c in (self.lazy, self.oracle):
             c.declare_sources(["a", "b", "c"])
 
@@ -48,6 +49,11 @@ class _Pair:
             if self.delayed:
                 due.append((self.delayed[0][0], "net"))
             t, who = min(due)
+            if self.outbox and (t > self.outbox[0][0] or t > now):
+                # the lazy coordinator's timer controls, once both coordinators have passed their instant
+                when, acts = self.outbox.pop(0)
+                self.deliver(when, acts)
+                continue
             if t > now:
                 return
             if who == "net":
@@ -58,7 +64,9 @@ class _Pair:
                 self.acts["oracle"] += self.oracle.handle_timer(t)
             elif who == "lazy":
                 self.lazy_timers += 1
-                self.acts["lazy"] += self.lazy.handle_timer(t)
+                acts = self.lazy.handle_timer(t)
+                self.acts["lazy"] += acts
+                self.outbox.append((t, acts))   # a control never delivered is one the backend finds lost
             else:
                 self.send(t, who, self.agents[who].handle_timer(t))
 
@@ -72,9 +80,13 @@ class _Pair:
                     if act[0] == "down":
                         down.append(act)
             out = []
-            for _, dev, payload in down:
-                if dev not in self.down:
-                    self.send(now, dev, self.agents[dev].handle_message(now, payload))
+            self.deliver(now, down)
+
+    def deliver(self, now, acts):
+        """The downlinks among ``acts`` to their agents (unless down), and what the agents answer."""
+        for act in acts:
+            if act[0] == "down" and act[1] not in self.down:
+                self.send(now, act[1], self.agents[act[1]].handle_message(now, act[2]))
 
 
 def _run(protocol, params, latency, shrink, seed, events=160):

@@ -5,6 +5,8 @@ device's filter is applied at once (the device stays narrower until it hears of 
 A change that may narrow it keeps the previous mirror alive as well until an uplink carrying the new
 epoch confirms that the device applied it; meanwhile ``known`` is the hull of both. Only the exact
 current epoch confirms: an epoch the backend has not assigned yet is stale, not a confirmation.
+A report whose true time is uncertain (a device clock within ±σ, ``integrity``) keeps the mirrors from
+before it in ``prior`` until the latest instant it can have happened (``hold``/``release``).
 The mirror of a float32 device (birth capability CAP_F32) computes in float32 as the device does
 and pads what it states by one float32 step (edge.core.interval).
 
@@ -20,7 +22,8 @@ from edge.core.predict import LineFilter, horizon
 
 
 class Source:
-    __slots__ = ("key", "device", "index", "filt", "old", "online", "reports", "last_t", "value", "unit", "due")
+    __slots__ = ("key", "device", "index", "filt", "old", "prior", "online", "reports", "last_t", "value", "unit",
+                 "due")
 
     def __init__(self, key, device, index, width, epoch, single=False, unit=1):
         self.key = key
@@ -30,6 +33,7 @@ class Source:
         self.due = None        # time (s) of the next refresh of a line's statement
         self.filt = LineFilter(width, (), epoch, f32 if single else None, single)
         self.old = []          # mirrors of states the device may still be in
+        self.prior = []        # (until, mirror): states the device may have been in until then
         self.online = True
         self.reports = 0       # reports received in the current adjustment period
         self.last_t = None     # event time of the last report
@@ -69,7 +73,7 @@ class BoundCache:
         if s is None:
             return -math.inf, math.inf
         lo, hi = self._known(s, s.filt)
-        for f in s.old:
+        for f in s.old + [f for _, f in s.prior] if s.prior else s.old:
             a, b = self._known(s, f)
             if a < lo:
                 lo = a
@@ -148,6 +152,18 @@ class BoundCache:
             s.filt.shrink(s_frac)
             for f in s.old:
                 f.shrink(s_frac)
+            for _, f in s.prior:
+                f.shrink(s_frac)
+
+    def hold(self, key, until):
+        """Before a report that may have happened as late as ``until``: keep the current mirrors."""
+        s = self.sources[key]
+        s.prior += [(until, f.copy()) for f in [s.filt] + s.old]
+
+    def release(self, key, now):
+        """Drop the held mirrors whose time is over by ``now``."""
+        s = self.sources[key]
+        s.prior = [(u, f) for u, f in s.prior if u > now]
 
     def _keep_old(self, s):
         s.old.append(s.filt.copy())

@@ -22,23 +22,28 @@ from edge.core import codec
 from backend.coordinator.core import aggregate
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
+from backend.coordinator.core.integrity import Integrity
+from backend.coordinator.core.resync import UP, Resync
 from backend.coordinator.core.queries import QueryError, parse_query
 from backend.coordinator.core.segments import Mirror
 from edge.core.float32 import f32
 
 _TICK = 0      # event order within one timestamp: uplinks, then the adjustment tick
-_UP = -1
+_UP = UP
 
 
-class Coordinator:
+class Coordinator(Resync):
     def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, lazy=True, incarnation=0,
-                 models=1):
-        if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or beat < 0:
-            raise ValueError("need period >= 1 ms, 0 <= shrink < 1, latency >= 0, beat >= 0")
+                 models=1, skew=0.0):
+        if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or beat < 0 or skew < 0:
+            raise ValueError("need period >= 1 ms, 0 <= shrink < 1, latency >= 0, beat >= 0, skew >= 0")
         self.protocol = protocol
         self.period = period            # T, the adjustment period
         self.shrink = shrink            # S, the shrink fraction (0 for static protocols)
-        self.latency = protocol.queue_latency(latency)   # λ (0 when the protocol pads instead)
+        # λ (0 when the protocol pads instead), plus 2σ: a report stamped t by a clock within ±σ is
+        # applied at t − σ and arrives by t + σ + λ (integrity.py)
+        self.tolerance = latency + 2 * skew
+        self.latency = protocol.queue_latency(self.tolerance)
         self.beat = beat
         self.t0 = t0
         self.lazy = lazy                # skip idle ticks in O(1); False ticks every period (the test oracle)
@@ -66,6 +71,8 @@ class Coordinator:
         self.models = getattr(protocol, "models", None) or Models()
         self.segments = Mirror()        # segment mode and final answers of lag queries
         self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
+        self.integrity = Integrity(self.latency, beat, skew)    # gaps, silence, skew (issue #20)
+        self.revoked = {}               # query id -> [t_from, t_to] of answers found wrong, for the next change
 
     # -- queries ----------------------------------------------------------------
     def add_query(self, spec, now=None):
@@ -161,6 +168,7 @@ class Coordinator:
     def assign_width(self, key, width):
         s = self.cache.sources[key]
         epoch, narrowing = self.cache.set_width(key, width)
+        self.integrity.sent(key, epoch, self.clock if self.clock > -math.inf else self.wall)
         self.send(s.device, "width", {"src": s.index, "epoch": epoch, "period": self.tick - 1,
                                       "width": width, "ack": 1 if narrowing else 0})
         self._touch(key)
@@ -169,6 +177,7 @@ class Coordinator:
         """Install constraints; ``ack=0`` (Cheng §3): the device reports only a membership change."""
         s = self.cache.sources[key]
         epoch = self.cache.set_filter(key, width, cons, keep_old=bool(ack))
+        self.integrity.sent(key, epoch, self.clock if self.clock > -math.inf else self.wall)
         self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": ack,
                                        "cons": [{"l": l, "u": u} for l, u in cons]})
         self._touch(key)
@@ -214,29 +223,23 @@ class Coordinator:
                 self._device(device)
                 self.send(device, "rebirth", {})
                 return self._advance(now)
-            if rx is not None and rx[0] == m["boot"] and m["seq"] <= rx[1]:
-                self.stats["duplicates"] += 1
-                return self._advance(now)
             self.unit[device] = 1000 if m["caps"] & CAP_MS else 1
         elif rx is None:
             self.stats["unknown_device"] += 1
+            self.integrity.dropped(device, m["seq"])
             self._device(device)
             self.send(device, "rebirth", {})
             return self._advance(now)
-        elif m["seq"] <= rx[1] and (rx[1] - m["seq"]) < 0x80000000:
-            self.stats["duplicates"] += 1
-            return self._advance(now)
-        self.rx[device] = (m["boot"] if kind == "birth" else rx[0], m["seq"])
         if kind == "line" and self.unit.get(device) == 1000:
             m["td"], m["gap"] = int(m["t"]), int(m["gap"])  # integer ms, as the device computed with them
         elif kind == "line":
             m["td"] = m["t"]            # the line's origin in device units
         if self.unit.get(device) == 1000:
             m["t"] = m["t"] / 1000
-        t = m["t"]
-        if t < self.clock:
-            self.stats["late"] += 1     # later than λ: applied now, the answer was wrong meanwhile
-            t = self.clock
+        t = self._admit(now, device, kind, m, rx)
+        if t is None:
+            self.stats["duplicates"] += 1
+            return self._advance(now)
         self.n += 1
         heapq.heappush(self.queue, (t, _UP, self.n, device, kind, m))
         return self._advance(now)
@@ -286,6 +289,10 @@ class Coordinator:
                 self.stats["conflicts"] += 1
                 continue
             v = None if rec["v"] == NO_VALUE else rec["v"]
+            self.integrity.regressed(device, i, rec["epoch"], self.wall, birth=True)
+            self.integrity.ctl.pop(key, None)      # controls sent before a birth are void
+            if s is not None and not self.integrity.newest(device, i, m["seq"]):
+                v = s.value     # a report sent after this birth was applied already
             if s is None:
                 s = self.cache.add(key, device, i, rec["width"], rec["epoch"], v, d["single"],
                                    self.unit.get(device, 1))
@@ -313,18 +320,28 @@ class Coordinator:
 
     def _apply(self, device, kind, m):
         if kind == "birth":
+            if not self.integrity.fresh_birth(device, m["boot"], m["seq"]):
+                return          # reordered behind a newer birth: its state and token are stale
             self._birth(device, m)
+            self.integrity.resynced(device, m["hull"], m["seq"])
+            self._trust(device, m["hull"])
+            return
+        if device not in self.devices:
             return
         if kind == "gone":
             self._set_online(device, False)
             return
-        self._set_online(device, True)
+        if self._resync_event(device, kind, m):
+            return
+        self._trust(device)
         if kind in ("report", "reply", "line"):
             d = self.devices[device]
             if m["src"] >= len(d["keys"]):
                 self.stats["bad_messages"] += 1
                 return
             key = d["keys"][m["src"]]
+            if not self._fresh_report(device, key, m):
+                return          # reordered behind a newer report or birth: the mirror is newer already
             if m["v"] != NO_VALUE:
                 line = (m["td"], m["slope"], m["gap"]) if kind == "line" and m["gap"] > 0 else None
                 self.cache.report(key, m["epoch"], m["t"], m["v"], line)
@@ -347,7 +364,7 @@ class Coordinator:
     def next_deadline(self):
         head = min(self.queue[0][0] if self.queue else math.inf, self.cache.next_due())
         t = head if self.idle() else min(head, self.tick_time(self.tick))
-        return t + self.latency
+        return min(t + self.latency, self.integrity.next_deadline())
 
     def handle_timer(self, now):
         return self._advance(now)
@@ -367,6 +384,8 @@ class Coordinator:
     def _advance(self, now):
         self.wall = now
         self._release(now)
+        self._integrity(now)
+        self._answers(self.clock)
         if self.segments.final:     # every uplink stamped up to now − λ is in: final answers up to there
             self.out += self.segments.answers(self, max(self.clock, now - self.latency))
         return self._flush(None)
@@ -432,11 +451,14 @@ class Coordinator:
             offline = self.degraded(q)
             fields["degraded"] = bool(fields.get("degraded")) or offline
             if offline:
-                fields["reason"] = self.models.reason(q)
-            if self.last.get(qid) != fields:
+                fields["reason"] = self.integrity.why(q, self.cache.sources) + self.models.reason(q)
+            revoked = self.revoked.pop(qid, None)
+            if self.last.get(qid) != fields or revoked:
                 self.last[qid] = fields
                 change = {"time": t, "query": qid}
                 change.update(fields)
+                if revoked:         # up to this change, which replaces them
+                    change["revoked"] = [revoked[0], max(revoked[1], t)]
                 self.out.append(("answer", change))
         self.dirty.clear()
 

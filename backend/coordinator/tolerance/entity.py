@@ -133,6 +133,8 @@ class EntityProtocol(Protocol):
 
     def resync(self, coord, key, want):
         self.install(coord, key, force=True)
+        if coord.cache.sources[key].value is not None:     # the birth's value is news, like a report
+            self.reported(coord, key, {})
 
     def queries_changed(self, coord, now):
         for qid in list(self.states):
@@ -168,7 +170,10 @@ class EntityProtocol(Protocol):
         why = ("no state for the query" if st is None else "waiting for a first value of every source"
                if not st.ready else "probe replies outstanding" if st.busy() else
                "network delay: the tolerance assumes instantaneous reports and probes (§3)"
-               if coord.latency > 0 else None)
+               if coord.latency > 0 else
+               "a source lost its value (rebooted)" if any(coord.cache.sources[k].filt.center is None
+                                                           for k in q.sources if k in coord.cache.sources)
+               else None)
         out = {"members": sorted(st.members()) if st is not None else [], "degraded": why is not None}
         if why is not None:
             out["reason"] = why

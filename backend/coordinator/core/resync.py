@@ -1,0 +1,101 @@
+"""Devices out of sync (DESIGN.md §3 reconnect; issue #20): the coordinator's side of ``integrity``.
+
+A mixin of ``Coordinator``: every uplink is admitted through ``Integrity`` (duplicates dropped; gaps,
+reboots, skewed clocks found; its event time t − σ and the end of its skew hull set), each report is
+checked for order and for the epochs the device should have by now, and what integrity finds makes
+the device's sources degraded (offline, widened by the interruption model) and revokes the answers
+over them since the finding's ``since`` — until a birth resynchronises it and has surely happened.
+"""
+import heapq
+
+from edge.core.codec import NO_VALUE
+
+UP = -1         # the coordinator's event order of uplinks within one timestamp
+
+
+class Resync:
+    def _admit(self, now, device, kind, m, rx):
+        """Admit an uplink (``m["t"]`` in device seconds): its event time (at least the clock), or None
+        for a duplicate. Sets ``m["t"]`` to the event time and, for reports, replies and births,
+        ``m["hull"]`` (the latest instant it can have happened) and the boot it belongs to."""
+        ig = self.integrity
+        ok = ig.accept(now, device, m["boot"] if kind == "birth" else rx[0], m["seq"], m["t"], birth=kind == "birth")
+        if device in ig.revokes:
+            self._suspect(device, ig.revokes.pop(device))
+        if not ok:
+            return None
+        self.rx[device] = (m["boot"] if kind == "birth" else rx[0], m["seq"])
+        if ig.check_clock(device, m["t"], now):
+            self._suspect(device, self.t0)
+        if kind in ("report", "reply", "line", "birth"):
+            m["hull"] = ig.cover(device, m["t"])
+            m.setdefault("boot", rx[0] if rx else None)
+        t = m["t"] = ig.event(m["t"])
+        if t < self.clock:
+            self.stats["late"] += 1     # applied now; later than λ (not covered by a protocol's
+            if now - t > self.tolerance:    # padding either): the answers meanwhile are revoked
+                self._revoke(device, t)
+            t = self.clock
+        return t
+
+    def _fresh_report(self, device, key, m):
+        """Check a report or reply before it is applied: False when superseded (reordered behind a
+        newer one or a birth). An epoch older than one the device stated, or than a control sent
+        long enough before, flags the device; a report from a skewed clock holds the prior bound."""
+        ig = self.integrity
+        if ig.superseded(device, m["boot"], m["src"], m["seq"]):
+            return False
+        lost = ig.unconfirmed(device, key, m["epoch"], m["t"], self.wall)
+        if lost is not None or ig.regressed(device, m["src"], m["epoch"], self.wall):
+            last = self.cache.sources[key].last_t      # it lost its state after that report
+            self._suspect(device, min(self.clock if last is None else last, self.clock if lost is None else lost))
+        if m["v"] != NO_VALUE and m["hull"] > self.clock:     # it may have happened as late as that
+            self.cache.hold(key, m["hull"])
+            self._later(m["hull"], device, "expire", {"key": key})
+        return True
+
+    def _resync_event(self, device, kind, m):
+        """Apply the events queued here (a birth settled, a skew hull over); False for any other."""
+        if kind == "settled":
+            self._trust(device)
+        elif kind == "expire":
+            self.cache.release(m["key"], self.clock)
+            self._touch(m["key"])
+        else:
+            return False
+        return True
+
+    def _later(self, t, device, kind, m):
+        self.n += 1
+        heapq.heappush(self.queue, (t, UP, self.n, device, kind, m))
+
+    def _revoke(self, device, since):
+        """The answers over ``device``'s sources from ``since`` to the clock may have been wrong."""
+        d = self.devices.get(device)
+        for key in d["keys"] if d else ():
+            for qid in self.by_source.get(key, ()):
+                a, b = self.revoked.get(qid, (since, self.clock))
+                self.revoked[qid] = [min(a, since), max(b, self.clock)]
+                self.dirty[qid] = None
+
+    def _suspect(self, device, since):
+        """``device`` is out of sync: revoke its answers since ``since`` and degrade it from now on."""
+        if device in self.devices:
+            self._revoke(device, since)
+            self._set_online(device, False)
+
+    def _trust(self, device, settle=None):
+        """Online unless suspect or settling after a birth (its values may be as recent as ``settle``)."""
+        ok = self.integrity.trusted(device, self.clock)
+        self._set_online(device, ok)
+        if settle is not None and not ok and device not in self.integrity.suspect:
+            self._later(settle, device, "settled", {})
+
+    def _integrity(self, now):
+        """Degrade devices with a lost uplink or silence; ask suspects for a birth."""
+        new, ask = self.integrity.due(now)
+        for device, _, since in new:
+            self._suspect(device, since)
+        for device in ask:
+            if device in self.devices:
+                self.send(device, "rebirth", {})
