@@ -21,9 +21,7 @@ from itertools import islice
 from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.core.queries import QueryError
 from backend.coordinator.protocols import make
-from edge.core import codec
 
-_BIRTH = bytes([codec.SCHEMAS["birth"][0]])
 
 # The settings every driver accepts, with the one set of defaults (T and S of Olston et al. §3.1).
 SETTINGS = {"protocol": "deadband", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": 0.0,
@@ -179,10 +177,9 @@ class Host:
         self.pending = {}        # query id -> spec waiting for its sources to be born
         self.records = 0
         self.blind = False       # the driver's broker link is lost (``link_lost``) and not yet restored
-        self.stats = {"foreign": 0, "bad_specs": 0, "silent": 0}
+        self.stats = {"foreign": 0, "bad_specs": 0}
         self._declared = frozenset(self.coord.declared)
         self._seen = self._extra = 0     # births counted by _everyone, and how many were not declared
-        self.heard = {}          # device -> arrival time of its latest uplink (the heartbeat watchdog)
 
     # -- inputs ---------------------------------------------------------------------------------
     def record(self, now, name, channel, payload, retained=False):
@@ -206,59 +203,14 @@ class Host:
         return []
 
     def uplink(self, now, device, payload, retained=False):
-        now = self._clock(now)
-        if 0 < self.coord.beat < self.coord.latency and not retained and payload:
-            # a birth: the device beats once its config is out, when the birth is released (now + λ)
-            self.heard[device] = now + (self.coord.latency if payload[1:2] == _BIRTH else 0.0)
-        return self._step(self.coord.handle_uplink, now, device, bytes(payload or b""), retained=bool(retained))
+        return self._step(self.coord.handle_uplink, self._clock(now), device, bytes(payload or b""),
+                          retained=bool(retained))
 
     def timer(self, now):
-        now = self._clock(now)
-        return self._watchdog(now) + self._step(self.coord.handle_timer, now)
+        return self._step(self.coord.handle_timer, self._clock(now))
 
     def next_deadline(self):
-        silent = self._silent()
-        return self.coord.next_deadline() if silent is None else min(self.coord.next_deadline(), silent[0])
-
-    # -- heartbeat watchdog (DESIGN.md §3 heartbeat) ------------------------------------------------
-    # A device told a heartbeat B sends something at least every B s. Heard last at arrival time a, it
-    # wrote that uplink at a - m or later (m = margin: delay plus skew) and owed another by a + B, due
-    # here by a + B + m. Past that, it counts as gone (as by its Last Will) from a - m (after any uplink
-    # of it still queued), so a report it lost after its last uplink is never answered as certain. The
-    # coordinator has answered up to now - λ, so this lands in time when λ >= B + 2m: m = (λ - B) / 2,
-    # and the watchdog runs only when λ > B. Minimal, for the live fault tests: it reads the
-    # coordinator's queue (the integrity module of issue 20 item 2 replaces it).
-    def _margin(self):
-        return (self.coord.latency - self.coord.beat) / 2
-
-    def _silent(self):
-        """(deadline, device) of the online device that went silent first, or None."""
-        if not self.coord.beat or self.coord.latency <= self.coord.beat:
-            return None
-        first = None
-        for device, a in self.heard.items():
-            d = self.coord.devices.get(device)
-            if d is not None and d["online"] and (first is None or a < first[0]):
-                first = (a, device)
-        return None if first is None else (first[0] + self.coord.beat + self._margin(), first[1])
-
-    def _watchdog(self, now):
-        out = []
-        silent = self._silent()
-        while silent is not None and silent[0] <= now:
-            device = silent[1]
-            del self.heard[device]          # watched again from its next uplink
-            rx = self.coord.rx.get(device)
-            if rx is not None:              # the coordinator queues a will at (its now) - λ
-                t = max([silent[0] - self.coord.beat - 2 * self._margin()]
-                        + [e[0] for e in self.coord.queue if e[3] == device])
-                at = t + self.coord.latency
-                while at - self.coord.latency < t:
-                    at = math.nextafter(at, math.inf)
-                out += self.coord.handle_uplink(at, device, codec.encode("gone", {"boot": rx[0]}))
-                self.stats["silent"] += 1
-            silent = self._silent()
-        return out
+        return self.coord.next_deadline()
 
     def link_lost(self, now):
         """The driver lost its broker (the live client's disconnect, the bridge's ``link`` record): blind

@@ -35,11 +35,11 @@ def _finite(v):
 def current(inc, kind, got):
     """Whether a control of backend incarnation ``got`` may be applied by a device configured by
     incarnation ``inc`` (None: none since its latest birth): one of ``inc`` itself, or a config (or
-    ``setup``) of a later run (32-bit serial order, RFC 1982), which the device then adopts. A replayed control of an
+    ``setup``, or a request for a birth) of a later run (32-bit serial order, RFC 1982), which the device then adopts. A replayed control of an
     earlier run, config or not, is dropped."""
     if got == inc:
         return True
-    return (kind == "config" or kind == "setup") and (inc is None or 0 < (got - inc) & 0xFFFFFFFF < 0x80000000)
+    return (kind == "config" or kind == "setup" or kind == "rebirth") and (inc is None or 0 < (got - inc) & 0xFFFFFFFF < 0x80000000)
 
 
 def fresh(top, seen, seq):
@@ -220,7 +220,10 @@ class Agent:
     def _apply(self, now, kind, m):
         if codec.SCHEMAS[kind][1] != "down":
             raise ValueError("not a control message")
-        if kind == "rebirth":
+        if kind == "rebirth":       # any birth may be asked for, but not by an earlier backend run
+            if not current(self.inc, kind, m["inc"]):
+                self.stats["stale"] += 1
+                return []
             return self._start(now)
         config = kind == "config" or kind == "setup"
         if m["to"] != self.token or not current(self.inc, kind, m["inc"]):

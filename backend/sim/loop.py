@@ -85,8 +85,12 @@ class Loop:
         if self.timer_at.get(device) == t:
             del self.timer_at[device]
             a = self.agent(device)
-            due = a.next_deadline()         # the device's clock reads at least its deadline (skew rounding)
+            due = a.next_deadline()
             now = t + self.offset.get(device, 0.0)
+            if due is not None and due > now + 1e-6:    # readings moved its deadline on: re-arm there
+                self.from_agent(t, device, [])
+                return
+            # the device's clock reads at least its deadline (skew rounding)
             self.from_agent(t, device, a.handle_timer(now if due is None else max(now, due)))
 
     # -- the coordinator, through the host --------------------------------------------------

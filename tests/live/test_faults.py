@@ -144,8 +144,8 @@ def test_network_cut_while_agents_keep_sampling(env):
     checked, end, rows, stats = _finish(live, answers, specs, fleet)
     print("\nnetwork cut: %s; violations %s; watchdog %d; %.1fs" % (
         _share(answers, checked, end, healed - cut, recovered - cut), {q: c[0] for q, c in checked.items()},
-        live.host.stats["silent"], time.monotonic() - t_begin))
-    assert proxy.stats["dropped"] > 0 and live.host.stats["silent"] >= 1
+        live.coord.integrity.stats["silent"], time.monotonic() - t_begin))
+    assert proxy.stats["dropped"] > 0 and live.coord.integrity.stats["silent"] >= 1
     for qid, (v, dt, n) in checked.items():
         assert v == 0 and dt >= 0.5 * (healed - cut), (qid, checked)
     # the oracle can fail: the stale bounds kept through the cut, not flagged, miss the truth

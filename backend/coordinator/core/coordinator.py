@@ -48,7 +48,9 @@ class Coordinator(Resync):
         self.t0 = t0
         self.lazy = lazy                # skip idle ticks in O(1); False ticks every period (the test oracle)
         self.inc = incarnation & 0xFFFFFFFF     # this backend run, stamped on every downlink
-        self.allow = models             # filter models devices may use (edge.core.predict bits)
+        # filter models devices may use (edge.core.predict bits); a line's statement is a function of
+        # time, so only devices on our clock may use lines: with a skew σ to cover, constant only
+        self.allow = models if skew == 0 else 1
         self.wall = 0.0                 # the adapter's clock at the current call (a config's "now")
         self.cache = BoundCache()
         self.queries = {}
