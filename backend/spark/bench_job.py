@@ -81,12 +81,13 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
     root = tempfile.mkdtemp(prefix="qf-bench-job-")
     broker = Broker(os.path.join(root, "broker"), "bench", []).start()
     spark = job.session(master, app="qf-bench-job")
-    lat, batches = [], []
+    lat, batches, rebuilt = [], [], []
     state = {"measure_from": None}
 
     def on_batch(batch_id, status, answers, published_at):
         g = status.get("bench", {})
         batches.append((published_at, g.get("records", 0), g.get("batch_records", 0)))
+        rebuilt.append(bool(g.get("rebuilt")))
         if state["measure_from"] is None:
             return
         if floor:
@@ -142,12 +143,19 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
         done_at = batches[-1][0]
         applied = batches[-1][1] - base_records
         in_window = [b for b in batches if t0 <= b[0] <= t1]
+        phases = {}
+        for p in q.recentProgress:
+            if p.timestamp and p.numInputRows:
+                for k, v in p.durationMs.items():
+                    phases.setdefault(k, []).append(v)
         return {"devices": devices, "queries": devices // 10, "protocol": "floor" if floor else "naive",
                 "trigger_s": trigger,
                 "master": master, "offered_per_s": round(offered / (t1 - t0)),
                 "sustained_per_s": round(applied / max(done_at - t0, 1e-9)),
                 "drained": batches[-1][1] >= target, "batches": len(in_window),
                 "batch_median": percentile([b[2] for b in in_window], 0.5) if in_window else 0,
+                "phases_ms": {k: percentile(v, 0.5) for k, v in sorted(phases.items())},
+                "rebuilt": sum(rebuilt), "cache_hits": len(rebuilt) - sum(rebuilt),
                 "answers": len(lat), "p50_s": round(percentile(lat, 0.5), 3), "p99_s": round(percentile(lat, 0.99), 3)}
     finally:
         if q is not None:
@@ -204,6 +212,8 @@ def report(f):
     print("micro-batches while feeding: %d, records per batch median %d" % (f["batches"], f["batch_median"]))
     print("reading -> published answer latency over %d answer changes: p50 %.3f s, p99 %.3f s (target p99 <= %.1f s)"
           % (f["answers"], f["p50_s"], f["p99_s"], TARGET_P99))
+    print("per-batch phases, median ms: %s" % ", ".join("%s %d" % kv for kv in f["phases_ms"].items()))
+    print("group host: cached in the worker %d batches, rebuilt %d" % (f["cache_hits"], f["rebuilt"]))
 
 
 if __name__ == "__main__":

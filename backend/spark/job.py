@@ -83,7 +83,7 @@ def run_batch(host, records, status_sources=False, extra=None):
     for arrival, device, channel, payload, retained in records:
         hostmod.dispatch(host.record(arrival, device, channel, payload, retained), sink)
         last = max(last, arrival)
-    status = hostmod.digest(host, status_sources)
+    status = hostmod.digest(host, status_sources, status_sources)
     status.update(extra or {}, batch_records=len(records), last_arrival=last)
     sink.row("status", body=json.dumps(status))
     return sink.cols
