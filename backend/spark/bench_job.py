@@ -88,7 +88,12 @@ def percentile(xs, p):
 
 
 class _Publisher(job.Publisher):
-    """The job's publisher, waiting longer for acks: the births of a big fleet send a config each."""
+    """The job's publisher, waiting longer for acks (the births of a big fleet send a config each) and
+    dropping the downlinks of the silent registered devices (no agent listens to them)."""
+
+    def publish(self, topic, payload, qos, retain=False):
+        if "/d/r" not in topic:
+            job.Publisher.publish(self, topic, payload, qos, retain)
 
     def flush(self, timeout=900.0):
         job.Publisher.flush(self, timeout)

@@ -20,6 +20,7 @@ once the journal holds ``snapshot_records`` records, and at least one per source
 fleet's size, so its cadence follows the fleet and its cost per record stays constant, while every
 other batch costs only its own records (a journal append).
 """
+import gc
 import os
 import pickle
 
@@ -91,6 +92,20 @@ class GroupState:
         token = os.urandom(12).hex()
         self.meta.update((token, count, float(since) if count else 0.0))
         _CACHE[key] = (token, h)
+        _freeze(n)
+
+
+_FROZEN = [0]   # sources held when the worker's heap was last frozen
+
+
+def _freeze(n):
+    """Move the long-lived heap (the cached Hosts) out of the cyclic garbage collector's sight once
+    the fleet has doubled since the last time: a full collection would otherwise walk every source's
+    objects, a pause that grows with the fleet. Frozen objects are still freed by reference counting."""
+    if n > 2 * _FROZEN[0]:
+        gc.collect()
+        gc.freeze()
+        _FROZEN[0] = n
 
 
 def forget():
