@@ -304,10 +304,11 @@ class Host:
     def _missing(self, spec):
         """Sources of ``spec`` not born (nor declared) yet; ``["all"]`` while no source is known."""
         srcs = spec.get("sources", "all")
-        known = set(self.coord.cache.sources).union(self.coord.declared)
+        born = self.coord.cache.sources
         if srcs == "all":
-            return [] if known else ["all"]
-        return [s for s in srcs if isinstance(s, str) and s not in known] if isinstance(srcs, list) else []
+            return [] if born or self._declared else ["all"]
+        return [s for s in srcs if isinstance(s, str) and s not in born and s not in self._declared] \
+            if isinstance(srcs, list) else []
 
     def _add(self, now, qid, spec):
         missing = self._missing(spec)
@@ -350,15 +351,15 @@ class Host:
         return len(self._declared) + self._extra
 
 
-def digest(host, sources=True):
+def digest(host, sources=True, queries=True):
     """A JSON-able digest of a host (or of a bare ``Coordinator``: its own part only): clock, counters,
-    latest answers and (optionally) every source's mirrored filter. Two hosts that took the same
-    records have equal digests."""
+    (optionally) the latest answers and every source's mirrored filter. Two hosts that took the same
+    records have equal digests. Without ``sources`` and ``queries`` its cost does not grow with the fleet."""
     coord = getattr(host, "coord", host)
     d = {"clock": coord.clock if math.isfinite(coord.clock) else None, "stats": dict(coord.stats),
-         "sources_known": len(coord.cache.sources),
-         "online": sum(1 for s in coord.cache.sources.values() if s.online),
-         "queries": {qid: coord.last.get(qid) for qid in sorted(coord.queries)}}
+         "sources_known": len(coord.cache.sources), "online": coord.cache.up}
+    if queries:
+        d["queries"] = {qid: coord.last.get(qid) for qid in sorted(coord.queries)}
     if host is not coord:
         d.update(records=host.records, pending=sorted(host.pending), host_stats=dict(host.stats),
                  protocol=host.settings["protocol"], now=host.now if math.isfinite(host.now) else None)

@@ -8,6 +8,11 @@ processing-time trigger. Protocol ``naive`` with λ = 0, so every report changes
 the latency of a report is the time its batch's answers were published minus its reading time.
 Workload: ``--devices`` single-source devices, one sum query per 10 sources.
 
+``--register N`` adds N silent devices held in state (born, in no query) to show that per-batch cost
+does not follow the fleet; the job snapshots its state after the births and prints the state bytes per
+source. Each run also prints Spark's per-batch phases (``durationMs``), the Python worker's time per
+batch (host and state store) and whether the group's Host was found cached in the worker.
+
 ``--floor`` runs Spark's own floor instead: a no-op ``transformWithStateInPandas`` (reads the rows,
 keeps a ValueState counter, emits one status row) over the same source, trigger, offered rate and
 sink, whose latency is measured on an even sample of each batch's arrival times. ``--compare`` runs
@@ -59,8 +64,14 @@ def floor_processor():
     return Floor()
 
 
-def births(devices, now):
+def births(devices, now, register=0):
+    """Births of ``devices`` reporting devices and ``register`` silent ones (``r<i>``, source ``x<i>``,
+    in state but in no query), then one sum query per 10 reporting sources."""
     out = []
+    for d in range(register):
+        out.append((now, topics.device("bench", "r%d" % d, "state"), codec.encode("birth", {
+            "seq": 1, "t": now, "boot": 1, "fw": "bench", "caps": 0, "first": 0,
+            "sources": [{"name": "x%d" % d, "epoch": 0, "width": 0.0, "v": 100.0}]})))
     for d in range(devices):
         out.append((now, topics.device("bench", "d%d" % d, "state"), codec.encode("birth", {
             "seq": 1, "t": now, "boot": 1, "fw": "bench", "caps": 0, "first": 0,
@@ -76,17 +87,35 @@ def percentile(xs, p):
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
 
 
-def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="local[*]", floor=False):
+class _Publisher(job.Publisher):
+    """The job's publisher, waiting longer for acks (the births of a big fleet send a config each) and
+    dropping the downlinks of the silent registered devices (no agent listens to them)."""
+
+    def publish(self, topic, payload, qos, retain=False):
+        if "/d/r" not in topic:
+            job.Publisher.publish(self, topic, payload, qos, retain)
+
+    def flush(self, timeout=900.0):
+        job.Publisher.flush(self, timeout)
+
+
+def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="local[*]", floor=False,
+            register=0):
     """Feed ``rate`` reports/s for ``seconds`` through the job (or Spark's floor); return the figures."""
     root = tempfile.mkdtemp(prefix="qf-bench-job-")
     broker = Broker(os.path.join(root, "broker"), "bench", []).start()
     spark = job.session(master, app="qf-bench-job")
-    lat, batches = [], []
+    lat, batches, rebuilt, snaps, worker = [], [], [], [], []
     state = {"measure_from": None}
 
     def on_batch(batch_id, status, answers, published_at):
         g = status.get("bench", {})
         batches.append((published_at, g.get("records", 0), g.get("batch_records", 0)))
+        rebuilt.append(bool(g.get("rebuilt")))
+        if g.get("snapshot_bytes"):
+            snaps.append((g["snapshot_bytes"], g["sources_known"]))
+        if state["measure_from"] is not None and "host_s" in g:
+            worker.append((g["host_s"], g["store_s"]))
         if state["measure_from"] is None:
             return
         if floor:
@@ -96,16 +125,17 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
         else:
             lat.extend(published_at - t for t in answers.column("time").to_pylist() if t >= state["measure_from"])
 
-    pub = job.Publisher(broker.host, broker.port, "backend", broker.credentials("backend")[1], "qf-bench-job")
+    pub = _Publisher(broker.host, broker.port, "backend", broker.credentials("backend")[1], "qf-bench-job")
     spool = Spool(os.path.join(root, "spool"), fsync="never")
     q = None
     try:
-        spool.append(births(devices, time.time()))
-        q = job.start(spark, spool.path, os.path.join(root, "out"), "bench",
-                      host.settings(protocol="naive", period=10.0, latency=0.0), publisher=pub,
+        spool.append(births(devices, time.time(), register))
+        settings = host.settings(protocol="naive", period=10.0, latency=0.0)
+        # the job snapshots its state after the births (so the state bytes per source are known)
+        processor = floor_processor() if floor else job._processor_class()(settings, snapshot_records=devices + register)
+        q = job.start(spark, spool.path, os.path.join(root, "out"), "bench", settings, publisher=pub,
                       trigger=trigger, on_batch=on_batch,
-                      source_options={"minPartitionRecords": 4096, "maxPartitions": 2},
-                      processor=floor_processor() if floor else None)
+                      source_options={"minPartitionRecords": 4096, "maxPartitions": 2}, processor=processor)
         while not batches:                                   # wait for the first batch (start-up)
             time.sleep(0.1)
         seq = [1] * devices
@@ -142,12 +172,21 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
         done_at = batches[-1][0]
         applied = batches[-1][1] - base_records
         in_window = [b for b in batches if t0 <= b[0] <= t1]
-        return {"devices": devices, "queries": devices // 10, "protocol": "floor" if floor else "naive",
+        phases = {}
+        for p in q.recentProgress:
+            if p.timestamp and p.numInputRows:
+                for k, v in p.durationMs.items():
+                    phases.setdefault(k, []).append(v)
+        return {"devices": devices, "registered": register, "queries": devices // 10,
+                "snapshot_bytes": snaps[-1][0] if snaps else None, "snapshot_sources": snaps[-1][1] if snaps else None,
+                "worker_ms": [round(1000 * percentile([w[i] for w in worker], 0.5), 1) for i in (0, 1)] if worker else None, "protocol": "floor" if floor else "naive",
                 "trigger_s": trigger,
                 "master": master, "offered_per_s": round(offered / (t1 - t0)),
                 "sustained_per_s": round(applied / max(done_at - t0, 1e-9)),
                 "drained": batches[-1][1] >= target, "batches": len(in_window),
                 "batch_median": percentile([b[2] for b in in_window], 0.5) if in_window else 0,
+                "phases_ms": {k: percentile(v, 0.5) for k, v in sorted(phases.items())},
+                "rebuilt": sum(rebuilt), "cache_hits": len(rebuilt) - sum(rebuilt),
                 "answers": len(lat), "p50_s": round(percentile(lat, 0.5), 3), "p99_s": round(percentile(lat, 0.99), 3)}
     finally:
         if q is not None:
@@ -169,6 +208,7 @@ def main(argv=None):
     ap.add_argument("--rate", type=int, default=TARGET_RATE, help="offered reports/s")
     ap.add_argument("--seconds", type=float, default=30.0, help="measured feeding time")
     ap.add_argument("--devices", type=int, default=2000)
+    ap.add_argument("--register", type=int, default=0, help="silent devices also held in state (one source each)")
     ap.add_argument("--trigger", type=float, default=0.25, help="processing-time trigger in seconds")
     ap.add_argument("--master", default="local[*]")
     mode = ap.add_mutually_exclusive_group()
@@ -179,7 +219,7 @@ def main(argv=None):
     runs = [True] if args.floor else [True, False] if args.compare else [False]
     ref = {"sustained_per_s": args.floor_ref} if args.floor_ref else None
     for floor in runs:
-        f = measure(args.rate, args.seconds, args.devices, args.trigger, args.master, floor)
+        f = measure(args.rate, args.seconds, args.devices, args.trigger, args.master, floor, args.register)
         report(f)
         if floor:
             ref = f
@@ -194,8 +234,8 @@ def main(argv=None):
 def report(f):
     if f["protocol"] == "floor":
         print("Spark floor: no-op transformWithStateInPandas (ValueState counter, one status row per batch)")
-    print("workload: %d single-source devices, %d sum queries of 10 sources, protocol naive, lambda 0"
-          % (f["devices"], f["queries"]))
+    print("workload: %d single-source devices, %d sum queries of 10 sources, protocol naive, lambda 0%s"
+          % (f["devices"], f["queries"], ", %d silent devices registered" % f["registered"] if f["registered"] else ""))
     print("trigger interval: %.2f s, master %s, spark.sql.shuffle.partitions 1, RocksDB state store"
           % (f["trigger_s"], f["master"]))
     print("offered: %d reports/s" % f["offered_per_s"])
@@ -204,6 +244,13 @@ def report(f):
     print("micro-batches while feeding: %d, records per batch median %d" % (f["batches"], f["batch_median"]))
     print("reading -> published answer latency over %d answer changes: p50 %.3f s, p99 %.3f s (target p99 <= %.1f s)"
           % (f["answers"], f["p50_s"], f["p99_s"], TARGET_P99))
+    print("per-batch phases, median ms: %s" % ", ".join("%s %d" % kv for kv in f["phases_ms"].items()))
+    print("group host: cached in the worker %d batches, rebuilt %d" % (f["cache_hits"], f["rebuilt"]))
+    if f["worker_ms"]:
+        print("python worker per batch, median ms: host %.1f, state store %.1f" % tuple(f["worker_ms"]))
+    if f["snapshot_bytes"]:
+        print("state: snapshot %d bytes for %d sources = %d bytes per source"
+              % (f["snapshot_bytes"], f["snapshot_sources"], f["snapshot_bytes"] // max(1, f["snapshot_sources"])))
 
 
 if __name__ == "__main__":

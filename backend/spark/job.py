@@ -88,7 +88,7 @@ def run_batch(host, records, status_sources=False, extra=None):
     for arrival, device, channel, payload, retained in records:
         hostmod.dispatch(host.record(arrival, device, channel, payload, retained), sink)
         last = max(last, arrival)
-    status = hostmod.digest(host, status_sources)
+    status = hostmod.digest(host, status_sources, status_sources)
     status.update(extra or {}, batch_records=len(records), last_arrival=last)
     sink.row("status", body=json.dumps(status))
     return sink.cols
@@ -116,8 +116,13 @@ def _processor_class():
             host, journal, rebuilt = self.state.load(key[0])
             records = list(zip(pdf["arrival"].tolist(), pdf["device"].tolist(), pdf["channel"].tolist(),
                                pdf["payload"].tolist(), pdf["retained"].tolist()))
+            t = time.perf_counter()
             cols = run_batch(host, records, self.status_sources, {"rebuilt": rebuilt})
+            t1 = time.perf_counter()
             self.state.store(key[0], host, records, journal)
+            status = json.loads(cols["body"][-1])
+            status.update(host_s=t1 - t, store_s=time.perf_counter() - t1, snapshot_bytes=self.state.snapshot_bytes)
+            cols["body"][-1] = json.dumps(status)
             cols["grp"] = key[0]
             cols["seq"] = range(len(cols["kind"]))
             yield pd.DataFrame(cols)

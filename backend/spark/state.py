@@ -15,8 +15,12 @@ otherwise (another worker, a restart, a batch replayed after a crash, whose stor
 version) it rebuilds: unpickle the snapshot and replay the journal, which yields the same Host the
 uninterrupted run had. The cache entry is taken out while a batch runs, so a batch that fails half
 way never leaves a half-applied Host behind. A new snapshot is written (and the journal cleared)
-once the journal holds ``snapshot_records`` records or spans ``snapshot_seconds`` of arrival time.
+once the journal holds ``snapshot_records`` records, and at least one per source, or spans
+``snapshot_seconds`` of arrival time and holds one record per 8 sources: a snapshot costs the
+fleet's size, so its cadence follows the fleet and its cost per record stays constant, while every
+other batch costs only its own records (a journal append).
 """
+import gc
 import os
 import pickle
 
@@ -45,6 +49,7 @@ class GroupState:
         self.settings = settings
         self.snapshot_records = snapshot_records
         self.snapshot_seconds = snapshot_seconds
+        self.snapshot_bytes = None          # size of the snapshot the last ``store`` wrote (None: none)
 
     def load(self, key):
         """``(Host, (journal records, first arrival), rebuilt)``: the group's Host as the store describes it."""
@@ -72,17 +77,35 @@ class GroupState:
         if records and since is None:
             since = records[0][0]
         count += len(records)
-        if count >= self.snapshot_records or (records and max(r[0] for r in records) - since >= self.snapshot_seconds):
+        n = len(h.coord.cache.sources)
+        self.snapshot_bytes = None
+        if count >= max(self.snapshot_records, n) or (
+                records and max(r[0] for r in records) - since >= self.snapshot_seconds and 8 * count >= n):
             blob = pickle.dumps(h, protocol=pickle.HIGHEST_PROTOCOL)
             self.snap.put([(blob[i:i + CHUNK],) for i in range(0, len(blob), CHUNK)])
             self.journal.clear()
             count, since = 0, None
+            self.snapshot_bytes = len(blob)
         elif records:
             self.journal.appendList([(pickle.dumps(records[i:i + JOURNAL_ROW], protocol=pickle.HIGHEST_PROTOCOL),)
                                      for i in range(0, len(records), JOURNAL_ROW)])
         token = os.urandom(12).hex()
         self.meta.update((token, count, float(since) if count else 0.0))
         _CACHE[key] = (token, h)
+        _freeze(n)
+
+
+_FROZEN = [0]   # sources held when the worker's heap was last frozen
+
+
+def _freeze(n):
+    """Move the long-lived heap (the cached Hosts) out of the cyclic garbage collector's sight once
+    the fleet has doubled since the last time: a full collection would otherwise walk every source's
+    objects, a pause that grows with the fleet. Frozen objects are still freed by reference counting."""
+    if n > 2 * _FROZEN[0]:
+        gc.collect()
+        gc.freeze()
+        _FROZEN[0] = n
 
 
 def forget():

@@ -22,10 +22,10 @@ from edge.core.predict import LineFilter, horizon
 
 
 class Source:
-    __slots__ = ("key", "device", "index", "filt", "old", "prior", "online", "reports", "last_t", "value", "unit",
-                 "due")
+    __slots__ = ("key", "device", "index", "filt", "old", "prior", "online", "_n", "_period", "clock", "last_t",
+                 "value", "unit", "due")
 
-    def __init__(self, key, device, index, width, epoch, single=False, unit=1):
+    def __init__(self, key, device, index, width, epoch, single=False, unit=1, clock=None):
         self.key = key
         self.device = device
         self.index = index
@@ -35,9 +35,19 @@ class Source:
         self.old = []          # mirrors of states the device may still be in
         self.prior = []        # (until, mirror): states the device may have been in until then
         self.online = True
-        self.reports = 0       # reports received in the current adjustment period
+        self.clock = clock or [0]      # the cache's period counter (shared by every source)
+        self._n, self._period = 0, self.clock[0]
         self.last_t = None     # event time of the last report
         self.value = None      # last reported value
+
+    @property
+    def reports(self):
+        """Reports received in the current adjustment period (a new period zeroes it in O(1))."""
+        return self._n if self._period == self.clock[0] else 0
+
+    @reports.setter
+    def reports(self, n):
+        self._n, self._period = n, self.clock[0]
 
 
 def _member(f, rng):
@@ -58,10 +68,22 @@ class BoundCache:
         self.sources = {}
         self.now = -math.inf    # the time (s) ``known`` answers for
         self.due = []           # heap of (time, key): refreshes of linear sources' statements
+        self.clock = [0]        # adjustment periods begun; a source's ``reports`` count the current one
+        self.up = 0             # sources online
+
+    def new_period(self):
+        """Start an adjustment period: every source's ``reports`` reads 0 (O(1), whatever the fleet)."""
+        self.clock[0] += 1
+
+    def set_online(self, key, online):
+        s = self.sources[key]
+        self.up += bool(online) - s.online
+        s.online = bool(online)
 
     def add(self, key, device, index, width, epoch, value=None, single=False, unit=1):
         """Mirror a new source; ``single``: the device computes in float32; ``unit``: its time units per s."""
-        s = Source(key, device, index, width, epoch, single, unit)
+        s = Source(key, device, index, width, epoch, single, unit, self.clock)
+        self.up += 1
         if value is not None:
             s.filt.recenter(value)
             s.value = value

@@ -32,6 +32,17 @@ _TICK = 0      # event order within one timestamp: uplinks, then the adjustment 
 _UP = UP
 
 
+class _Known:
+    """Membership of the sources a query may name (born or declared), in O(1)."""
+    __slots__ = ("coord",)
+
+    def __init__(self, coord):
+        self.coord = coord
+
+    def __contains__(self, key):
+        return key in self.coord.cache.sources or key in self.coord.declared_set
+
+
 class Coordinator(Resync):
     def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, lazy=True, incarnation=0,
                  models=1, skew=0.0):
@@ -80,7 +91,7 @@ class Coordinator(Resync):
     def add_query(self, spec, now=None):
         """Register a query; a ``QueryError`` (from the spec or the protocol) leaves nothing behind."""
         self._catch_up(now)
-        q = parse_query(spec, self.all_sources(), self.protocol.kinds)
+        q = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
         if q.id in self.queries:
             raise QueryError("query %s is registered already" % q.id)
         self.segments.check(self, q)
@@ -89,7 +100,7 @@ class Coordinator(Resync):
             self.by_source.setdefault(s, {})[q.id] = None
         self.dirty[q.id] = None
         try:
-            self.protocol.queries_changed(self, self._now(now))
+            self._changed(q, now)
         except QueryError:
             self.remove_query(q.id, now)
             raise
@@ -104,7 +115,7 @@ class Coordinator(Resync):
         self.dirty.pop(qid, None)
         self.last.pop(qid, None)
         self.running.pop(qid, None)
-        self.protocol.queries_changed(self, self._now(now))
+        self._changed(q, now)
         self.segments.queries_changed(self, self._now(now))
         return self._flush(now)
 
@@ -112,16 +123,27 @@ class Coordinator(Resync):
         self._catch_up(now)
         spec = self.queries[qid].spec()
         spec["precision"] = precision
-        self.queries[qid] = parse_query(spec, self.all_sources(), self.protocol.kinds)
+        self.queries[qid] = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
         self.dirty[qid] = None
-        self.protocol.queries_changed(self, self._now(now))
+        self._changed(self.queries[qid], now)
         return self._flush(now)
 
+    changed = None      # while a query changes: its sources (a local protocol revisits only them)
+
+    def _changed(self, q, now):
+        self.changed = q.sources
+        try:
+            self.protocol.queries_changed(self, self._now(now))
+        finally:
+            self.changed = None
+
     declared = ()
+    declared_set = frozenset()
 
     def declare_sources(self, keys):
         """Sources (in order) that queries may name before their devices have been born."""
         self.declared = tuple(keys)
+        self.declared_set = frozenset(self.declared)
 
     def all_sources(self):
         """Declared sources in their order, then any other born source in birth order."""
@@ -266,7 +288,7 @@ class Coordinator(Resync):
         if d["online"] != online:
             d["online"] = online
             for key in d["keys"]:
-                self.cache.sources[key].online = online
+                self.cache.set_online(key, online)
                 if not online:
                     self.segments.offline(key, self.clock)
                 self.models.set_online(key, online, self.clock)
@@ -380,8 +402,7 @@ class Coordinator(Resync):
             k += 1
         if k > self.tick:
             self.tick = k
-            for s in self.cache.sources.values():
-                s.reports = 0
+            self.cache.new_period()
 
     def _advance(self, now):
         self.wall = now
@@ -417,8 +438,7 @@ class Coordinator(Resync):
                 self.protocol.period(self, t)
                 for key in self.models.off_since:    # offline widening grows with time
                     self._touch(key)
-                for s in self.cache.sources.values():
-                    s.reports = 0
+                self.cache.new_period()
             self._answers(t)
 
     def _flush(self, now):

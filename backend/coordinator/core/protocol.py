@@ -11,12 +11,18 @@ class Protocol:
     name = "protocol"
     kinds = AGGREGATES
     shrinks = False                    # whether the coordinator runs periodic shrinking
+    local = False                      # a source's target depends only on the queries over it
 
     def source_added(self, coord, key):
         self.apply(coord, key)
 
     def queries_changed(self, coord, now):
-        for key in coord.cache.sources:
+        """Re-apply targets: of every source, or (``local``) of the changed query's sources only, so
+        a query change costs the query's size, not the fleet's."""
+        keys = coord.cache.sources
+        if self.local and coord.changed is not None:
+            keys = [k for k in coord.changed if k in keys]
+        for key in keys:
             self.apply(coord, key)
 
     def resync(self, coord, key, want):

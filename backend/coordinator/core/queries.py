@@ -39,12 +39,16 @@ def _number(v, what, qid):
     return float(v)
 
 
-def parse_query(spec, all_sources, kinds=AGGREGATES):
+def parse_query(spec, all_sources, kinds=AGGREGATES, known=None):
     """Validate a query dict from a workload file or a spec topic; return a Query.
 
-    ``all_sources`` is ordered: ``"sources": "all"`` expands in that order (weights follow it)."""
-    all_sources = list(all_sources)
-    known_sources = set(all_sources)
+    ``all_sources`` is ordered: ``"sources": "all"`` expands in that order (weights follow it). With
+    ``known`` (a container of every source) it may be a function giving them, called only for ``"all"``,
+    so a query naming its sources costs its own size, not the fleet's."""
+    if known is None:
+        all_sources = list(all_sources)
+        known = set(all_sources)
+    known_sources = known
     if not isinstance(spec, dict):
         raise QueryError("a query must be an object, got %r" % (spec,))
     qid = spec.get("id")
@@ -55,7 +59,7 @@ def parse_query(spec, all_sources, kinds=AGGREGATES):
         raise QueryError("query %s: kind must be one of %s, got %r" % (qid, ", ".join(kinds), kind))
     srcs = spec.get("sources", "all")
     if srcs == "all":
-        srcs = list(all_sources)
+        srcs = list(all_sources() if callable(all_sources) else all_sources)
     if not isinstance(srcs, list) or not srcs or not all(isinstance(s, str) for s in srcs):
         raise QueryError("query %s: sources must be \"all\" or a non-empty list of source ids" % qid)
     if len(set(srcs)) != len(srcs):

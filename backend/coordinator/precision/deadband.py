@@ -8,6 +8,7 @@ from backend.coordinator.core.protocol import Protocol, range_constraints
 class Naive(Protocol):
     """Send every reading: width 0 everywhere, so every change is reported."""
     name = "naive"
+    local = True
 
     def target(self, coord, key):
         return 0.0, []
@@ -16,6 +17,7 @@ class Naive(Protocol):
 class Deadband(Protocol):
     """Static uniform allocation: each source gets the narrowest uniform share of its queries."""
     name = "deadband"
+    local = True
 
     def target(self, coord, key):
         width = math.inf
