@@ -274,3 +274,20 @@ def test_a_new_run_after_one_that_died_blind_starts_linked():
     assert [(a[1], codec.decode(a[2])[0]) for a in out if a[0] == "down"] == [("d1", "rebirth"), ("d2", "rebirth")]
     assert not h.blind and h.coord.inc == 7
     assert h.record(9.0, None, "inc", b"x7") == [] and h.stats["foreign"] == 1 and h.coord.inc == 7
+
+
+def test_reports_from_a_device_not_born_yet_ask_for_one_birth_not_one_per_report():
+    """Each rebirth request makes the device send a new birth whose token voids the controls answering
+    the previous one; a request per early report kept a live device from ever taking a control."""
+    h = Host(host.settings(protocol="deadband", latency=0.5))
+    agent = Agent("dev", ["a"], boot=3)
+    agent.handle_sample(0.0, 0, 1.0)
+    agent.start(0.0)
+    asks = []
+    for k in range(40):                  # 4 s of reports before the birth reaches this backend
+        t = k / 10
+        for _, p in agent.handle_sample(t, 0, float(k)):
+            asks += [a for a in h.record(t, "dev", "up", p) if a[0] == "down" and codec.decode(a[2])[0] == "rebirth"]
+    assert 1 <= len(asks) <= 3           # once per λ + 1 s = 1.5 s
+    births = [p for a in asks for _, p in agent.handle_message(4.0, a[2])]
+    assert len(births) == len(asks)

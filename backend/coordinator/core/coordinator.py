@@ -158,6 +158,15 @@ class Coordinator(Resync):
     def _now(self, now):
         return self.clock if now is None else now
 
+    def _ask_birth(self, device, now):
+        """Ask a device we have no birth from for one, once per λ + 1 s: every request makes it send a
+        new birth, whose token voids the controls answering the one before, so a request per early
+        report would keep it from ever taking a control."""
+        d = self._device(device)
+        if d.get("asked") is None or now - d["asked"] >= self.latency + 1.0:
+            d["asked"] = now
+            self.send(device, "rebirth", {})
+
     def _device(self, device):
         d = self.devices.get(device)
         if d is None:
@@ -244,15 +253,13 @@ class Coordinator(Resync):
         if kind == "birth":
             if retained:
                 # A retained birth may be stale (we restarted): ask the device for a fresh one.
-                self._device(device)
-                self.send(device, "rebirth", {})
+                self._ask_birth(device, now)
                 return self._advance(now)
             self.unit[device] = 1000 if m["caps"] & CAP_MS else 1
         elif rx is None:
             self.stats["unknown_device"] += 1
             self.integrity.dropped(device, m["seq"])
-            self._device(device)
-            self.send(device, "rebirth", {})
+            self._ask_birth(device, now)
             return self._advance(now)
         if kind == "line" and self.unit.get(device) == 1000:
             m["td"], m["gap"] = int(m["t"]), int(m["gap"])  # integer ms, as the device computed with them
