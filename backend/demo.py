@@ -147,8 +147,8 @@ def _fmt(a):
 
 
 def violations(queries, readings, answers, end):
-    """Check every answer change against the agents' ground truth; returns {query: (violations,
-    violation seconds, degraded seconds)}. ``readings``: [(t, source, value)] of every agent."""
+    """Check every answer change against the agents' ground truth, honouring revoked windows as the
+    simulator's checker does; returns {query: (violations, violation seconds, degraded seconds)}. ``readings``: [(t, source, value)] of every agent."""
     sources = sorted({s for _, s, _ in readings})
     truth = truth_mod.Truth(sources)
     qs = [parse_query(q, set(sources)) for q in queries]
@@ -166,6 +166,8 @@ def violations(queries, readings, answers, end):
     out = {}
     for q in qs:
         mine = [(a["time"], a["lo"], a["hi"], a["degraded"]) for a in answers if a["query"] == q.id and a["time"] <= end]
+        revoked = [a["revoked"] for a in answers if a["query"] == q.id and "revoked" in a]
+        mine = truth_mod.revoke(mine, revoked)      # answers withdrawn later count as degraded (issue #20)
         v, vt, _, dt = truth_mod.check(truth.tracks[q.id].timeline, mine, q.precision, end)
         out[q.id] = (v, vt, dt)
     return out
