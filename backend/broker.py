@@ -138,7 +138,7 @@ class Broker:
             # saves at the end of its main loop, after that loop's PUBACKs went out (no setting saves
             # before acknowledging), so a SIGKILL loses at most what it acknowledged in its last loop:
             # that instant lies in the live coordinator's link loss (gone from λ before it) and every device
-            # re-centres with its birth after the restart (tests/live/test_faults.py)
+            # re-centres with its birth after the restart (tests/live/test_live_faults.py)
             "autosave_on_changes true",
             "autosave_interval 1",
             "log_dest stderr",
