@@ -218,13 +218,12 @@ def coordinator_main(args):
     except (OSError, ValueError, KeyError) as e:
         print("quietfleet coordinator: %s" % e, file=sys.stderr)
         return 2
+    # Ctrl-C and SIGTERM stop the loop at its next turn (at most MAX_WAIT): a KeyboardInterrupt raised
+    # inside paho (say, mid-reconnect to a broker that is gone) could leave the client unable to close
     signal.signal(signal.SIGTERM, lambda *_: live.stop())
+    signal.signal(signal.SIGINT, lambda *_: live.stop())
     print("coordinator for fleet %s on %s:%d (%s); answers on %s" % (cred["fleet"], cred["host"], cred["port"],
           host.settings["protocol"], topics.query(cred["fleet"], "<id>", "answer")), flush=True)
-    try:
-        stats = live.run()
-    except KeyboardInterrupt:
-        live.close()
-        stats = live.counters()
+    stats = live.run()
     print(json.dumps({"stats": stats}))
     return 0
