@@ -35,11 +35,12 @@ def _finite(v):
 def current(inc, kind, got):
     """Whether a control of backend incarnation ``got`` may be applied by a device configured by
     incarnation ``inc`` (None: none since its latest birth): one of ``inc`` itself, or a config (or
-    ``setup``, or a request for a birth) of a later run (32-bit serial order, RFC 1982), which the device then adopts. A replayed control of an
-    earlier run, config or not, is dropped."""
+    ``setup``, or a request for a birth) of a later run (32-bit serial order, RFC 1982), which the
+    device then adopts. A replayed control of an earlier run, config or not, is dropped."""
     if got == inc:
         return True
-    return (kind == "config" or kind == "setup" or kind == "rebirth") and (inc is None or 0 < (got - inc) & 0xFFFFFFFF < 0x80000000)
+    later = inc is None or 0 < (got - inc) & 0xFFFFFFFF < 0x80000000
+    return (kind == "config" or kind == "setup" or kind == "rebirth") and later
 
 
 def fresh(top, seen, seq):
@@ -220,15 +221,14 @@ class Agent:
     def _apply(self, now, kind, m):
         if codec.SCHEMAS[kind][1] != "down":
             raise ValueError("not a control message")
-        if kind == "rebirth":       # any birth may be asked for, but not by an earlier backend run
-            if not current(self.inc, kind, m["inc"]):
-                self.stats["stale"] += 1
-                return []
-            return self._start(now)
-        config = kind == "config" or kind == "setup"
-        if m["to"] != self.token or not current(self.inc, kind, m["inc"]):
+        # a birth may be asked for whatever birth the backend saw last; every control must come from
+        # a current backend run, and all but a rebirth must answer our latest birth
+        if not current(self.inc, kind, m["inc"]) or (kind != "rebirth" and m["to"] != self.token):
             self.stats["stale"] += 1    # sent before our latest birth, or by an earlier backend run
             return []
+        if kind == "rebirth":
+            return self._start(now)
+        config = kind == "config" or kind == "setup"
         if config and m["inc"] != self.inc:
             self.inc, self.top, self.seen = m["inc"], None, 0
         if not self._fresh(m["seq"]):
