@@ -163,7 +163,7 @@ class Coordinator(Resync):
         new birth, whose token voids the controls answering the one before, so a request per early
         report would keep it from ever taking a control."""
         d = self._device(device)
-        if d.get("asked") is None or now - d["asked"] >= self.latency + 1.0:
+        if d["asked"] is None or now - d["asked"] >= self.latency + 1.0:
             d["asked"] = now
             self.send(device, "rebirth", {})
 
@@ -171,7 +171,7 @@ class Coordinator(Resync):
         d = self.devices.get(device)
         if d is None:
             d = self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False,
-                                        "to": 0, "single": False, "inc": None, "lines": False}
+                                        "to": 0, "single": False, "inc": None, "lines": False, "asked": None}
         return d
 
     def schedule_ms(self):
