@@ -227,6 +227,16 @@ class Fleet:
         self.devices[name] = Device(kind, name, proc, truth, path)
         return self.devices[name]
 
+    def tail(self, name, n=400):
+        """The last ``n`` characters of device ``name``'s log (its stderr), read while it runs."""
+        try:
+            with open(os.path.join(self.folder, "%s.log" % name), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - n))
+                return f.read().decode("utf-8", "replace")
+        except OSError as e:
+            return "(no log: %s)" % e
+
     def start_all(self, micropython=0, cpython=0, arm64=0, seed=1, step=0.5, start=20.0, trace=None, microbit=0):
         """Start a fleet: one random-walk source ``s_<device>`` per device (or rows of a CSV ``trace``)."""
         if microbit:

@@ -57,3 +57,21 @@ def all_online(live, names):
     """Whether the live coordinator holds every device of ``names`` online."""
     devs = dict(live.coord.devices)
     return all(n in devs and devs[n]["online"] for n in names)
+
+
+def offline(live, fleet, broker, names):
+    """Why ``all_online`` is false: each device not online, the coordinator's record of it, whether
+    its process runs and the tail of its output (read without stopping it)."""
+    devs = dict(live.coord.devices)
+    out = []
+    for n in names:
+        if n in devs and devs[n]["online"]:
+            continue
+        d = fleet.devices[n]
+        rec = {k: devs[n][k] for k in ("boot", "seq", "online", "asked", "inc")} if n in devs else None
+        with open(broker.log, "rb") as f:
+            seen = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if " %s " % n in ln + " "]
+        out.append("%s: record %s, process %s, log %r, broker %r" % (
+            n, rec, "running" if d.proc.poll() is None else "exited %s" % d.proc.returncode, fleet.tail(n),
+            seen[-6:]))
+    return "; ".join(out) + "; coordinator stats %s" % (dict(live.coord.stats),)

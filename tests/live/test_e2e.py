@@ -71,7 +71,9 @@ def test_mixed_fleet_answers_hold_and_match_the_simulator(fleet_env, tmp_path):
     broker, live, answers, t0, specs, fleet, obs = fleet_env(N_MP, N_CPY)
     fleet.start_all(N_MP, N_CPY, seed=5)
     names = list(fleet.devices)
-    fc.wait(lambda: fc.all_online(live, names), 30, "every device's birth")
+    # 40 agents starting at once on 2 cores: under CI load the last births took over 30 s once
+    fc.wait(lambda: fc.all_online(live, names), 60, "every device's birth",
+            lambda: fc.offline(live, fleet, broker, names))
     time.sleep(8)
     end = time.time() - 2 * fc.LATENCY          # answers up to here are final
     stats = fleet.stop_all()
@@ -98,7 +100,8 @@ def test_faults_lose_nothing_and_degrade_answers_while_sources_are_unreachable(f
     broker, live, answers, t0, specs, fleet, obs = fleet_env(3, 3, keepalive=1)
     fleet.start_all(3, 3, seed=9)
     names = list(fleet.devices)
-    fc.wait(lambda: fc.all_online(live, names), 20, "every device's birth")
+    fc.wait(lambda: fc.all_online(live, names), 20, "every device's birth",
+            lambda: fc.offline(live, fleet, broker, names))
     time.sleep(1.0)
 
     def degraded_since(t):
@@ -161,7 +164,8 @@ def test_fleet_with_an_arm64_agent_under_qemu_and_heap_limited_micropython_agent
     broker, live, answers, t0, specs, fleet, obs = fleet_env(4, 1, na=1)
     fleet.start_all(micropython=4, cpython=1, arm64=1, seed=3)
     names = list(fleet.devices)
-    fc.wait(lambda: fc.all_online(live, names), 40, "every device's birth (the ARM64 one starts in ~4 s)")
+    fc.wait(lambda: fc.all_online(live, names), 40, "every device's birth (the ARM64 one starts in ~4 s)",
+            lambda: fc.offline(live, fleet, broker, names))
     time.sleep(5)
     end = time.time() - 2 * fc.LATENCY
     stats = fleet.stop_all()

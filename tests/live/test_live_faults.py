@@ -71,7 +71,8 @@ def env(tmp_path):
         fleet = made["fleet"] = Fleet(via if proxy == "agents" else broker, str(tmp_path / "fleet"), width=4.0,
                                       keepalive=KEEPALIVE)
         fleet.start_all(nm, nc, seed=11, step=step)
-        fc.wait(lambda: fc.all_online(live, [n for _, n in names]), 30, "every device's birth")
+        fc.wait(lambda: fc.all_online(live, [n for _, n in names]), 30, "every device's birth",
+                lambda: fc.offline(live, fleet, broker, [n for _, n in names]))
         return broker, live, answers, specs, fleet, obs, made.get("proxy")
 
     yield make
