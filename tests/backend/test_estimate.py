@@ -5,6 +5,7 @@ import pickle
 import numpy as np
 import pytest
 
+from backend import bench, traces
 from backend.coordinator import protocols
 from backend.coordinator.core.queries import parse_query
 from backend.coordinator.precision import estimate, optimal
@@ -112,6 +113,37 @@ def test_the_guard_backs_off_where_reallocating_loses(tmp_path):
     assert total(unguarded) > 1.05 * uniform                 # the estimate lags the swaps: a real loss
     assert guarded["protocol_stats"]["backoffs"] >= 1
     assert total(guarded) <= uniform + 200                   # 8 sources, a few back-off episodes
+
+
+@pytest.mark.parametrize("case", ["seismic-rjob", "great-lakes", "mixed-aggregates", "query-mix-20"])
+def test_default_sends_no_more_than_deadband(tmp_path, case):
+    # the no-regret guarantee against the oracle of a deadband run on the same data: real traces (3 seismometer
+    # channels whose rates differ by no more than noise; yearly lake levels) and bench workloads with sources
+    # that report every reading (binary walks whose step exceeds the width)
+    spec = dict(bench.workloads(1.0, data_dir=str(tmp_path))).get(case)
+    if spec is None:
+        spec = traces.workload(traces.convert(str(tmp_path), [case], log=lambda *a: None)[0], str(tmp_path), None)
+    total = lambda r: r["messages"]["up"] + r["messages"]["down"]
+    uniform = engine.run(dict(spec, protocol="deadband"))
+    ours = engine.run(dict(spec, protocol="adaptive"))
+    assert ours["violations"] == uniform["violations"] == 0
+    assert total(ours) <= total(uniform)
+
+
+def test_rates_that_differ_by_no_more_than_noise_are_pooled():
+    # empirical Bayes: sources with one true rate get k = ∞ (all at the mean); spread rates keep theirs
+    rng = np.random.default_rng(5)
+    alike, apart = [], []
+    for i in range(12):
+        for sts, v in ((alike, 1.0), (apart, 4.0 ** (i % 4))):
+            st = estimate._Source(0.0, 1.0)
+            for gap in rng.exponential(1.0 / v, 32):
+                st.e[0] += gap
+                st.n, st.n2 = st.n + 1.0, st.n2 + 1.0
+            sts.append(st)
+    mean = lambda sts: sum(s.n for s in sts) / sum(s.e[0] for s in sts)
+    assert estimate._shrinkage(alike, 0, mean(alike)) == math.inf
+    assert estimate._shrinkage(apart, 0, mean(apart)) < 2.0
 
 
 def _slow_temperatures(tmp_path, days=20, n=6):

@@ -60,10 +60,14 @@ def _fgcd(a, b, tol):
 class _Source:
     """Decayed exit count, exposures per α and Σ log W of one source (exposure accrued up to ``t``),
     and the quantum of its values: readings on a lattice of step q only ever exit whole quanta away."""
-    __slots__ = ("n", "e", "lw", "t", "w", "q", "changes", "last", "dmin", "dmax")
+    __slots__ = ("n", "n2", "e", "lw", "t", "w", "q", "changes", "last", "dmin", "dmax", "rt", "gap", "sat", "jumps", "fresh", "mt")
 
     def __init__(self, t, w):
-        self.n, self.lw, self.t, self.w = 0.0, 0.0, t, w
+        self.n, self.n2, self.lw, self.t, self.w = 0.0, 0.0, 0.0, t, w
+        self.rt, self.gap = None, INF   # reading time of the last report; shortest gap between two reports
+        self.sat = 0.0                  # decayed count of exits at the next reading after a report
+        self.jumps = []                 # the changes those exits reported (newest last, at most ``memory``)
+        self.fresh, self.mt = 0, None   # exits since this rule last moved the width, and when it did
         self.e = [0.0] * len(ALPHAS)
         self.q, self.changes, self.last, self.dmin, self.dmax = 0.0, 0, None, INF, 0.0
 
@@ -98,6 +102,22 @@ class _Source:
             for a, alpha in enumerate(ALPHAS):
                 self.e[a] += dt * w ** -alpha
         self.t = t
+
+
+def _shrinkage(sts, a, mean):
+    """Empirical-Bayes prior (pseudo-reports at the mean rate) for the sources ``sts`` under exponent ``a``:
+    the shape k of a gamma prior on the rates, mean²/τ², with τ² the spread of the measured rates
+    n/e beyond their sampling noise (method of moments). Exits are taken as Poisson in the exposure,
+    the decayed count n carrying n²/Σw² reports' worth of evidence. Rates that differ no more than noise
+    would make them give k = ∞: every source at the mean, so noise moves no width."""
+    spread = noise = 0.0
+    for st in sts:
+        e = st.e[a]
+        if e > 0:
+            spread += (st.n / e - mean) ** 2
+            noise += mean * (st.n2 / st.n if st.n > 0 else 1.0) / e
+    tau2 = (spread - noise) / max(1, len(sts))
+    return mean * mean / tau2 if tau2 > 0 else INF
 
 
 def allocate(rows, weight, alpha, lam=None, iters=20, tol=1e-4):
@@ -152,7 +172,7 @@ class Estimated(Adaptive):
         return super().__new__(cls)
 
     def __init__(self, rule="estimate", cost=1.0, seed=0, immediate=True, rate=None, eps=1e-8, memory=32,
-                 every=None, hysteresis=0.1, guard=None, prior=2.0, reach=REACH, **shrink_only):
+                 every=None, hysteresis=0.1, guard=None, prior=None, reach=REACH, **shrink_only):
         if shrink_only:
             raise ValueError("%s: parameters of rule=shrink (Olston §3.2) only" % ", ".join(sorted(shrink_only)))
         Adaptive.__init__(self, cost=cost, seed=seed, immediate=immediate, rate=rate, eps=eps)
@@ -161,9 +181,9 @@ class Estimated(Adaptive):
                 raise ValueError("%s must be a number >= 1%s, got %r" % (name, "" if name == "memory" else " or null", v))
         if isinstance(hysteresis, bool) or not isinstance(hysteresis, (int, float)) or not 0 <= hysteresis < 1:
             raise ValueError("hysteresis must be a number in [0, 1), got %r" % (hysteresis,))
-        if isinstance(prior, bool) or not isinstance(prior, (int, float)) or not prior > 0:
-            raise ValueError("prior must be a number > 0, got %r" % (prior,))
-        self.prior = float(prior)
+        if prior is not None and (isinstance(prior, bool) or not isinstance(prior, (int, float)) or not prior > 0):
+            raise ValueError("prior must be a number > 0 or null, got %r" % (prior,))
+        self.prior = None if prior is None else float(prior)
         self.cuts = Cuts(reach, self.stats)     # MIN/MAX: sources far from the extreme are silent below a cut
         self.decay = 1.0 - 1.0 / memory
         self.memory, self.every, self.hysteresis, self.guard = memory, every, hysteresis, guard
@@ -177,8 +197,8 @@ class Estimated(Adaptive):
         self.since = None
         self.spent = 0.0                # measured: reports and this rule's downlinks
         self.static = 0.0               # estimate of uniform deadband's messages
-        self.allow = None               # the guard fires when spent − static exceeds this plus the credit
-        self.credit = []                # (time, messages, horizon) of reallocations still paying back
+        self.loan = None                # messages the current try may lose (``guard``), halved at each back-off
+        self.floor = None               # the guard fires when the estimated saving falls below this
         self.until = -INF               # backing off to uniform widths until then
         self.backoff = 0.0
         self.stats.update({"reallocations": 0, "moves": 0, "backoffs": 0})
@@ -227,11 +247,22 @@ class Estimated(Adaptive):
         c = self.cost(key)
         self.spent += c
         silent = self._silent(coord, key)
+        gap = m["t"] - st.rt if st.rt is not None and m["t"] > st.rt else INF
+        if m["v"] != codec.NO_VALUE:
+            st.rt, st.gap = m["t"], min(st.gap, gap)
         if m["why"] == codec.WHY_EXIT and not silent:
             u, w = st.eff(self.rows.uniform(key)), st.eff(st.w)
-            self.static += c * ((w / u) ** self.alpha if 0 < u < INF and w < INF else 1.0)
+            worth = (w / u) ** self.alpha if 0 < u < INF and w < INF else 1.0
+            # deadband reports at most once per reading: no more than gap / (shortest gap seen) here
+            self.static += c * min(worth, max(1.0, gap / st.gap))
             d = self.decay
             st.n = st.n * d + 1.0
+            st.n2 = st.n2 * d * d + 1.0
+            forced = gap < 1.5 * st.gap
+            st.fresh += 1
+            st.sat = st.sat * d + (1.0 if forced else 0.0)
+            if forced and st.last is not None and m["v"] != codec.NO_VALUE:
+                st.jumps = st.jumps[1 - self.memory:] + [abs(m["v"] - st.last)]
             st.lw = st.lw * d + (math.log(w) if 0 < w < INF else 0.0)
             st.e = [e * d for e in st.e]
         elif m["why"] == codec.WHY_ASSIGN and key in self.narrowing:
@@ -262,6 +293,8 @@ class Estimated(Adaptive):
 
     def _send(self, coord, key, width):
         self.spent += self.cost(key)
+        if key in self.src:            # judged again once the new width has been seen at work
+            self.src[key].fresh, self.src[key].mt = 0, coord.clock
         self.stats["moves"] += 1
         self._install(coord, key, width)
 
@@ -280,28 +313,30 @@ class Estimated(Adaptive):
         return ALPHAS[best]
 
     def _guard(self, coord, t):
-        """Back off to uniform widths when the measured cost exceeds the uniform estimate; True while backing off."""
+        """Back off to uniform widths when the estimated saving falls below the floor; True while backing off."""
         if t < self.until:
             return True
-        limit = self.guard if self.guard is not None else max(8.0, float(len(self.rows.of)))
-        excess = self.spent - self.static
-        if self.allow is None:
-            self.allow = limit
-        self.credit = [c for c in self.credit if t < c[0] + c[2]]
-        if excess <= self.allow + math.fsum(m * (1.0 - (t - t0) / h) for t0, m, h in self.credit):
+        saved = self.static - self.spent
+        if saved >= self.floor:
+            # the loan is repaid from the saving: once it exceeds the loan, never fall behind deadband
+            self.floor = max(self.floor, min(0.0, saved - self.loan))
             return False
         self.stats["backoffs"] += 1
         self.backoff = max(2 * self.backoff, t - self.since)
         self.until = t + self.backoff
-        self.allow = excess + limit     # the next try may lose at most ``limit`` more
-        self.target, self.narrowing, self.credit = {}, set(), []
+        self.target, self.narrowing = {}, set()
         for key in sorted(self.rows.of):
             s = coord.cache.sources.get(key)
             if s is not None and s.filt.width != self.rows.uniform(key) and not self._silent(coord, key):
                 self._send(coord, key, self.rows.uniform(key))
+        self.loan /= 2.0                # each later try may lose half as much as the one before
+        self.floor = self.static - self.spent - self.loan
         return True
 
     def _reallocate(self, coord, t):
+        if self.floor is None:
+            self.loan = self.guard if self.guard is not None else max(8.0, float(len(self.rows.of)))
+            self.floor = -self.loan
         if self.narrowing or self._guard(coord, t):
             return
         src = coord.cache.sources
@@ -315,10 +350,11 @@ class Estimated(Adaptive):
         if not n or not e:
             return
         mean = n / e
+        prior = self.prior if self.prior is not None else _shrinkage([self.src[k] for k in keys], a, mean)
         rate = {}
         for k in sorted(self.rows.of):
             st = self.src.get(k)
-            rate[k] = (st.n + self.prior) / (st.e[a] + self.prior / mean) if st else mean
+            rate[k] = (st.n + prior) / (st.e[a] + prior / mean) if st and prior < INF else mean
         weight = {k: self.cost(k) * r for k, r in rate.items()}
         want, self.mult = allocate(self.rows, weight, alpha, self.mult)
         want = self._snap(want, weight, alpha)
@@ -330,17 +366,21 @@ class Estimated(Adaptive):
             s, st = src[k], self.src[k]
             w, w1 = self._width(s), want[k]
             e, e1 = st.eff(w), st.eff(w1)
-            if not s.online or st.n + st.e[a] * mean < _EVIDENCE or e1 == e or (e1 < e * band and e < e1 * band):
+            if (not s.online or st.n + st.e[a] * mean < _EVIDENCE or e1 == e
+                    or (st.mt is not None and st.fresh + (t - st.mt) * mean * (e ** -alpha if e > 0 else INF) < _EVIDENCE)
+                    or (e1 < e * band and e < e1 * band)):
                 continue
-            gain += weight[k] * ((e ** -alpha if 0 < e < INF else 0.0) - (e1 ** -alpha if e1 > 0 else INF))
+            saving = self._saving(st, weight[k], alpha, e, e1, w1 > w and w1 / 2)
+            if w1 > w and saving <= 0:
+                continue                # a widening that saves nothing is not worth its message
+            gain += saving
             msgs += self.cost(k) * (2.0 if w1 < w else 1.0)
             (narrow if w1 < w else widen).append(k)
         # the estimate's span (memory reports per source), but no longer than the run so far: a run
         # is expected to last about as long again as it has lasted (short runs move little)
         horizon = min(self.memory * len(keys) / self.seen, 1.0) * (t - self.since)
-        if not (narrow or widen) or gain * horizon < msgs:
-            return
-        self.credit.append((t, msgs, horizon))     # written off over the horizon it must pay back in
+        if not (narrow or widen) or gain * horizon < msgs or self.static - self.spent - msgs < self.floor:
+            return                      # the messages are charged up front: within the loan or not at all
         self.target = {k: want[k] for k in widen}
         for k in narrow:
             self._send(coord, k, want[k])
@@ -348,6 +388,23 @@ class Estimated(Adaptive):
             self.target[k] = want[k]
         if not self.narrowing:
             self._widen(coord)
+
+    @staticmethod
+    def _saving(st, weight, alpha, e, e1, half):
+        """Reports per unit time saved by moving from effective width e to e1 (negative: a narrowing costs).
+        Exits forced at the next reading after a report (the value jumped past the bound between two
+        readings: the W^−α model does not hold) are saved only as far as their measured jumps fit within
+        ``half`` of the new width; the others follow the model."""
+        if e1 <= 0:
+            return -INF
+        if not 0 < e < INF:
+            return 0.0
+        forced = st.sat / st.n if st.n > 0 else 0.0
+        model = 1.0 - (e / e1) ** alpha
+        kept = 1.0
+        if half and st.jumps:
+            kept = sum(1 for j in st.jumps if j > half) / len(st.jumps)
+        return weight * e ** -alpha * ((1.0 - forced) * model + forced * (1.0 - kept if half else 0.0))
 
     def _snap(self, want, weight, alpha):
         """On lattice sources, widths at the midpoint of the whole quanta they admit, the leftover
