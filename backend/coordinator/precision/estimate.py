@@ -199,6 +199,7 @@ class Estimated(Adaptive):
         self.static = 0.0               # estimate of uniform deadband's messages
         self.loan = None                # messages the current try may lose (``guard``), halved at each back-off
         self.floor = None               # the guard fires when the estimated saving falls below this
+        self.credit = []                # (time, messages, horizon) of moves still paying back
         self.until = -INF               # backing off to uniform widths until then
         self.backoff = 0.0
         self.stats.update({"reallocations": 0, "moves": 0, "backoffs": 0})
@@ -317,14 +318,16 @@ class Estimated(Adaptive):
         if t < self.until:
             return True
         saved = self.static - self.spent
-        if saved >= self.floor:
+        # moves paid up front are written off over the horizon they were priced to pay back in
+        self.credit = [c for c in self.credit if t < c[0] + c[2]]
+        if saved + math.fsum(m * (1.0 - (t - t0) / h) for t0, m, h in self.credit) >= self.floor:
             # the loan is repaid from the saving: once it exceeds the loan, never fall behind deadband
             self.floor = max(self.floor, min(0.0, saved - self.loan))
             return False
         self.stats["backoffs"] += 1
         self.backoff = max(2 * self.backoff, t - self.since)
         self.until = t + self.backoff
-        self.target, self.narrowing = {}, set()
+        self.target, self.narrowing, self.credit = {}, set(), []
         for key in sorted(self.rows.of):
             s = coord.cache.sources.get(key)
             if s is not None and s.filt.width != self.rows.uniform(key) and not self._silent(coord, key):
@@ -381,6 +384,7 @@ class Estimated(Adaptive):
         horizon = min(self.memory * len(keys) / self.seen, 1.0) * (t - self.since)
         if not (narrow or widen) or gain * horizon < msgs or self.static - self.spent - msgs < self.floor:
             return                      # the messages are charged up front: within the loan or not at all
+        self.credit.append((t, msgs, horizon))
         self.target = {k: want[k] for k in widen}
         for k in narrow:
             self._send(coord, k, want[k])
