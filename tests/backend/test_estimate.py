@@ -8,7 +8,7 @@ import pytest
 from backend import bench, traces
 from backend.coordinator import protocols
 from backend.coordinator.core.queries import parse_query
-from backend.coordinator.precision import estimate, optimal
+from backend.coordinator.precision import estimate, optimal, rates
 from backend.coordinator.precision.adaptive import Rows, _per_key
 from backend.sim import engine
 
@@ -47,7 +47,7 @@ def test_one_row_allocation_is_the_closed_form_for_any_exponent():
 
 def test_quantum_of_lattice_values_and_none_for_continuous_ones():
     rng = np.random.default_rng(1)
-    lattice, cont = estimate._Source(0.0, 1.0), estimate._Source(0.0, 1.0)
+    lattice, cont = rates.Source(0.0, 1.0), rates.Source(0.0, 1.0)
     v = 20.0
     for _ in range(50):
         v = round(v + 0.1 * int(rng.integers(-4, 5)), 1)
@@ -57,7 +57,7 @@ def test_quantum_of_lattice_values_and_none_for_continuous_ones():
     # a width admits whole quanta only: 0.91 and 0.99 both let the value move 4 quanta either way
     assert lattice.eff(0.91) == lattice.eff(0.99) == pytest.approx(0.9) and cont.eff(0.91) == 0.91
     # exits from a bound all lie the same number of steps away: one repeated change size proves no step
-    lone = estimate._Source(0.0, 1.0)
+    lone = rates.Source(0.0, 1.0)
     for k in range(50):
         lone.observe(3.3 * (k % 2))
     assert lone.quantum() == 0.0 and lone.eff(5.0) == 5.0
@@ -136,14 +136,14 @@ def test_rates_that_differ_by_no_more_than_noise_are_pooled():
     alike, apart = [], []
     for i in range(12):
         for sts, v in ((alike, 1.0), (apart, 4.0 ** (i % 4))):
-            st = estimate._Source(0.0, 1.0)
+            st = rates.Source(0.0, 1.0)
             for gap in rng.exponential(1.0 / v, 32):
                 st.e[0] += gap
                 st.n, st.n2 = st.n + 1.0, st.n2 + 1.0
             sts.append(st)
     mean = lambda sts: sum(s.n for s in sts) / sum(s.e[0] for s in sts)
-    assert estimate._shrinkage(alike, 0, mean(alike)) == math.inf
-    assert estimate._shrinkage(apart, 0, mean(apart)) < 2.0
+    assert rates.shrinkage(alike, 0, mean(alike)) == math.inf
+    assert rates.shrinkage(apart, 0, mean(apart)) < 2.0
 
 
 def _slow_temperatures(tmp_path, days=20, n=6):

@@ -9,8 +9,13 @@ only when a measured saving pays for the messages:
   walk; α = 1 for a steady drift). Per source the coordinator keeps, over about ``memory`` of its own
   reports (exponential decay per report, so a busy and a quiet source both keep a window of reports
   whatever the time scale), the exits N_i, the exposure E_i(α) = ∫ W_i(t)^(−α) dt and Σ log W at the
-  exits; v_i = (N_i + p)/(E_i + p/v̄) (``prior`` p pseudo-reports at the group's mean rate v̄). α ∈ {2, 1.5, 1}
-  is the group's maximum-likelihood exponent (Poisson exits), 2 until the data say otherwise.
+  exits; v_i = (N_i + p)/(E_i + p/v̄), p pseudo-reports at the group's mean rate v̄: by default the
+  empirical-Bayes (gamma–Poisson) shape v̄²/τ², τ² the spread of the measured rates beyond their sampling
+  noise, so rates that differ by no more than noise are pooled and move no width (``prior`` fixes p).
+  α ∈ {2, 1.5, 1} is the group's maximum-likelihood exponent (Poisson exits), 2 until the data say otherwise.
+- **Forced exits.** An exit at the next reading after a report (the value jumped past the bound between
+  two readings) does not follow W^−α: a wider bound saves such exits only as far as their recorded jumps
+  fit within its half-width, and a widening that saves nothing is not sent.
 - **Lattices.** Real readings are quantised (0.1 °C): a width admits only whole steps, so 0.91 and 0.99
   behave alike. Once a source's reported changes show a common step q (and not only one multiple of it),
   its width counts as the midpoint 2q(k + ½) of the k whole steps it admits, and targets are placed there,
@@ -19,17 +24,23 @@ only when a measured saving pays for the messages:
   adjustment interval follows the report rate whether readings come every millisecond or every day):
   the widths minimising Σ C_i·v_i·W_i^(−α) under the query rows (App. F, solved by dual multiplicative
   updates in plain floats, bit-reproducible in every process) are the targets. Sources more than
-  ``hysteresis`` away from their target (and with about 8 reports' worth of evidence) move if the
+  ``hysteresis`` away from their target (and with about 8 reports' worth of evidence, counted again
+  from a source's last move, so a width is seen at work before it is judged) move if the
   reports saved over a horizon pay for the messages: a widening costs one downlink, a narrowing a
   downlink and its acknowledging report. The horizon is the estimate's span (``memory`` reports per
   source), at most the time the run has lasted so far (ski-rental: short runs move little). Narrowings
   go first; the slack they free is granted once the devices have confirmed them.
 - **No regret.** Every report of the group is counted against an online estimate of what uniform
-  deadband would have sent: an exit at width W is worth (W/U_i)^α exits at the uniform width U_i, any
-  other report one. When the measured total (reports and this rule's downlinks) exceeds the estimate
-  by ``guard`` messages (default: the number of queried sources, at least 8) plus the moves still paying
-  back, every source goes back to U_i for a back-off that doubles each time; each later try may lose
-  at most ``guard`` more.
+  deadband would have sent: an exit at width W is worth (W/U_i)^α exits at the uniform width U_i, but
+  never more than the readings since the source's last report (deadband reports at most once per
+  reading), any other report one. The rule borrows a loan of ``guard`` messages (default: the number of
+  queried sources, at least 8): the messages of a reallocation are charged up front (it happens only if
+  the estimated saving less its messages stays above the floor) and written off over the horizon they
+  were priced to pay back in. The floor starts at −loan and rises with the saving, never above 0:
+  once the saving has repaid the loan, the rule never falls behind its deadband estimate. When the
+  saving (plus the moves still paying back) falls below the floor, every source goes back to U_i for a
+  back-off that doubles each time, and each later try may lose half as much as the one before (at most
+  twice the loan in all).
 
 Idle coordinator ticks change nothing here (``quiet``), so the coordinator skips them.
 """
@@ -39,85 +50,10 @@ from edge.core import codec
 from backend.coordinator.core.protocol import range_constraints
 from backend.coordinator.precision.adaptive import INF, _MARGIN, Adaptive
 from backend.coordinator.precision.extremes import REACH, Cuts
+from backend.coordinator.precision.rates import ALPHAS, Source, shrinkage
 
-ALPHAS = (2.0, 1.5, 1.0)        # candidate exponents of r ∝ W^−α; the first is the prior
 _SWITCH = 2.0                   # log-likelihood gain needed to leave the prior α
-
-
 _EVIDENCE = 8                  # exits of a source plus those the mean source would have made in its exposure
-_QUANTUM_AFTER = 8             # value changes seen before a common quantum is trusted
-
-
-def _fgcd(a, b, tol):
-    """Greatest common quantum of two positive floats, up to ``tol`` (0 when there is none above it)."""
-    while b > tol:
-        a, b = b, math.fmod(a, b)
-        if a - b <= tol:
-            b = 0.0
-    return a if a > tol else 0.0
-
-
-class _Source:
-    """Decayed exit count, exposures per α and Σ log W of one source (exposure accrued up to ``t``),
-    and the quantum of its values: readings on a lattice of step q only ever exit whole quanta away."""
-    __slots__ = ("n", "n2", "e", "lw", "t", "w", "q", "changes", "last", "dmin", "dmax", "rt", "gap", "sat", "jumps", "fresh", "mt")
-
-    def __init__(self, t, w):
-        self.n, self.n2, self.lw, self.t, self.w = 0.0, 0.0, 0.0, t, w
-        self.rt, self.gap = None, INF   # reading time of the last report; shortest gap between two reports
-        self.sat = 0.0                  # decayed count of exits at the next reading after a report
-        self.jumps = []                 # the changes those exits reported (newest last, at most ``memory``)
-        self.fresh, self.mt = 0, None   # exits since this rule last moved the width, and when it did
-        self.e = [0.0] * len(ALPHAS)
-        self.q, self.changes, self.last, self.dmin, self.dmax = 0.0, 0, None, INF, 0.0
-
-    def observe(self, v):
-        """Refine the quantum from one reported value (0 once the values have no common step)."""
-        if self.last is not None and v != self.last and (self.changes == 0 or self.q > 0):
-            d = abs(v - self.last)
-            self.dmin, self.dmax = min(self.dmin, d), max(self.dmax, d)
-            tol = 1e-9 * max(abs(v), abs(self.last), d)
-            self.q = d if self.changes == 0 else _fgcd(max(self.q, d), min(self.q, d), tol)
-            if self.q < 1e-4 * d:
-                self.q = 0.0            # no step worth the name: continuous values
-            self.changes += 1
-        self.last = v
-
-    def quantum(self):
-        """The step, once seen in enough changes that are not all the same multiple of it (exits from a
-        bound always lie the same whole number of steps away, so a lone multiple proves nothing)."""
-        return self.q if self.changes >= _QUANTUM_AFTER and self.dmax > self.dmin * (1 + 1e-6) else 0.0
-
-    def eff(self, w):
-        """The width that governs exits: on a lattice, the midpoint between the whole quanta it admits."""
-        q = self.quantum()
-        if q <= 0 or not w < INF:
-            return w
-        return 2.0 * q * (math.floor(w / (2.0 * q) + 1e-6) + 0.5)
-
-    def accrue(self, t):
-        w = self.eff(self.w)
-        if self.t > -INF and t > self.t and 0 < w < INF:
-            dt = t - self.t
-            for a, alpha in enumerate(ALPHAS):
-                self.e[a] += dt * w ** -alpha
-        self.t = t
-
-
-def _shrinkage(sts, a, mean):
-    """Empirical-Bayes prior (pseudo-reports at the mean rate) for the sources ``sts`` under exponent ``a``:
-    the shape k of a gamma prior on the rates, mean²/τ², with τ² the spread of the measured rates
-    n/e beyond their sampling noise (method of moments). Exits are taken as Poisson in the exposure,
-    the decayed count n carrying n²/Σw² reports' worth of evidence. Rates that differ no more than noise
-    would make them give k = ∞: every source at the mean, so noise moves no width."""
-    spread = noise = 0.0
-    for st in sts:
-        e = st.e[a]
-        if e > 0:
-            spread += (st.n / e - mean) ** 2
-            noise += mean * (st.n2 / st.n if st.n > 0 else 1.0) / e
-    tau2 = (spread - noise) / max(1, len(sts))
-    return mean * mean / tau2 if tau2 > 0 else INF
 
 
 def allocate(rows, weight, alpha, lam=None, iters=20, tol=1e-4):
@@ -187,7 +123,7 @@ class Estimated(Adaptive):
         self.cuts = Cuts(reach, self.stats)     # MIN/MAX: sources far from the extreme are silent below a cut
         self.decay = 1.0 - 1.0 / memory
         self.memory, self.every, self.hysteresis, self.guard = memory, every, hysteresis, guard
-        self.src = {}                   # key -> _Source
+        self.src = {}                   # key -> Source
         self.alpha = ALPHAS[0]
         self.mult = None                # row multipliers of the last allocation (warm start)
         self.target = {}                # key -> width granted once the narrowings are confirmed
@@ -214,7 +150,7 @@ class Estimated(Adaptive):
     def _source(self, coord, key):
         st = self.src.get(key)
         if st is None:
-            st = self.src[key] = _Source(coord.clock, self._width(coord.cache.sources[key]))
+            st = self.src[key] = Source(coord.clock, self._width(coord.cache.sources[key]))
         return st
 
     def queries_changed(self, coord, now):
@@ -256,16 +192,7 @@ class Estimated(Adaptive):
             worth = (w / u) ** self.alpha if 0 < u < INF and w < INF else 1.0
             # deadband reports at most once per reading: no more than gap / (shortest gap seen) here
             self.static += c * min(worth, max(1.0, gap / st.gap))
-            d = self.decay
-            st.n = st.n * d + 1.0
-            st.n2 = st.n2 * d * d + 1.0
-            forced = gap < 1.5 * st.gap
-            st.fresh += 1
-            st.sat = st.sat * d + (1.0 if forced else 0.0)
-            if forced and st.last is not None and m["v"] != codec.NO_VALUE:
-                st.jumps = st.jumps[1 - self.memory:] + [abs(m["v"] - st.last)]
-            st.lw = st.lw * d + (math.log(w) if 0 < w < INF else 0.0)
-            st.e = [e * d for e in st.e]
+            st.exited(m["v"] if m["v"] != codec.NO_VALUE else None, w, gap, self.decay, self.memory)
         elif m["why"] == codec.WHY_ASSIGN and key in self.narrowing:
             if not s.old:
                 self.narrowing.discard(key)
@@ -353,7 +280,7 @@ class Estimated(Adaptive):
         if not n or not e:
             return
         mean = n / e
-        prior = self.prior if self.prior is not None else _shrinkage([self.src[k] for k in keys], a, mean)
+        prior = self.prior if self.prior is not None else shrinkage([self.src[k] for k in keys], a, mean)
         rate = {}
         for k in sorted(self.rows.of):
             st = self.src.get(k)
@@ -373,7 +300,7 @@ class Estimated(Adaptive):
                     or (st.mt is not None and st.fresh + (t - st.mt) * mean * (e ** -alpha if e > 0 else INF) < _EVIDENCE)
                     or (e1 < e * band and e < e1 * band)):
                 continue
-            saving = self._saving(st, weight[k], alpha, e, e1, w1 > w and w1 / 2)
+            saving = st.saving(weight[k], alpha, e, e1, w1 > w and w1 / 2)
             if w1 > w and saving <= 0:
                 continue                # a widening that saves nothing is not worth its message
             gain += saving
@@ -392,23 +319,6 @@ class Estimated(Adaptive):
             self.target[k] = want[k]
         if not self.narrowing:
             self._widen(coord)
-
-    @staticmethod
-    def _saving(st, weight, alpha, e, e1, half):
-        """Reports per unit time saved by moving from effective width e to e1 (negative: a narrowing costs).
-        Exits forced at the next reading after a report (the value jumped past the bound between two
-        readings: the W^−α model does not hold) are saved only as far as their measured jumps fit within
-        ``half`` of the new width; the others follow the model."""
-        if e1 <= 0:
-            return -INF
-        if not 0 < e < INF:
-            return 0.0
-        forced = st.sat / st.n if st.n > 0 else 0.0
-        model = 1.0 - (e / e1) ** alpha
-        kept = 1.0
-        if half and st.jumps:
-            kept = sum(1 for j in st.jumps if j > half) / len(st.jumps)
-        return weight * e ** -alpha * ((1.0 - forced) * model + forced * (1.0 - kept if half else 0.0))
 
     def _snap(self, want, weight, alpha):
         """On lattice sources, widths at the midpoint of the whole quanta they admit, the leftover
