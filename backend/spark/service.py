@@ -32,7 +32,8 @@ class Backend:
         self.directory = os.path.abspath(directory)
         self.fleet = fleet
         self.host, self.port, self.user, self.password = host, port, user, password
-        self.settings = settings
+        # the bridge spools every control as the broker passes it on: the job times round trips from there
+        self.settings = hostmod.settings(settings, echo=True)
         self.master = master
         self.trigger = trigger
         self.tick = tick

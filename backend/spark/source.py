@@ -25,14 +25,14 @@ ARROW_SCHEMA = pa.schema([("offset", pa.int64()), ("arrival", pa.float64()), ("t
                           ("device", pa.string()), ("channel", pa.string()), ("payload", pa.binary()),
                           ("retained", pa.bool_())])
 BATCH_ROWS = 8192
-_CHANNELS = {("d", "up"), ("d", "state"), ("q", "spec")}
+_CHANNELS = {("d", "up"), ("d", "state"), ("d", "ctl"), ("q", "spec")}
 RETAINED = "#retained"   # suffix the bridge gives the topic of a message delivered as retained
 
 
 def parse_topic(topic):
-    """``qf/<fleet>/d/<device>/up|state`` or ``qf/<fleet>/q/<query>/spec`` -> ``(id, channel)``.
+    """``qf/<fleet>/d/<device>/up|state|ctl`` or ``qf/<fleet>/q/<query>/spec`` -> ``(id, channel)``.
 
-    The id is the device for ``up``/``state`` and the query for ``spec``; the spool's own records
+    The id is the device for ``up``/``state``/``ctl`` (a downlink's echo) and the query for ``spec``; the spool's own records
     ``qf/<fleet>/tick|link|inc`` give ``(None, "tick")`` etc.; anything else gives ``(None, None)``.
     A ``RETAINED`` suffix is ignored here (see ``retained``).
     """
