@@ -161,7 +161,7 @@ def chooser(models, t, v, window=WINDOW, margin=MARGIN):
     it saves a quarter plus ``margin``)."""
     shadows = [m() for m in models]
     cost = [0] * len(models)
-    real, n = None, 0
+    real, at, n = None, None, 0
     for i in range(len(v)):
         for j, g in enumerate(shadows):
             if g.miss(i, t, v):
