@@ -3,12 +3,14 @@
 Each source's readings are one array. While a source's filter has a fixed bound (``bound``), the index
 of its next reading outside it is found with ``outside`` over the array (the vectorised form of
 ``IntervalFilter.check``'s bound test, kept here so the board's filter stays small; tests/backend/test_screen.py
-holds them equal) in chunks; a source without such a bound needs every
-reading. A heap orders these indices over all sources, so the readings before the smallest are
-silent: they change nothing but their source's latest value and sample count, which reach the agent
-lazily (``hand``), and the ground truth, which takes them in bulk. An index may also be a checkpoint
-(the end of a searched chunk, still inside): it is looked at and the search goes on, so a bound that
-changes often costs one chunk per change, never a scan to the distant exit.
+holds them equal) in chunks; a device that chooses its filter model (``edge.core.predict``) has a
+bound too (``models_bound``: its filter and both shadow models, lines evaluated at each reading's
+time, and the linear shadow's gap); a source without a bound needs every reading. A heap orders
+these indices over all sources, so the readings before the smallest are silent: they change nothing
+but their source's latest value and sample count (and a chooser's sampling times and where its lines
+stand), which reach the agent lazily (``hand``), and the ground truth, which takes them in bulk. An
+index may also be a checkpoint (the end of a searched chunk, still inside): it is looked at and the
+search goes on, so a bound that changes often costs one chunk per change, never a scan to the distant exit.
 """
 import bisect
 import heapq
