@@ -74,7 +74,7 @@ class Screen:
         self.time = np.split(ts[order], cuts) if ts is not None else None     # ... and times (model bounds)
         self.times = [t.tolist() for t in self.time] if ts is not None else None
         self.size = len(ss)
-        self.bound = [None] * n                    # (lo, hi) the search used; None: every reading counts
+        self.bound = [None] * n                    # the bound the search used (bound, models_bound); None: every reading counts
         self.chunk = [FIRST_CHUNK] * n
         self.handed = [0] * n                      # readings of each source already given to its agent
         self.nxt = [self.size] * n                 # global index of each source's next reading to look at
