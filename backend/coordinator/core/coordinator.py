@@ -190,10 +190,14 @@ class Coordinator(Resync):
         protocol may change them): what devices are told and what ticks are computed from."""
         return round(self.t0 * 1000), round(self.period * 1000)
 
+    _ticks = (None, None, 0, 0)     # (t0, period) and their ``schedule_ms``, recomputed when either changes
+
     def tick_time(self, k):
         """Event time of adjustment tick ``k``."""
-        t0, period = self.schedule_ms()
-        return (t0 + k * period) / 1000
+        m = self._ticks
+        if m[0] != self.t0 or m[1] != self.period:
+            m = self._ticks = (self.t0, self.period) + self.schedule_ms()
+        return (m[2] + k * m[3]) / 1000
 
     # -- downlink -----------------------------------------------------------------
     def send(self, device, kind, fields):
@@ -446,12 +450,15 @@ class Coordinator(Resync):
 
     def _skip(self, limit):
         """Jump over the idle ticks strictly before ``limit`` but the last, which then runs as usual."""
-        k = max(self.tick, int((limit - self.t0) // self.period))
-        while k > self.tick and self.tick_time(k) >= limit:
+        self.tick_time(0)           # ``tick_time`` inlined: (t0 + k·T) / 1000 in integer ms
+        a, p = self._ticks[2:]
+        tick = self.tick
+        k = max(tick, int((limit - self.t0) // self.period))
+        while k > tick and (a + k * p) / 1000 >= limit:
             k -= 1
-        while self.tick_time(k + 1) < limit:
+        while (a + (k + 1) * p) / 1000 < limit:
             k += 1
-        if k > self.tick:
+        if k > tick:
             self.tick = k
             self.cache.new_period()
 
@@ -466,13 +473,17 @@ class Coordinator(Resync):
 
     def _release(self, now):
         """Apply every uplink and tick due by ``now`` (time ``t`` is due at ``t + λ``)."""
+        queue, cache = self.queue, self.cache
         while True:
             tick_t = self.tick_time(self.tick)
-            head = min(self.queue[0][0] if self.queue else math.inf, self.cache.next_due())
+            head = queue[0][0] if queue else math.inf
+            due = cache.next_due()
+            if due < head:
+                head = due
             if tick_t < head and self.idle():
-                self._skip(min(head, now - self.latency) if head != math.inf else now - self.latency)
+                self._skip(min(head, now - self.latency))
                 tick_t = self.tick_time(self.tick)
-            t = min(head, tick_t)
+            t = head if head <= tick_t else tick_t
             if t + self.latency > now:      # the same expression as next_deadline, so timers land
                 break
             self.clock = self.cache.now = t
@@ -505,6 +516,8 @@ class Coordinator(Resync):
 
     def _answers(self, t):
         self.cache.now = t
+        if not self.dirty_src and not self.dirty:
+            return
         for key in self.dirty_src:
             qids = self.by_source.get(key)
             if qids:
