@@ -55,7 +55,7 @@ def floor_processor():
             step = max(1, n // FLOOR_SAMPLE)
             body = json.dumps({"records": total, "batch_records": n, "arrivals": arrivals[::step]})
             cols = {c: [None] for c in job.COLUMNS}
-            cols.update(kind=["status"], body=[body], grp=[key[0]], seq=[0])
+            cols.update(kind=["status"], body=[body], grp=[key[0]], seq=[0], at=[None])
             yield pd.DataFrame(cols)
 
         def close(self):

@@ -23,6 +23,9 @@ so routing is a deterministic function of the spool prefix; ``Router.replay`` re
 records that changed it (``journal``).
 """
 import json
+import os
+import pickle
+import struct
 
 from edge.core import codec
 
@@ -193,3 +196,62 @@ def _spec_sources(payload):
     if srcs == "all":
         return "all"
     return [s for s in srcs if isinstance(s, str)] if isinstance(srcs, list) else []
+
+
+class Journal:
+    """The records that changed a ``Router``, with their spool offsets, in ``<directory>/journal``
+    (length-prefixed pickled lists, one per batch, fsynced): what rebuilds the table after a restart."""
+
+    def __init__(self, directory):
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, "journal")
+
+    def router(self, start):
+        """The ``Router`` as of spool offset ``start``: replay the entries below it and drop the rest
+        (a batch planned but never committed is planned again)."""
+        router, keep = Router(), []
+        entries, tail = self._entries()
+        for entry in entries:
+            if entry[0] < start:
+                router.route(*entry[1:])
+                keep.append(entry)
+            else:
+                tail = True
+        if tail:
+            tmp = self.path + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(_frame(keep))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        return router
+
+    def append(self, entries):
+        """Entries ``(offset, device, channel, payload)`` of one batch."""
+        if entries:
+            with open(self.path, "ab") as f:
+                f.write(_frame(entries))
+                f.flush()
+                os.fsync(f.fileno())
+
+    def _entries(self):
+        """``(entries, torn)``: every whole frame's entries; ``torn``: bytes follow the last whole frame
+        (a crash mid-append, of a batch never planned)."""
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return [], False
+        pos, out = 0, []
+        while pos + 4 <= len(data):
+            n = struct.unpack_from(">I", data, pos)[0]
+            if pos + 4 + n > len(data):
+                break
+            out += pickle.loads(data[pos + 4:pos + 4 + n])
+            pos += 4 + n
+        return out, pos != len(data)
+
+
+def _frame(entries):
+    blob = pickle.dumps(list(entries), protocol=pickle.HIGHEST_PROTOCOL)
+    return struct.pack(">I", len(blob)) + blob

@@ -94,6 +94,14 @@ class GroupState:
         _CACHE[key] = (token, h)
         _freeze(n)
 
+    def drop(self, key):
+        """Forget the group (merged into another, ``backend.spark.groups``)."""
+        self.snap.clear()
+        self.journal.clear()
+        self.meta.clear()
+        _CACHE.pop(key, None)
+        self.snapshot_bytes = None
+
 
 _FROZEN = [0]   # sources held when the worker's heap was last frozen
 
