@@ -130,8 +130,8 @@ def _processor_class():
             retire = next((i for i, r in enumerate(records) if r[2] == "retire"), None)
             records = records[:retire]
             t = time.perf_counter()
-            cols = run_batch(host, records, self.status_sources, {"rebuilt": rebuilt, "retired": retire is not None},
-                             offsets)
+            cols = run_batch(host, records, self.status_sources, {"rebuilt": rebuilt, "retired": retire is not None,
+                                                                   "last_offset": offsets[-1]}, offsets)
             t1 = time.perf_counter()
             if retire is None:
                 self.state.store(key[0], host, records, journal)
