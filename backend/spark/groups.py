@@ -27,9 +27,7 @@ import os
 import pickle
 import struct
 
-from edge.core import codec
-
-SPOOL = ("tick", "link", "inc")
+from edge.core import codec, topics
 
 
 def components(specs, devices):
@@ -71,7 +69,8 @@ class Router:
     def __init__(self):
         self.parent = {}        # node -> parent node (a root names its group)
         self.age = {}           # node -> creation index: the older root survives a merge
-        self.info = {}          # root -> {"devices": [...], "queries": [...]} (creation order)
+        self.info = {}          # root -> {"devices": [...], "queries": [...], "new"} (creation order)
+        self.queried = {}       # roots of the groups holding a query, in order: where ticks and links go
         self.routed = set()     # devices some group's Host has seen a record of
         self.specs = {}         # qid -> latest spec payload (registered again when its group moves)
         self.everyone = None    # a node of the group of a "sources: all" query (None: none)
@@ -87,6 +86,8 @@ class Router:
             kind = x[0]
             self.info[x] = {"devices": [x[2:]] if kind == "d" else [], "queries": [x[2:]] if kind == "q" else [],
                             "new": True}
+            if kind == "q":
+                self.queried[x] = None
             if self.everyone is not None:
                 self._union(self.everyone, x, [])
                 return self.find(x)
@@ -104,6 +105,8 @@ class Router:
             a, b = b, a
         self.parent[b] = a
         gone = self.info.pop(b)
+        if self.queried.pop(b, 1) is None:
+            self.queried.setdefault(a, None)
         keep = self.info[a]
         keep["devices"] += gone["devices"]
         keep["queries"] += gone["queries"]
@@ -115,9 +118,6 @@ class Router:
         for device in gone["devices"]:
             if device in self.routed:
                 self._to(a, (device, "adopt", b""), out)
-
-    def group(self, node):
-        return self.find(node)
 
     # -- routing ------------------------------------------------------------------------------
     def route(self, device, channel, payload):
@@ -147,14 +147,13 @@ class Router:
             else:
                 self.specs[device] = payload
             self._to(self.find(node), (device, channel, payload), out)
-        elif channel in SPOOL:
+        elif channel in topics.SPOOL_CHANNELS:
             if channel == "inc":
                 self.inc = payload
             elif channel == "link":
                 self.link = payload if payload == b"lost" else None
-            for root, info in list(self.info.items()):
-                if channel == "inc" or info["queries"]:
-                    self._to(root, (None, channel, payload), out)
+            for root in list(self.info if channel == "inc" else self.queried):
+                self._to(root, (None, channel, payload), out)
         else:
             out.append((None, device, channel, payload))      # foreign: counted by no group
         return out, channel in ("state", "spec", "inc", "link") or len(self.age) != nodes

@@ -90,12 +90,13 @@ def test_router_in_any_order_gives_the_components_and_replays():
             if changed:
                 journal.append(e)
             if e[0] is not None:        # the record itself goes last, to its node's group
-                assert rows[-1] == (r.group(("q/" if e[1] == "spec" else "d/") + e[0]),) + e
-        got = {d: r.group("d/" + d) for d in devices}
+                assert rows[-1] == (r.find(("q/" if e[1] == "spec" else "d/") + e[0]),) + e
+        got = {d: r.find("d/" + d) for d in devices}
         assert partition(got) == partition(components(specs, devices))
         again = Router()
         again.replay(journal)
-        assert {d: again.group("d/" + d) for d in devices} == got and again.info == r.info
+        assert {d: again.find("d/" + d) for d in devices} == got and again.info == r.info
+        assert set(r.queried) == {g for g, i in r.info.items() if i["queries"]} and list(r.queried) == list(again.queried)
 
 
 def test_merge_retires_the_younger_group_and_adopts_its_devices():
