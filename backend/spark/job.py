@@ -159,6 +159,7 @@ def environment():
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, path) if p)
 
 
+GROUP_SNAPSHOT_RECORDS = 2000   # journal records per group snapshot when keyed by query group
 RETAIN_BATCHES = 20     # checkpoint history kept (offset/commit logs, state versions): bounded disk
 
 
@@ -213,7 +214,10 @@ def plan(spark, spool, fleet, settings, status_sources=False, source_options=Non
     df = reader.load()
     if not groups:
         df = df.withColumn("grp", F.lit(fleet)).withColumn("sub", F.lit(0))
-    processor = processor or _processor_class()(hostmod.settings(settings), status_sources)
+    # keyed by group, a group's tasks may land on another Python worker (a cache miss rebuilds): group
+    # snapshots come often enough that a rebuild replays little (still at least one record per source)
+    processor = processor or _processor_class()(hostmod.settings(settings), status_sources,
+                                                **({"snapshot_records": GROUP_SNAPSHOT_RECORDS} if groups else {}))
     return (df.select("grp", "offset", "sub", "arrival", "device", "channel", "payload", "retained")
             .groupBy("grp")
             .transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "None"))
