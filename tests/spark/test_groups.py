@@ -2,7 +2,7 @@
 import json
 import random
 
-from backend.spark.groups import Router, components
+from backend.spark.groups import Journal, Router, components
 from edge.core import codec
 
 
@@ -117,3 +117,23 @@ def test_merge_retires_the_younger_group_and_adopts_its_devices():
     r.route("every", "spec", b'{"kind": "count", "sources": "all"}')
     rows = r.route("c", "state", birth(["z"]))[0]
     assert rows == [("d/a", "c", "state", birth(["z"]))]
+
+
+def test_journal_rebuilds_the_table_at_any_planned_offset(tmp_path):
+    """A restart at offset k replays the entries below k and drops the rest (planned, never committed),
+    and a torn last frame (a crash mid-append) is dropped too; the journal then takes appends again."""
+    events = [("a", "state", birth(["x"])), ("b", "state", birth(["y"])),
+              ("q", "spec", b'{"kind": "sum", "sources": ["x", "y"]}'), ("c", "state", birth(["z"]))]
+    j = Journal(str(tmp_path))
+    j.append([(i, *e) for i, e in enumerate(events[:2])])
+    j.append([(i + 2, *e) for i, e in enumerate(events[2:])])
+    full = j.router(10)
+    assert full.find("d/b") == "d/a" and full.find("d/c") == "d/c"
+    assert j.router(2).find("d/b") == "d/b"          # before the query: two groups; entries >= 2 dropped
+    assert j.router(10).find("d/b") == "d/b" and j._entries() == ([(i, *e) for i, e in enumerate(events[:2])], False)
+    with open(j.path, "ab") as f:
+        f.write(b"\x00\x00\x01\x00junk")
+    assert j._entries()[1] and j.router(10).find("d/a") == "d/a"
+    assert j._entries() == ([(i, *e) for i, e in enumerate(events[:2])], False)
+    j.append([(2, *events[2])])
+    assert j.router(10).find("d/b") == "d/a"
