@@ -10,7 +10,8 @@ allocates precision at its own cadence (the protocol runs per Host).
 offset order and names the group(s) of every record; it is the job's routing table:
 
 * ``up``/``state`` go to the device's group; a spec to its query's group; ``tick`` and ``link`` to
-  every group holding a query; ``inc`` to every group (a new group gets the latest one first).
+  every group holding a query; ``inc`` to every group (a new group gets the latest ``inc``, and
+  ``link lost`` while the link is down, before its first record).
 * Groups only merge. When a birth or a spec joins two groups, the younger one's key is retired (its
   state is dropped), its queries are registered again in the older one and each of its devices is
   adopted there (asked for a fresh birth, as after a coordinator restart), so the older group rebuilds
@@ -19,8 +20,8 @@ offset order and names the group(s) of every record; it is the job's routing tab
   coordinator to forget devices); the group is still correct, only less parallel.
 
 Group ids are the name of the component's oldest node (``d/<device>``, ``s/<source>``, ``q/<query>``),
-so routing is a deterministic function of the spool prefix; ``Router.replay`` rebuilds it from the
-records that changed it (``journal``).
+so routing is a deterministic function of the spool prefix; ``Journal`` keeps the records that changed
+the table, with their offsets, and rebuilds it for a restart at any planned offset.
 """
 import json
 import os
