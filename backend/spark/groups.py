@@ -209,15 +209,11 @@ class Journal:
     def router(self, start):
         """The ``Router`` as of spool offset ``start``: replay the entries below it and drop the rest
         (a batch planned but never committed is planned again)."""
-        router, keep = Router(), []
-        entries, tail = self._entries()
-        for entry in entries:
-            if entry[0] < start:
-                router.route(*entry[1:])
-                keep.append(entry)
-            else:
-                tail = True
-        if tail:
+        entries, torn = self._entries()
+        keep = [e for e in entries if e[0] < start]
+        router = Router()
+        router.replay(e[1:] for e in keep)
+        if torn or len(keep) != len(entries):
             tmp = self.path + ".tmp"
             with open(tmp, "wb") as f:
                 f.write(_frame(keep))
