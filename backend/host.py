@@ -186,7 +186,8 @@ class Host:
         """One broker message or spool record: ``channel`` is ``up``/``state`` (``name`` a device),
         ``ctl`` (a downlink to device ``name`` as the broker passed it on: echo mode), ``spec`` (``name`` a query id), or one of the spool's own records (``edge.core.topics``):
         ``tick`` (time only), ``link`` (``lost``/``restored``: the bridge's broker link), ``inc`` (a new
-        backend run, its incarnation in decimal); anything else is counted and ignored."""
+        backend run, its incarnation in decimal), ``adopt`` (``name`` a device another group's Host owned
+        until query groups merged, ``backend.spark.groups``); anything else is counted and ignored."""
         self.records += 1
         if (channel == "up" or channel == "state") and name:
             return self.uplink(now, name, payload, retained)
@@ -196,6 +197,8 @@ class Host:
             return self._step(self.coord.handle_echo, self._clock(now), name, bytes(payload or b""))
         if channel == "spec" and name:
             return self.spec(now, name, payload)
+        if channel == "adopt" and name:
+            return self._step(self.coord.adopt, self._clock(now), name)
         if channel == "link" and payload in (b"lost", b"restored"):
             return self.link_lost(now) if payload == b"lost" else self.link_restored(now)
         if channel == "inc" and payload and bytes(payload).isdigit() and int(payload) <= 0xFFFFFFFF:

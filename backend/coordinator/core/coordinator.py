@@ -337,6 +337,12 @@ class Coordinator(Resync):
             self.send(device, "rebirth", {})
         return self._advance(now)
 
+    def adopt(self, now, device):
+        """A device another coordinator owned until now (Spark query groups merged): ask it for a birth."""
+        self._catch_up(now)
+        self._ask_birth(device, now)
+        return self._advance(now)
+
     def _set_online(self, device, online):
         d = self.devices[device]
         if d["online"] != online:
