@@ -9,8 +9,8 @@ allocates precision at its own cadence (the protocol runs per Host).
 ``components`` is the pure function (union-find over one spec set). ``Router`` folds the spool in
 offset order and names the group(s) of every record; it is the job's routing table:
 
-* ``up``/``state`` go to the device's group; a spec to its query's group; ``tick`` and ``link`` to
-  every group holding a query; ``inc`` to every group (a new group gets the latest ``inc``, and
+* ``up``/``state`` go to the device's group, and ``ctl`` (a downlink's echo) too once it has one; a
+  spec to its query's group; ``tick`` and ``link`` to every group holding a query; ``inc`` to every group (a new group gets the latest ``inc``, and
   ``link lost`` while the link is down, before its first record).
 * Groups only merge. When a birth or a spec joins two groups, the younger one's key is retired (its
   state is dropped), its queries are registered again in the older one and each of its devices is
@@ -134,6 +134,9 @@ class Router:
             root = self.find(node)
             self.routed.add(device)
             self._to(root, (device, channel, payload), out)
+        elif channel == "ctl" and device:
+            if device in self.routed:       # a downlink's echo: to the group its device is in
+                self._to(self.find("d/" + device), (device, channel, payload), out)
         elif channel == "spec" and device:
             node = "q/" + device
             srcs = _spec_sources(payload)

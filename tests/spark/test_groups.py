@@ -113,6 +113,8 @@ def test_merge_retires_the_younger_group_and_adopts_its_devices():
     assert rows == [("d/b", None, "retire", b""), ("d/a", "qb", "spec", qb), ("d/a", "b", "adopt", b""),
                     ("d/a", "ab", "spec", b'{"kind": "max", "sources": ["x", "y"]}')]
     assert r.route("b", "up", b"r")[0] == [("d/a", "b", "up", b"r")]
+    assert r.route("b", "ctl", b"c")[0] == [("d/a", "b", "ctl", b"c")]     # an echo follows its device
+    assert r.route("nobody", "ctl", b"c")[0] == []                         # ... and needs one
     # a device born later into an "all" query joins its group without an adoption
     r.route("every", "spec", b'{"kind": "count", "sources": "all"}')
     rows = r.route("c", "state", birth(["z"]))[0]
