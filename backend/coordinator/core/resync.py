@@ -97,5 +97,5 @@ class Resync:
         for device, _, since in new:
             self._suspect(device, since)
         for device in ask:
-            if device in self.devices:
+            if device in self.devices and not self._in_flight(self.devices[device], now):
                 self.send(device, "rebirth", {})
