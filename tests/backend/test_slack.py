@@ -106,6 +106,11 @@ def test_weighted_difference_allocates_by_weight():
     weights = dict(zip(IDS[:6], [4, 1, 1, 0.5, 2, 3]))
     assert math.fsum(weights[k] * w[k] for k in IDS[:6]) <= 10.0     # Σ|w_i|·W_i ≤ δ
     assert w["s3"] > w["s0"]        # the lightest weight buys the widest bound, the heaviest the narrowest
+    # with steps past the half-width every reading exits at the widths the budget allows: no regret
+    wide = dict(spec, sources=dict(spec["sources"], step=[0.2, 1.0]))
+    _, dead = _run(wide, "deadband")
+    _, ad = _run(wide, "adaptive")
+    assert ad["violations"] == 0 and _total(ad) <= _total(dead)
 
 
 def test_sources_in_no_query_are_shut_and_come_back_when_named():
