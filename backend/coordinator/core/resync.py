@@ -7,7 +7,9 @@ the device's sources degraded (offline, widened by the interruption model) and r
 over them since the finding's ``since`` — until a birth resynchronises it and has surely happened.
 """
 import heapq
+import math
 
+from backend.coordinator.core.segments import before
 from edge.core.codec import NO_VALUE
 
 UP = -1         # the coordinator's event order of uplinks within one timestamp
@@ -36,6 +38,8 @@ class Resync:
             if now - t > self.tolerance:    # padding either): the answers meanwhile are revoked
                 self._revoke(device, t)
             t = self.clock
+        if self.segments.final:     # late for the final answers of a lag query (they went past its data)
+            self._revoke(device, m["t"], lagged=True)
         return t
 
     def _fresh_report(self, device, key, m):
@@ -69,13 +73,23 @@ class Resync:
         self.n += 1
         heapq.heappush(self.queue, (t, UP, self.n, device, kind, m))
 
-    def _revoke(self, device, since):
-        """The answers over ``device``'s sources from ``since`` to the clock may have been wrong."""
+    def _revoke(self, device, since, lagged=False):
+        """The answers over ``device``'s sources from ``since`` to the clock may have been wrong, and the
+        final answers of lag queries over them from D before ``since`` (for a source in segment mode, what
+        the device sent then held data that old) to their final horizon; ``lagged``: only final answers,
+        and only if that horizon is past the window's start already."""
         d = self.devices.get(device)
+        final = self.segments.final
         for key in d["keys"] if d else ():
+            lag = self.segments.mode[key][0] if key in self.segments.mode else 0.0
             for qid in self.by_source.get(key, ()):
-                a, b = self.revoked.get(qid, (since, self.clock))
-                self.revoked[qid] = [min(a, since), max(b, self.clock)]
+                if lagged and (final.get(qid) or -math.inf) + lag < since:
+                    continue        # (as the device adds: data of τ goes out by τ + D)
+                early = before(since, lag) if lag else since
+                self.segments.restate(qid)
+                end = max(self.clock, final.get(qid) or -math.inf)     # a lag query's finals reach that
+                a, b = self.revoked.get(qid, (early, end))
+                self.revoked[qid] = [min(a, early), max(b, end)]
                 self.dirty[qid] = None
 
     def _suspect(self, device, since):
