@@ -45,7 +45,7 @@ def test_live_fleet_through_spark_equals_a_host_replay_with_zero_violations(job_
     applied = status["groups"]["demo"]["records"]
     answers = job.read_answers(out_dir, upto=status["batch"])
     ref_answers, coord = reference(os.path.join(out_dir, "spool"), applied,
-                                   host.settings(protocol="deadband", period=5.0, latency=0.5))
+                                   host.settings(protocol="deadband", period=5.0, latency=0.5, beat=host.LIVE_BEAT))
     assert len(answers) > 20
     assert answers == ref_answers
     assert status["groups"]["demo"]["stats"] == coord.stats

@@ -297,8 +297,10 @@ class Integrity:
         once event time reaches ``settle`` (the latest instant the birth can have been sent), unless
         the birth (numbered ``seq``) is older than the uplink that made it suspect."""
         need = self.need.get(device)
-        if need is not None and newer(need, seq):
-            return False        # older than what the suspicion waits for (a reordered birth)
+        if need is not None and newer(need, seq):     # older than what the suspicion waits for (a reordered
+            self.awaiting.pop(device, None)             # birth): ask for a newer one, no longer awaited
+            self._arm(device, "ask", self.dev[device]["last"] or 0.0)
+            return False
         if self.suspect.get(device, SKEWED) != SKEWED:
             del self.suspect[device]
         self.awaiting.pop(device, None)
