@@ -251,6 +251,8 @@ def parser():
     k.add_argument("--param", action="append", help="protocol parameter KEY=VALUE (repeatable)")
     k.add_argument("--trigger", type=float, default=0.25, help="micro-batch trigger interval in seconds")
     k.add_argument("--master", default="local[*]", help="Spark master URL, e.g. spark://host:7077")
+    k.add_argument("--groups", action="store_true",
+                   help="one state key per query group, so independent groups use every core (new --dir only)")
     k.set_defaults(fn=cmd_backend)
     qy = sub.add_parser("query", help="add, list or remove continuous queries (retained specs)")
     qy.add_argument("action", choices=["add", "list", "remove"])

@@ -25,7 +25,7 @@ from backend.coordinator.protocols import make
 
 # The settings every driver accepts, with the one set of defaults (T and S of Olston et al. §3.1).
 SETTINGS = {"protocol": "deadband", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": 0.0,
-            "skew": 0.0, "t0": None, "params": None, "models": None}
+            "skew": 0.0, "t0": None, "params": None, "models": None, "echo": False}
 # Filter models devices may use (edge.core.predict): the setting ``models`` or ``params.models``; None
 # takes ``DEFAULT_MODELS``. "choose" picks constant or linear per source online by measured cost.
 MODELS = {"constant": 1, "linear": 2, "choose": 3}
@@ -88,7 +88,7 @@ def build(given=None, **overrides):
         raise ValueError("protocol %s: %s" % (s["protocol"], e))
     return Coordinator(protocol, period=s["period"], shrink=s["shrink"] if protocol.shrinks else 0.0,
                        latency=s["latency"], beat=s["beat"], t0=s["t0"] or 0.0,
-                       models=MODELS[s["models"] or DEFAULT_MODELS], skew=s["skew"])
+                       models=MODELS[s["models"] or DEFAULT_MODELS], skew=s["skew"], echo=bool(s["echo"]))
 
 
 def new_incarnation(now, previous=None):
@@ -196,16 +196,21 @@ class Host:
     # -- inputs ---------------------------------------------------------------------------------
     def record(self, now, name, channel, payload, retained=False):
         """One broker message or spool record: ``channel`` is ``up``/``state`` (``name`` a device),
-        ``spec`` (``name`` a query id), or one of the spool's own records (``edge.core.topics``):
+        ``ctl`` (a downlink to device ``name`` as the broker passed it on: echo mode), ``spec`` (``name`` a query id), or one of the spool's own records (``edge.core.topics``):
         ``tick`` (time only), ``link`` (``lost``/``restored``: the bridge's broker link), ``inc`` (a new
-        backend run, its incarnation in decimal); anything else is counted and ignored."""
+        backend run, its incarnation in decimal), ``adopt`` (``name`` a device another group's Host owned
+        until query groups merged, ``backend.spark.groups``); anything else is counted and ignored."""
         self.records += 1
         if (channel == "up" or channel == "state") and name:
             return self.uplink(now, name, payload, retained)
         if channel == "tick":
             return self.timer(now)
+        if channel == "ctl" and name:
+            return self._step(self.coord.handle_echo, self._clock(now), name, bytes(payload or b""))
         if channel == "spec" and name:
             return self.spec(now, name, payload)
+        if channel == "adopt" and name:
+            return self._step(self.coord.adopt, self._clock(now), name)
         if channel == "link" and payload in (b"lost", b"restored"):
             return self.link_lost(now) if payload == b"lost" else self.link_restored(now)
         if channel == "inc" and payload and bytes(payload).isdigit() and int(payload) <= 0xFFFFFFFF:

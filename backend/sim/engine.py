@@ -22,7 +22,7 @@ from backend.sim import result as result_mod, truth as truth_mod
 from backend.sim.forced import Forced
 from backend.sim.loop import DOWN, UP, Loop
 from backend.sim.network import Network
-from backend.sim.screen import Screen, bound
+from backend.sim.screen import Screen, bound, models_bound
 from backend.sim.sources import outages, samples
 from backend.sim.workload import load
 from edge.agent import Agent
@@ -84,15 +84,33 @@ class Simulation(Loop):
                 if got is not None:
                     a.values[j] = got[0]
                     a.stats["samples"] += got[1]
+                    if a.alt is not None:
+                        self._hand_models(a, j, s, got)
         return a
 
+    def _hand_models(self, a, j, s, got):
+        """What silent readings change in a device that chooses its filter model (``Chooser.sample``
+        and ``handle_sample`` on a reading inside ``models_bound``): the chooser's latest sampling
+        times and value, and the lines placed at the latest reading's time."""
+        v, d, c = got
+        times = self.screen.times[s]
+        ch, t = a.alt[j], times[c - 1]
+        ch.prev = times[c - 2] if d > 1 else ch.last
+        ch.last, ch.value = t, v
+        for g in ch.shadows:
+            g.at(t)
+        a.filters[j].at(t)
+
     def _bound(self, s):
-        """The bound of source ``s``'s filter (``screen.bound``); None for a SWAT tree or a filter-model
-        choice (edge.core.predict) or a segment (edge.core.segment), which see every reading."""
+        """The bound of source ``s``'s filter (``screen.bound``, or ``screen.models_bound`` when its device
+        chooses filter models: edge.core.predict); None for a SWAT tree or a segment (edge.core.segment),
+        which see every reading, and for model choice on a skewed clock (the screen reads true times)."""
         dev, j = self.src_dev[s]
         a = self.agents[dev]
-        if a.alt is not None or (a.summaries and j in a.summaries) or (a.segs and j in a.segs):
+        if (a.summaries and j in a.summaries) or (a.segs and j in a.segs):
             return None
+        if a.alt is not None:
+            return None if dev in self.offset or a.offset else models_bound(a.filters[j], a.alt[j])
         return bound(a.filters[j])
 
     def from_agent(self, now, device, out):
@@ -136,7 +154,7 @@ class Simulation(Loop):
         self.i = self.truth_i = 0       # readings consumed by the agents, by the truth (screened runs)
         self.scalar = 0
         if self.vectorised:
-            self.screen = Screen(self.ss_np, self.vs_np, len(w.source_ids))
+            self.screen = Screen(self.ss_np, self.vs_np, len(w.source_ids), self.ts_np)
         for spec in w.queries:
             q = parse_query(spec, w.source_ids, kinds=self.protocol.kinds)
             self.queries[q.id] = q

@@ -13,6 +13,10 @@ does not follow the fleet; the job snapshots its state after the births and prin
 source. Each run also prints Spark's per-batch phases (``durationMs``), the Python worker's time per
 batch (host and state store) and whether the group's Host was found cached in the worker.
 
+``--groups N`` keys the job by query group (``job.start(groups=True)``) with N sum queries over blocks
+of the sources (``--groups 1``: one SUM over every source, one huge group) and 2 shuffle partitions
+(``--partitions``), so independent groups run in parallel.
+
 ``--floor`` runs Spark's own floor instead: a no-op ``transformWithStateInPandas`` (reads the rows,
 keeps a ValueState counter, emits one status row) over the same source, trigger, offered rate and
 sink, whose latency is measured on an even sample of each batch's arrival times. ``--compare`` runs
@@ -48,14 +52,16 @@ def floor_processor():
             self.count = handle.getValueState("count", "n long")
 
         def handleInputRows(self, key, rows, timerValues):
-            arrivals = sorted(pd.concat(list(rows), ignore_index=True)["arrival"].tolist())
+            pdf = pd.concat(list(rows), ignore_index=True)
+            arrivals, last = sorted(pdf["arrival"].tolist()), int(pdf["offset"].max())
             n = len(arrivals)
             total = (self.count.get()[0] if self.count.exists() else 0) + n
             self.count.update((total,))
             step = max(1, n // FLOOR_SAMPLE)
-            body = json.dumps({"records": total, "batch_records": n, "arrivals": arrivals[::step]})
+            body = json.dumps({"records": total, "batch_records": n, "arrivals": arrivals[::step],
+                               "last_offset": last})
             cols = {c: [None] for c in job.COLUMNS}
-            cols.update(kind=["status"], body=[body], grp=[key[0]], seq=[0])
+            cols.update(kind=["status"], body=[body], grp=[key[0]], seq=[0], at=[None])
             yield pd.DataFrame(cols)
 
         def close(self):
@@ -64,10 +70,16 @@ def floor_processor():
     return Floor()
 
 
-def births(devices, now, register=0):
+def births(devices, now, register=0, groups=0):
     """Births of ``devices`` reporting devices and ``register`` silent ones (``r<i>``, source ``x<i>``,
-    in state but in no query), then one sum query per 10 reporting sources."""
+    in state but in no query), then one sum query per 10 reporting sources; with ``groups`` > 0 first
+    ``groups`` sum queries over consecutive blocks of the reporting sources (one query group each; 1:
+    one SUM over every source), so every device is born into its group."""
     out = []
+    for g in range(groups):
+        spec = {"kind": "sum", "sources": ["s%d" % d for d in range(devices * g // groups, devices * (g + 1) // groups)],
+                "precision": 5.0}
+        out.append((now, topics.query("bench", "g%d" % g, "spec"), json.dumps(spec).encode()))
     for d in range(register):
         out.append((now, topics.device("bench", "r%d" % d, "state"), codec.encode("birth", {
             "seq": 1, "t": now, "boot": 1, "fw": "bench", "caps": 0, "first": 0,
@@ -76,7 +88,7 @@ def births(devices, now, register=0):
         out.append((now, topics.device("bench", "d%d" % d, "state"), codec.encode("birth", {
             "seq": 1, "t": now, "boot": 1, "fw": "bench", "caps": 0, "first": 0,
             "sources": [{"name": "s%d" % d, "epoch": 0, "width": 0.0, "v": 100.0}]})))
-    for g in range(devices // 10):
+    for g in range(0 if groups else devices // 10):
         spec = {"kind": "sum", "sources": ["s%d" % (10 * g + i) for i in range(10)], "precision": 5.0}
         out.append((now, topics.query("bench", "g%d" % g, "spec"), json.dumps(spec).encode()))
     return out
@@ -100,28 +112,31 @@ class _Publisher(job.Publisher):
 
 
 def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="local[*]", floor=False,
-            register=0):
-    """Feed ``rate`` reports/s for ``seconds`` through the job (or Spark's floor); return the figures."""
+            register=0, groups=0, partitions=1):
+    """Feed ``rate`` reports/s for ``seconds`` through the job (or Spark's floor); return the figures.
+    ``groups`` > 0: the job keyed by query group over that many groups, ``partitions`` shuffle partitions."""
     root = tempfile.mkdtemp(prefix="qf-bench-job-")
     broker = Broker(os.path.join(root, "broker"), "bench", []).start()
-    spark = job.session(master, app="qf-bench-job")
+    spark = job.session(master, app="qf-bench-job", partitions=partitions)
     lat, batches, rebuilt, snaps, worker = [], [], [], [], []
     state = {"measure_from": None}
 
     def on_batch(batch_id, status, answers, published_at):
-        g = status.get("bench", {})
-        batches.append((published_at, g.get("records", 0), g.get("batch_records", 0)))
-        rebuilt.append(bool(g.get("rebuilt")))
-        if g.get("snapshot_bytes"):
-            snaps.append((g["snapshot_bytes"], g["sources_known"]))
-        if state["measure_from"] is not None and "host_s" in g:
-            worker.append((g["host_s"], g["store_s"]))
+        gs = [g for _, g in sorted(status.items())]       # one status row per group in the batch
+        done = max([g["last_offset"] + 1 for g in gs if g.get("last_offset") is not None] or [batches[-1][1] if batches else 0])
+        batches.append((published_at, done, sum(g.get("batch_records", 0) for g in gs)))
+        rebuilt.extend(bool(g.get("rebuilt")) for g in gs)
+        if any(g.get("snapshot_bytes") for g in gs):
+            snaps.append((sum(g.get("snapshot_bytes") or 0 for g in gs), sum(g["sources_known"] for g in gs)))
+        if state["measure_from"] is not None and any("host_s" in g for g in gs):
+            worker.append((sum(g.get("host_s", 0) for g in gs), sum(g.get("store_s", 0) for g in gs)))
         if state["measure_from"] is None:
             return
         if floor:
-            sample = g.get("arrivals", [])
-            weight = max(1, g.get("batch_records", 0) // max(1, len(sample)))
-            lat.extend(published_at - t for t in sample if t >= state["measure_from"] for _ in range(weight))
+            for g in gs:
+                sample = g.get("arrivals", [])
+                weight = max(1, g.get("batch_records", 0) // max(1, len(sample)))
+                lat.extend(published_at - t for t in sample if t >= state["measure_from"] for _ in range(weight))
         else:
             lat.extend(published_at - t for t in answers.column("time").to_pylist() if t >= state["measure_from"])
 
@@ -129,13 +144,14 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
     spool = Spool(os.path.join(root, "spool"), fsync="never")
     q = None
     try:
-        spool.append(births(devices, time.time(), register))
+        spool.append(births(devices, time.time(), register, groups))
         settings = host.settings(protocol="naive", period=10.0, latency=0.0)
         # the job snapshots its state after the births (so the state bytes per source are known)
         processor = floor_processor() if floor else job._processor_class()(settings, snapshot_records=devices + register)
         q = job.start(spark, spool.path, os.path.join(root, "out"), "bench", settings, publisher=pub,
                       trigger=trigger, on_batch=on_batch,
-                      source_options={"minPartitionRecords": 4096, "maxPartitions": 2}, processor=processor)
+                      source_options={"minPartitionRecords": 4096, "maxPartitions": 2}, processor=processor,
+                      groups=groups > 0)
         while not batches:                                   # wait for the first batch (start-up)
             time.sleep(0.1)
         seq = [1] * devices
@@ -177,7 +193,8 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
             if p.timestamp and p.numInputRows:
                 for k, v in p.durationMs.items():
                     phases.setdefault(k, []).append(v)
-        return {"devices": devices, "registered": register, "queries": devices // 10,
+        return {"devices": devices, "registered": register, "queries": groups or devices // 10, "groups": groups,
+                "partitions": partitions,
                 "snapshot_bytes": snaps[-1][0] if snaps else None, "snapshot_sources": snaps[-1][1] if snaps else None,
                 "worker_ms": [round(1000 * percentile([w[i] for w in worker], 0.5), 1) for i in (0, 1)] if worker else None, "protocol": "floor" if floor else "naive",
                 "trigger_s": trigger,
@@ -211,6 +228,9 @@ def main(argv=None):
     ap.add_argument("--register", type=int, default=0, help="silent devices also held in state (one source each)")
     ap.add_argument("--trigger", type=float, default=0.25, help="processing-time trigger in seconds")
     ap.add_argument("--master", default="local[*]")
+    ap.add_argument("--groups", type=int, default=0,
+                    help="key the job by query group: N sum queries over blocks of the sources (1: one SUM over all)")
+    ap.add_argument("--partitions", type=int, default=None, help="shuffle partitions (default 1, 2 with --groups)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--floor", action="store_true", help="run Spark's no-op floor instead of the job")
     mode.add_argument("--compare", action="store_true", help="run the floor, then the job, and print ratios")
@@ -219,7 +239,8 @@ def main(argv=None):
     runs = [True] if args.floor else [True, False] if args.compare else [False]
     ref = {"sustained_per_s": args.floor_ref} if args.floor_ref else None
     for floor in runs:
-        f = measure(args.rate, args.seconds, args.devices, args.trigger, args.master, floor, args.register)
+        f = measure(args.rate, args.seconds, args.devices, args.trigger, args.master, floor, args.register,
+                    args.groups, args.partitions or (2 if args.groups else 1))
         report(f)
         if floor:
             ref = f
@@ -234,10 +255,12 @@ def main(argv=None):
 def report(f):
     if f["protocol"] == "floor":
         print("Spark floor: no-op transformWithStateInPandas (ValueState counter, one status row per batch)")
-    print("workload: %d single-source devices, %d sum queries of 10 sources, protocol naive, lambda 0%s"
-          % (f["devices"], f["queries"], ", %d silent devices registered" % f["registered"] if f["registered"] else ""))
-    print("trigger interval: %.2f s, master %s, spark.sql.shuffle.partitions 1, RocksDB state store"
-          % (f["trigger_s"], f["master"]))
+    print("workload: %d single-source devices, %d sum queries of %d sources, protocol naive, lambda 0%s"
+          % (f["devices"], f["queries"], f["devices"] // max(1, f["queries"]),
+             ", %d silent devices registered" % f["registered"] if f["registered"] else ""))
+    print("state keys: %s" % ("one per query group (%d groups)" % f["groups"] if f["groups"] else "one (the fleet)"))
+    print("trigger interval: %.2f s, master %s, spark.sql.shuffle.partitions %d, RocksDB state store"
+          % (f["trigger_s"], f["master"], f["partitions"]))
     print("offered: %d reports/s" % f["offered_per_s"])
     print("sustained: %d reports/s (target >= %d)%s" % (f["sustained_per_s"], TARGET_RATE,
                                                          "" if f["drained"] else " [backlog not drained within 60 s]"))
@@ -245,7 +268,7 @@ def report(f):
     print("reading -> published answer latency over %d answer changes: p50 %.3f s, p99 %.3f s (target p99 <= %.1f s)"
           % (f["answers"], f["p50_s"], f["p99_s"], TARGET_P99))
     print("per-batch phases, median ms: %s" % ", ".join("%s %d" % kv for kv in f["phases_ms"].items()))
-    print("group host: cached in the worker %d batches, rebuilt %d" % (f["cache_hits"], f["rebuilt"]))
+    print("group hosts: cached in the worker %d group-batches, rebuilt %d" % (f["cache_hits"], f["rebuilt"]))
     if f["worker_ms"]:
         print("python worker per batch, median ms: host %.1f, state store %.1f" % tuple(f["worker_ms"]))
     if f["snapshot_bytes"]:

@@ -19,6 +19,8 @@ connection drops (not by ``stop``) the bridge appends ``qf/<fleet>/link`` ``lost
 message received before it) and keeps ticking while away, so the job's clock advances and its
 answers degrade (``Host.link_lost``); once subscribed again it appends ``restored`` (births are
 requested). The bridge subscribes only to device and query topics, so no client can forge these.
+It also spools every downlink (``ctl``) as the broker passes it on: the job's controls leave only
+after its batch, and the coordinator times a control's round trip from that echo (echo mode).
 """
 import logging
 import threading
@@ -38,11 +40,12 @@ _OVERHEAD = 64   # bound on a spool record's bytes besides topic and payload
 def subscriptions(fleet):
     """The topic filters the bridge subscribes to, all at QoS 1."""
     return [(topics.device(fleet, "+", "up"), 1), (topics.device(fleet, "+", "state"), 1),
+            (topics.device(fleet, "+", "ctl"), 1),
             (topics.query(fleet, "+", "spec"), 1)]
 
 
 class Bridge:
-    """Subscribe to a fleet's uplink, state and query-spec topics and append every message to ``spool``.
+    """Subscribe to a fleet's uplink, state, control and query-spec topics and append every message to ``spool``.
 
     Messages are appended in batches of at most ``batch_messages``, at most ``batch_seconds``
     after the first one of the batch arrived. ``start()`` returns at once (the broker may still be

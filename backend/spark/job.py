@@ -24,9 +24,12 @@ answers are last-writer-wins, and ``sink.committed`` records the last batch deli
 replayed batch that was already delivered is not published again. After each delivered batch the
 sink compacts the answer table and trims the spool behind Spark's commits (``retention``).
 
-Query groups: every record is keyed by its fleet (one group per fleet). Groups scale out by keying
-devices to connected components of the query/device graph instead (a routing table column), one
-``Host`` per component, since a device's sequence numbers and downlink must have a single owner.
+Query groups: by default every record is keyed by its fleet (one group per fleet). With ``groups``
+the source routes every record on the driver to its query group (``backend.spark.groups``: connected
+components of devices, sources and queries, a device wholly in one group since its sequence numbers
+and downlink need a single owner), one ``Host`` per group, so independent groups run in parallel on
+every core and executor; a merge retires the younger group's key and its devices re-birth into the
+older one. Rows are ordered by the spool offset of the record that caused them (``at``), then group.
 """
 import json
 import math
@@ -42,7 +45,7 @@ from backend.spark.retention import Retention
 from edge.core import topics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OUTPUT_SCHEMA = ("grp string, seq int, kind string, target string, payload binary, body string, "
+OUTPUT_SCHEMA = ("grp string, seq int, at long, kind string, target string, payload binary, body string, "
                  "time double, lo double, hi double, degraded boolean, guarantee string, final boolean")
 COLUMNS = ("kind", "target", "payload", "body", "time", "lo", "hi", "degraded", "guarantee", "final")
 
@@ -53,9 +56,12 @@ class Rows:
     def __init__(self, host):
         self.host = host
         self.cols = {c: [] for c in COLUMNS}
+        self.cols["at"] = []
+        self.at = None          # spool offset of the record being applied (orders rows across groups)
 
     def row(self, kind, target=None, payload=None, body=None, a=None):
         cols = self.cols
+        cols["at"].append(self.at)
         cols["kind"].append(kind)
         cols["target"].append(target)
         cols["payload"].append(payload)
@@ -80,16 +86,18 @@ class Rows:
         self.row("retract", qid)
 
 
-def run_batch(host, records, status_sources=False, extra=None):
-    """Feed ``records`` ``(arrival, device, channel, payload, retained)`` (in offset order) to ``host``;
-    returns the output columns, the group's status row (plus ``extra``) last."""
+def run_batch(host, records, status_sources=False, extra=None, offsets=None):
+    """Feed ``records`` ``(arrival, device, channel, payload, retained)`` (in offset order, their spool
+    ``offsets`` if given) to ``host``; returns the output columns, the group's status row (plus ``extra``) last."""
     sink = Rows(host)
     last = -math.inf
-    for arrival, device, channel, payload, retained in records:
+    for i, (arrival, device, channel, payload, retained) in enumerate(records):
+        sink.at = offsets[i] if offsets is not None else None
         hostmod.dispatch(host.record(arrival, device, channel, payload, retained), sink)
         last = max(last, arrival)
     status = hostmod.digest(host, status_sources, status_sources)
     status.update(extra or {}, batch_records=len(records), last_arrival=last)
+    sink.at = None
     sink.row("status", body=json.dumps(status))
     return sink.cols
 
@@ -112,14 +120,23 @@ def _processor_class():
             self.state = state.GroupState(handle, self.settings, *self.snapshot)
 
         def handleInputRows(self, key, rows, timerValues):
-            pdf = pd.concat(list(rows), ignore_index=True).sort_values("offset", kind="stable")
+            pdf = pd.concat(list(rows), ignore_index=True)
+            pdf = pdf.sort_values(["offset", "sub"] if "sub" in pdf else "offset", kind="stable")
             host, journal, rebuilt = self.state.load(key[0])
             records = list(zip(pdf["arrival"].tolist(), pdf["device"].tolist(), pdf["channel"].tolist(),
                                pdf["payload"].tolist(), pdf["retained"].tolist()))
+            offsets = pdf["offset"].tolist()
+            # a group merged into an older one (backend.spark.groups) is retired: its state is dropped
+            retire = next((i for i, r in enumerate(records) if r[2] == "retire"), None)
+            records = records[:retire]
             t = time.perf_counter()
-            cols = run_batch(host, records, self.status_sources, {"rebuilt": rebuilt})
+            cols = run_batch(host, records, self.status_sources, {"rebuilt": rebuilt, "retired": retire is not None,
+                                                                   "last_offset": offsets[-1]}, offsets)
             t1 = time.perf_counter()
-            self.state.store(key[0], host, records, journal)
+            if retire is None:
+                self.state.store(key[0], host, records, journal)
+            else:
+                self.state.drop(key[0])
             status = json.loads(cols["body"][-1])
             status.update(host_s=t1 - t, store_s=time.perf_counter() - t1, snapshot_bytes=self.state.snapshot_bytes)
             cols["body"][-1] = json.dumps(status)
@@ -142,6 +159,7 @@ def environment():
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, path) if p)
 
 
+GROUP_SNAPSHOT_RECORDS = 2000   # journal records per group snapshot when keyed by query group
 RETAIN_BATCHES = 20     # checkpoint history kept (offset/commit logs, state versions): bounded disk
 
 
@@ -184,16 +202,23 @@ def _package_zip():
     return path
 
 
-def plan(spark, spool, fleet, settings, status_sources=False, source_options=None, processor=None):
+def plan(spark, spool, fleet, settings, status_sources=False, source_options=None, processor=None, groups=None):
     """The streaming DataFrame of actions for ``fleet`` read from the spool directory ``spool``
-    (``processor``: another StatefulProcessor with the same output, e.g. the benchmark's no-op floor)."""
+    (``processor``: another StatefulProcessor with the same output, e.g. the benchmark's no-op floor).
+    ``groups``: a directory for the routing journal, keying the state by query group
+    (``backend.spark.groups``); None keys the whole fleet as one group."""
     from pyspark.sql import functions as F
     reader = spark.readStream.format("qfspool").option("path", str(spool))
-    for k, v in (source_options or {}).items():
+    for k, v in dict(source_options or {}, **({"groups": groups} if groups else {})).items():
         reader = reader.option(k, str(v))
-    df = reader.load().withColumn("grp", F.lit(fleet))
-    processor = processor or _processor_class()(hostmod.settings(settings), status_sources)
-    return (df.select("grp", "offset", "arrival", "device", "channel", "payload", "retained")
+    df = reader.load()
+    if not groups:
+        df = df.withColumn("grp", F.lit(fleet)).withColumn("sub", F.lit(0))
+    # keyed by group, a group's tasks may land on another Python worker (a cache miss rebuilds): group
+    # snapshots come often enough that a rebuild replays little (still at least one record per source)
+    processor = processor or _processor_class()(hostmod.settings(settings), status_sources,
+                                                **({"snapshot_records": GROUP_SNAPSHOT_RECORDS} if groups else {}))
+    return (df.select("grp", "offset", "sub", "arrival", "device", "channel", "payload", "retained")
             .groupBy("grp")
             .transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "None"))
 
@@ -221,7 +246,7 @@ class Sink:
     def __call__(self, df, batch_id):
         import pyarrow.compute as pc
         table = df.toArrow()
-        table = table.sort_by([("grp", "ascending"), ("seq", "ascending")])
+        table = table.sort_by([("at", "ascending"), ("grp", "ascending"), ("seq", "ascending")])
         if batch_id <= self.committed():
             return                        # delivered in full before a restart
         kinds = table.column("kind").to_pylist()
@@ -276,10 +301,11 @@ class Sink:
         os.replace(path + ".tmp", path)
 
 
-def check_settings(out_dir, settings):
-    """Refuse to resume a checkpoint under different coordinator settings (its state holds them)."""
+def check_settings(out_dir, settings, groups=False):
+    """Refuse to resume a checkpoint under different coordinator settings (its state holds them) or
+    another keying (``groups``)."""
     path = os.path.join(out_dir, "settings.json")
-    settings = json.loads(json.dumps(hostmod.settings(settings)))
+    settings = json.loads(json.dumps(dict(hostmod.settings(settings), **({"groups": True} if groups else {}))))
     if os.path.exists(path):
         with open(path) as f:
             old = json.load(f)
@@ -292,12 +318,15 @@ def check_settings(out_dir, settings):
 
 
 def start(spark, spool, out_dir, fleet, settings, publisher=None, trigger=0.25, available_now=False,
-          status_sources=False, on_batch=None, sink=None, source_options=None, processor=None, writer=None):
+          status_sources=False, on_batch=None, sink=None, source_options=None, processor=None, writer=None,
+          groups=False):
     """Start the streaming query; checkpoint and answer table live under ``out_dir``; ``writer``: the
-    spool's writer (a ``Spool``), trimmed behind Spark's commits."""
-    check_settings(out_dir, settings)
+    spool's writer (a ``Spool``), trimmed behind Spark's commits; ``groups``: one state key per query
+    group (``backend.spark.groups``, routing journal in ``out_dir/groups``) instead of one per fleet."""
+    check_settings(out_dir, settings, groups)
     sink = sink or Sink(out_dir, fleet, publisher, on_batch, spool=writer)
-    w = (plan(spark, spool, fleet, settings, status_sources, source_options, processor).writeStream
+    routing = os.path.join(out_dir, "groups") if groups else None
+    w = (plan(spark, spool, fleet, settings, status_sources, source_options, processor, routing).writeStream
          .foreachBatch(sink).option("checkpointLocation", os.path.join(out_dir, "checkpoint"))
          .queryName("quietfleet-%s" % fleet))
     w = w.trigger(availableNow=True) if available_now else w.trigger(processingTime="%d milliseconds" % int(trigger * 1000))

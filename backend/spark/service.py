@@ -24,21 +24,24 @@ from backend.spark.spool import Spool
 from edge.core import topics
 
 log = logging.getLogger("quietfleet.backend")
+GROUP_PARTITIONS = 8    # shuffle partitions when keyed by query group (fixed by the checkpoint at the first run)
 
 
 class Backend:
     def __init__(self, directory, fleet, host, port, password, settings, master="local[*]", trigger=0.25,
-                 tick=0.1, status_sources=False, on_batch=None, spark=None, user="backend"):
+                 tick=0.1, status_sources=False, on_batch=None, spark=None, user="backend", groups=False):
         self.directory = os.path.abspath(directory)
         self.fleet = fleet
         self.host, self.port, self.user, self.password = host, port, user, password
-        self.settings = settings
+        # the bridge spools every control as the broker passes it on: the job times round trips from there
+        self.settings = hostmod.settings(settings, echo=True)
         self.master = master
         self.trigger = trigger
         self.tick = tick
         self.status_sources = status_sources
         self.on_batch = on_batch
         self.spark = spark
+        self.groups = groups            # one state key per query group (backend.spark.groups)
         self.spool = self.bridge = self.publisher = self.query = None
         self.incarnation = None
 
@@ -50,11 +53,13 @@ class Backend:
         self.bridge = Bridge(self.spool, self.fleet, self.host, self.port, self.user, self.password,
                              tick_seconds=self.tick).start()
         if self.spark is None:
-            self.spark = job.session(self.master, app="quietfleet-%s" % self.fleet)
+            self.spark = job.session(self.master, app="quietfleet-%s" % self.fleet,
+                                     partitions=GROUP_PARTITIONS if self.groups else 1)
         self.publisher = Publisher(self.host, self.port, self.user, self.password, "qf-job-%s" % self.fleet)
         self.query = job.start(self.spark, self.spool.path, self.directory, self.fleet, self.settings,
                                publisher=self.publisher, trigger=self.trigger,
-                               status_sources=self.status_sources, on_batch=self.on_batch, writer=self.spool)
+                               status_sources=self.status_sources, on_batch=self.on_batch, writer=self.spool,
+                               groups=self.groups)
         return self
 
     def _incarnation(self):
@@ -153,7 +158,8 @@ def backend_main(args):
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    b = Backend(args.dir, args.fleet, host, port, password, settings, master=args.master, trigger=args.trigger)
+    b = Backend(args.dir, args.fleet, host, port, password, settings, master=args.master, trigger=args.trigger,
+                groups=args.groups)
     try:
         b.start()
         print("quietfleet backend: fleet %s, protocol %s, Spark %s, state in %s" % (

@@ -8,31 +8,37 @@ Usage::
 Offsets are ``{"offset": N}`` (one past the last record of a batch), so a restart from a checkpoint
 re-reads exactly the ranges Spark planned: nothing lost, nothing repeated. Options: ``path``
 (required), ``startingOffsets`` (``earliest`` | ``latest``, for a query without a checkpoint),
-``maxPartitions`` (default 2) and ``minPartitionRecords`` (default 4096; smaller batches are not
-split). ``commit`` is the base class's no-op: Spark's checkpoint holds the progress and
+``maxPartitions`` (default 2), ``minPartitionRecords`` (default 4096; smaller batches are not
+split) and ``groups`` (a directory: route every record to its query group(s) on the driver with
+``backend.spark.groups.Router``, journalled there; the rows gain ``grp`` and ``sub``). ``commit`` is the base class's no-op: Spark's checkpoint holds the progress and
 ``Spool.trim`` (by the spool's writer) reclaims space. Payloads are passed on undecoded; a topic that is not one of ours yields null
 ``device``/``channel`` so the job can count it, never a failure.
 """
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from backend.spark.groups import Journal
 from backend.spark.spool import Spool, SpoolError
 from edge.core import topics
 
 SCHEMA = ("offset long, arrival double, topic string, device string, channel string, payload binary, "
           "retained boolean")
+# with option ``groups`` (a directory for the routing journal): the rows of every record routed to its
+# query group(s) (``backend.spark.groups``), ``sub`` ordering the rows one record yields
+GROUPED_SCHEMA = "grp string, sub int, " + SCHEMA
 ARROW_SCHEMA = pa.schema([("offset", pa.int64()), ("arrival", pa.float64()), ("topic", pa.string()),
                           ("device", pa.string()), ("channel", pa.string()), ("payload", pa.binary()),
                           ("retained", pa.bool_())])
+GROUPED_ARROW = pa.schema([("grp", pa.string()), ("sub", pa.int32())] + list(ARROW_SCHEMA))
 BATCH_ROWS = 8192
-_CHANNELS = {("d", "up"), ("d", "state"), ("q", "spec")}
+_CHANNELS = {("d", "up"), ("d", "state"), ("d", "ctl"), ("q", "spec")}
 RETAINED = "#retained"   # suffix the bridge gives the topic of a message delivered as retained
 
 
 def parse_topic(topic):
-    """``qf/<fleet>/d/<device>/up|state`` or ``qf/<fleet>/q/<query>/spec`` -> ``(id, channel)``.
+    """``qf/<fleet>/d/<device>/up|state|ctl`` or ``qf/<fleet>/q/<query>/spec`` -> ``(id, channel)``.
 
-    The id is the device for ``up``/``state`` and the query for ``spec``; the spool's own records
+    The id is the device for ``up``/``state``/``ctl`` (a downlink's echo) and the query for ``spec``; the spool's own records
     ``qf/<fleet>/tick|link|inc`` give ``(None, "tick")`` etc.; anything else gives ``(None, None)``.
     A ``RETAINED`` suffix is ignored here (see ``retained``).
     """
@@ -70,6 +76,14 @@ def _int_option(options, name, default, least):
     return value
 
 
+class RoutedRows(InputPartition):
+    """Rows already routed by the driver (option ``groups``): ``(grp, sub, offset, arrival, topic,
+    device, channel, payload, retained)``."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+
 class SpoolStreamReader(DataSourceStreamReader):
     def __init__(self, options):
         self.path = options.get("path")
@@ -80,6 +94,8 @@ class SpoolStreamReader(DataSourceStreamReader):
             raise ValueError("qfspool startingOffsets must be 'earliest' or 'latest', got %r" % self.starting)
         self.max_partitions = _int_option(options, "maxPartitions", 2, 1)
         self.min_records = _int_option(options, "minPartitionRecords", 4096, 1)
+        self.groups = options.get("groups")
+        self.router, self.pos = None, None     # the routing table as of spool offset ``pos``
 
     def initialOffset(self):
         spool = Spool(self.path, readonly=True)
@@ -93,26 +109,61 @@ class SpoolStreamReader(DataSourceStreamReader):
         if hi <= lo:
             return []
         n = max(1, min(self.max_partitions, (hi - lo) // self.min_records))
+        if self.groups:
+            rows = self._route(lo, hi)
+            return [RoutedRows(rows[len(rows) * i // n:len(rows) * (i + 1) // n]) for i in range(n)]
         cuts = [lo + (hi - lo) * i // n for i in range(n + 1)]
         return [SpoolRange(a, b) for a, b in zip(cuts, cuts[1:])]
 
+    def _route(self, lo, hi):
+        """Route offsets [lo, hi) on the driver, journalling what changed the table (so a restart at
+        any planned offset rebuilds the same table)."""
+        journal = Journal(self.groups)
+        if self.pos != lo:
+            self.router = journal.router(lo)
+        rows, entries = [], []
+        for rec in self._scan(lo, hi):
+            device, channel = parse_topic(rec.topic)
+            out, changed = self.router.route(device, channel, rec.payload)
+            if changed:
+                entries.append((rec.offset, device, channel, rec.payload))
+            retained = rec.topic.endswith(RETAINED)
+            for sub, (grp, name, chan, payload) in enumerate(out):
+                if grp is not None:
+                    own = chan == channel and name == device
+                    rows.append((grp, sub, rec.offset, rec.arrival, rec.topic if own else None, name, chan,
+                                 payload, retained and own))
+        journal.append(entries)
+        self.pos = hi
+        return rows
+
+    def _scan(self, lo, hi):
+        count = 0
+        for rec in Spool(self.path, readonly=True).scan(lo, hi):
+            count += 1
+            yield rec
+        if count != hi - lo:
+            raise SpoolError("spool %s holds only %d of offsets [%d, %d): was it replaced or rolled back?"
+                             % (self.path, count, lo, hi))
+
     def read(self, partition):
-        cols, count = ([], [], [], [], [], [], []), 0
-        for rec in Spool(self.path, readonly=True).scan(partition.start, partition.end):
+        if isinstance(partition, RoutedRows):
+            if partition.rows:
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array(c, type=f.type) for c, f in zip(zip(*partition.rows), GROUPED_ARROW)],
+                    schema=GROUPED_ARROW)
+            return
+        cols = ([], [], [], [], [], [], [])
+        for rec in self._scan(partition.start, partition.end):
             device, channel = parse_topic(rec.topic)
             row = (rec.offset, rec.arrival, rec.topic, device, channel, rec.payload, rec.topic.endswith(RETAINED))
             for col, value in zip(cols, row):
                 col.append(value)
             if len(cols[0]) == BATCH_ROWS:
-                count += BATCH_ROWS
                 yield _batch(cols)
                 cols = ([], [], [], [], [], [], [])
-        count += len(cols[0])
         if cols[0]:
             yield _batch(cols)
-        if count != partition.end - partition.start:
-            raise SpoolError("spool %s holds only %d of offsets [%d, %d): was it replaced or rolled back?"
-                             % (self.path, count, partition.start, partition.end))
 
 
 class SpoolDataSource(DataSource):
@@ -121,7 +172,7 @@ class SpoolDataSource(DataSource):
         return "qfspool"
 
     def schema(self):
-        return SCHEMA
+        return GROUPED_SCHEMA if self.options.get("groups") else SCHEMA
 
     def streamReader(self, schema):
         return SpoolStreamReader(self.options)

@@ -92,16 +92,30 @@ class GroupState:
         token = os.urandom(12).hex()
         self.meta.update((token, count, float(since) if count else 0.0))
         _CACHE[key] = (token, h)
-        _freeze(n)
+        _HELD[0] += n - _SIZES.get(key, 0)
+        _SIZES[key] = n
+        _freeze(_HELD[0])
+
+    def drop(self, key):
+        """Forget the group (merged into another, ``backend.spark.groups``)."""
+        self.snap.clear()
+        self.journal.clear()
+        self.meta.clear()
+        _CACHE.pop(key, None)
+        _HELD[0] -= _SIZES.pop(key, 0)
+        self.snapshot_bytes = None
 
 
 _FROZEN = [0]   # sources held when the worker's heap was last frozen
+_SIZES = {}     # group key -> sources of its Host when last stored in this worker
+_HELD = [0]     # their sum: the sources the worker's cached Hosts hold (every group's, keyed by group)
 
 
 def _freeze(n):
     """Move the long-lived heap (the cached Hosts) out of the cyclic garbage collector's sight once
-    the fleet has doubled since the last time: a full collection would otherwise walk every source's
-    objects, a pause that grows with the fleet. Frozen objects are still freed by reference counting."""
+    the sources held (``n``, over every group) have doubled since the last time: a full collection
+    would otherwise walk every source's objects, a pause that grows with the fleet. Frozen objects
+    are still freed by reference counting."""
     if n > 2 * _FROZEN[0]:
         gc.collect()
         gc.freeze()
@@ -111,3 +125,5 @@ def _freeze(n):
 def forget():
     """Drop every cached Host (as a new worker process would start): the next batches rebuild."""
     _CACHE.clear()
+    _SIZES.clear()
+    _HELD[0] = 0

@@ -6,7 +6,7 @@ import random
 import numpy as np
 
 from backend.sim import truth as truth_mod
-from backend.sim.screen import Screen, bound, outside
+from backend.sim.screen import Screen, bound, models_bound, outside
 from edge.core.interval import IntervalFilter
 
 
@@ -157,3 +157,44 @@ def test_bulk_truth_is_the_per_reading_truth(monkeypatch):
             else:
                 assert x == y, (q["id"], chunk)
         assert one.values == bulk.values
+
+
+def test_models_bound_is_exactly_the_readings_that_change_a_model_choice():
+    """``models_bound`` with the screen's scalar and array tests, against ``Chooser.sample`` and the
+    filter's own check (``Agent.handle_sample`` with lines allowed): a reading is outside exactly when
+    it changes a shadow cost, a line (origin, slope, gap, width) or makes a report; inside, only the
+    sampling times and where the lines stand move."""
+    from edge.core.predict import Chooser, LineFilter
+    r = random.Random(5)
+    silent = 0
+    for trial in range(40):
+        n = 400
+        ts = np.cumsum([r.choice([1.0, 1.0, 2.0, r.uniform(0.2, 3.0)]) for _ in range(n)])
+        drift = r.choice([0.0, 0.4, -1.5])
+        vs = np.cumsum([drift + r.gauss(0, r.choice([0.05, 0.5, 2.0])) for _ in range(n)])
+        sc = Screen(np.zeros(n, dtype=int), vs, 1, ts)
+        f, ch = LineFilter(r.choice([1.0, 3.0, 8.0])), Chooser()
+        outs = changes = 0
+        for p in range(n):
+            t, v = float(ts[p]), float(vs[p])
+            if r.random() < 0.02:
+                f.set_width(r.choice([0.5, 2.0, 6.0]), f.epoch + 1)
+            b = models_bound(f, ch) if f.center is not None else None
+            out = b is None or sc._out(0, b, p)
+            if b is not None:
+                assert bool(sc._outs(0, b, p, 1)[0]) == out
+                assert sc._outs(0, b, max(p - 3, 0), 8).tolist()[p - max(p - 3, 0)] == out
+            state = lambda: [(g.t0, g.v0, g.slope, g.gap, g.width) for g in (f,) + ch.shadows] + [list(ch.cost)]
+            before = state()
+            ch.sample(t, v, f.width)
+            f.at(t)
+            report = f.center is None or f.check(v)
+            if report:
+                ch.report(f, t, v, 3)
+            changed = report or state() != before
+            assert out or not changed, (trial, p)
+            outs += out
+            changes += changed
+        assert outs == changes          # never a spare look either
+        silent += n - outs
+    assert silent > 40 * 400 / 4

@@ -212,6 +212,11 @@ def test_bad_trace_rows_are_explained(tmp_path):
         load({"duration": 5, "sources": {"trace": str(p)}})
 
 
+def _choosers(agent):
+    """A device's filter-model choice (edge.core.predict.Chooser): sampling times, shadow costs and filters."""
+    return [(c.prev, c.last, c.value, c.cost, [g.__dict__ for g in c.shadows]) for c in agent.alt or ()]
+
+
 def _same_runs(spec):
     """Run ``spec`` screened and scalar; assert the same messages, answers, verdicts and agent state."""
     fast, slow = engine.Simulation(spec), engine.Simulation(spec, vectorised=False)
@@ -225,6 +230,7 @@ def _same_runs(spec):
     assert [a.values for a in fast.agents.values()] == [a.values for a in slow.agents.values()]
     assert [[f.__dict__ for f in a.filters] for a in fast.agents.values()] == \
         [[f.__dict__ for f in a.filters] for a in slow.agents.values()]
+    assert [_choosers(a) for a in fast.agents.values()] == [_choosers(a) for a in slow.agents.values()]
     assert [q["violations"] for q in rf["queries"].values()] == [q["violations"] for q in rs["queries"].values()]
     for qid, tr in slow.truth.tracks.items():      # the bulk truth agrees within the checker's tolerance
         other = dict((t, x) for t, x, _ in fast.truth.tracks[qid].timeline)
@@ -276,6 +282,42 @@ def test_screening_matches_on_few_sources_skew_reboots_outages_and_repeated_inst
                      "params": {"models": "constant"},
                      "queries": [{"id": "s", "kind": "sum", "sources": "all", "precision": 12.0}]})
     assert rf["screened"] > rf["samples"] / 2
+
+
+@pytest.mark.parametrize("protocol", ["deadband", "adaptive", "optimal_static"])
+def test_screening_with_filter_model_choice_matches_the_scalar_agents(protocol, tmp_path):
+    """Default models (``choose``): the screen skips readings inside the filter and both shadow models
+    (lines included, and the linear shadow's gap), and the scalar run agrees message for message, with
+    the same shadow costs, on random walks, steady drifts (lines win), outages and reboots, a skewed
+    clock (constant only) and a source read twice at one instant."""
+    screened = samples = 0
+    for seed in range(4):
+        spec = random_workload(500 + seed, protocol, count=6, duration=600)
+        spec["queries"] = [q for q in spec["queries"] if q["kind"] != "count"] or [
+            {"id": "avg", "kind": "avg", "sources": "all", "precision": 8.0}]
+        if seed % 2:
+            spec["sources"]["outages"] = {"rate": 0.002, "mean_length": 20.0}
+            spec["network"].update({"reboots": 3.0, "delay": 0.2, "jitter": 0.1})
+        if seed == 3:
+            spec["network"]["skew"] = 0.2
+        rf = _same_runs(spec)
+        screened, samples = screened + rf["screened"], samples + rf["samples"]
+        assert rf["violations"] == 0
+    assert screened > samples / 4
+    r = random.Random(9)
+    p = tmp_path / "drift.csv"
+    rows, v = [], {"a": 100.0, "b": 50.0}
+    for k in range(2000):
+        for src in ("a", "b", "a") if k % 3 == 0 else ("b",):       # "a" twice at every third instant
+            v[src] += (0.3 if src == "a" else -0.2) + r.uniform(-0.05, 0.05) + (5 * r.random() if k % 97 == 0 else 0)
+            rows.append("%r,%s,%r" % (k * 1.5 + r.uniform(0, 0.5) if src == "b" else k * 1.5, src, v[src]))
+    rows.sort(key=lambda x: float(x.split(",")[0]))
+    p.write_text("time,source,value\n" + "\n".join(rows) + "\n")
+    spec = {"seed": 1, "duration": 3000, "protocol": protocol, "sources": {"trace": str(p)},
+            "queries": [{"id": "s", "kind": "sum", "sources": "all", "precision": 6.0}]}
+    rf = _same_runs(spec)
+    assert rf["by_kind"].get("line", 0) > 10        # the drifts were sent as lines
+    assert rf["screened"] > rf["samples"] / 4       # and their readings inside the lines skipped the agents
 
 
 def test_real_temperature_dataset_runs_without_violations():

@@ -101,19 +101,19 @@ def test_messages_land_in_the_spool_and_none_are_lost_while_the_bridge_is_down(b
         (topics.device(FLEET, "dev2", "state"), b"\x01\x04birth", True),
         (topics.query(FLEET, "hot", "spec"), b'{"agg": "max"}', True),
         (topics.device(FLEET, "dev2", "up"), b"\xff\x00 not a codec payload", False),
-        (topics.device(FLEET, "dev2", "ctl"), b"downlink: not ours", False),
+        (topics.device(FLEET, "dev2", "ctl"), b"a downlink's echo", False),   # spooled (echo mode)
         (topics.device("other", "dev3", "up"), b"another fleet", False),
     ]
     try:
         publish(broker.port, first)
-        wait_spooled(spool, 43)
+        wait_spooled(spool, 44)
         time.sleep(0.2)                      # nothing else may arrive
         got = spool.read(0, 10 ** 9)
-        assert [(r.topic, r.payload) for r in got] == [(t, p) for t, p, _ in first[:43]]
+        assert [(r.topic, r.payload) for r in got] == [(t, p) for t, p, _ in first[:44]]
         assert all(abs(r.arrival - time.time()) < 60 for r in got)
     finally:
         bridge.stop()
-    assert bridge.stats["acked"] == 43 and bridge.stats["spooled"] == 43
+    assert bridge.stats["acked"] == 44 and bridge.stats["spooled"] == 44
 
     # While the bridge is away its persistent session queues QoS 1 messages, even across a broker restart.
     second = [up("dev1", 100 + i) for i in range(30)]
@@ -124,11 +124,11 @@ def test_messages_land_in_the_spool_and_none_are_lost_while_the_bridge_is_down(b
     spool = Spool(tmp_path / "spool")
     bridge = start_bridge(spool, broker.port)
     try:
-        wait_spooled(spool, 73)
+        wait_spooled(spool, 74)
         time.sleep(0.2)
         got = spool.read(0, 10 ** 9)
-        assert [(r.topic, r.payload) for r in got[43:]] == [(t, p) for t, p, _ in second]
-        assert len(got) == 73                # no retained state/spec replayed: the session was resumed
+        assert [(r.topic, r.payload) for r in got[44:]] == [(t, p) for t, p, _ in second]
+        assert len(got) == 74                # no retained state/spec replayed: the session was resumed
         assert bridge.stats["resumed_sessions"] == 1
     finally:
         bridge.stop()

@@ -56,7 +56,8 @@ def test_parse_topic():
     assert parse_topic("qf/f1/d/dev7/up") == ("dev7", "up")
     assert parse_topic("qf/f1/d/dev7/state") == ("dev7", "state")
     assert parse_topic("qf/f1/q/hot/spec") == ("hot", "spec")
-    for bad in ("qf/f1/d/dev7/ctl", "qf/f1/q/hot/answer", "qf/f1/d//up", "x/f1/d/a/up", "qf/f1/d/a/up/x", ""):
+    assert parse_topic("qf/f1/d/dev7/ctl") == ("dev7", "ctl")     # a downlink's echo (echo mode)
+    for bad in ("qf/f1/q/hot/answer", "qf/f1/d//up", "x/f1/d/a/up", "qf/f1/d/a/up/x", ""):
         assert parse_topic(bad) == (None, None)
 
 

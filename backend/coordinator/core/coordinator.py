@@ -26,6 +26,8 @@ from backend.coordinator.core.integrity import FILTER, RETRY, Integrity
 from backend.coordinator.core.resync import UP, Resync
 from backend.coordinator.core.queries import QueryError, parse_query
 from backend.coordinator.core.segments import Mirror
+
+ECHO_WAIT = 30.0    # s a birth request may wait for its echo before it is made again (echo mode)
 from edge.core.float32 import f32
 
 _TICK = 0      # event order within one timestamp: uplinks, then the adjustment tick
@@ -45,7 +47,7 @@ class _Known:
 
 class Coordinator(Resync):
     def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, lazy=True, incarnation=0,
-                 models=1, skew=0.0):
+                 models=1, skew=0.0, echo=False):
         if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or beat < 0 or skew < 0:
             raise ValueError("need period >= 1 ms, 0 <= shrink < 1, latency >= 0, beat >= 0, skew >= 0")
         self.protocol = protocol
@@ -56,6 +58,9 @@ class Coordinator(Resync):
         self.tolerance = latency + 2 * skew
         self.latency = protocol.queue_latency(self.tolerance)
         self.beat = beat
+        # echo: downlinks leave when the driver says (the Spark job publishes a batch's controls after
+        # it), seen as ``handle_echo``; round-trip waits start there, not when a control was made
+        self.echo = echo
         self.t0 = t0
         self.lazy = lazy                # skip idle ticks in O(1); False ticks every period (the test oracle)
         self.inc = incarnation & 0xFFFFFFFF     # this backend run, stamped on every downlink
@@ -159,19 +164,25 @@ class Coordinator(Resync):
         return self.clock if now is None else now
 
     def _ask_birth(self, device, now):
-        """Ask a device we have no birth from for one, once per λ + 1 s: every request makes it send a
-        new birth, whose token voids the controls answering the one before, so a request per early
-        report would keep it from ever taking a control."""
+        """Ask a device we have no birth from for one, once per λ + 1 s after the last request left: every
+        request makes it send a new birth, whose token voids the controls answering the one before, so
+        a request per early report would keep it from ever taking a control."""
         d = self._device(device)
-        if d["asked"] is None or now - d["asked"] >= self.latency + 1.0:
+        if d["asked"] is None or (not self._in_flight(d, now) and now - d["asked"] >= self.latency + 1.0):
             d["asked"] = now
             self.send(device, "rebirth", {})
+
+    def _in_flight(self, d, now):
+        """Whether the device's latest birth request has not left yet (echo mode; at most ECHO_WAIT s)."""
+        return (self.echo and d["rebirth"] is not None and now - d["asked"] < ECHO_WAIT
+                and (d["echoed"] is None or newer(d["rebirth"], d["echoed"])))
 
     def _device(self, device):
         d = self.devices.get(device)
         if d is None:
             d = self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False,
-                                        "to": 0, "single": False, "inc": None, "lines": False, "asked": None}
+                                        "to": 0, "single": False, "inc": None, "lines": False, "asked": None,
+                                        "rebirth": None, "echoed": None, "unsent": {}}
         return d
 
     def schedule_ms(self):
@@ -179,10 +190,14 @@ class Coordinator(Resync):
         protocol may change them): what devices are told and what ticks are computed from."""
         return round(self.t0 * 1000), round(self.period * 1000)
 
+    _ticks = (None, None, 0, 0)     # (t0, period) and their ``schedule_ms``, recomputed when either changes
+
     def tick_time(self, k):
         """Event time of adjustment tick ``k``."""
-        t0, period = self.schedule_ms()
-        return (t0 + k * period) / 1000
+        m = self._ticks
+        if m[0] != self.t0 or m[1] != self.period:
+            m = self._ticks = (self.t0, self.period) + self.schedule_ms()
+        return (m[2] + k * m[3]) / 1000
 
     # -- downlink -----------------------------------------------------------------
     def send(self, device, kind, fields):
@@ -196,6 +211,8 @@ class Coordinator(Resync):
         fields["to"] = d["to"]
         if config:
             d["inc"] = self.inc
+        elif kind == "rebirth":
+            d["rebirth"], d["asked"] = d["down"], self.wall
         self.out.append(("down", device, codec.encode(kind, fields)))
 
     def assign_width(self, key, width, confirm=None):
@@ -226,15 +243,52 @@ class Coordinator(Resync):
         return self.clock if self.clock > -math.inf else self.wall
 
     def _sent(self, key, epoch, ack, confirm):
-        """A control left. Acknowledged, a report carrying ``epoch`` is expected (the device reports at once
-        if it has a value and is not in segment mode): ``confirm`` = (stage, since, tries, unsafe) of
+        """A control was made. Acknowledged, a report carrying ``epoch`` is expected (the device reports at
+        once if it has a value and is not in segment mode): ``confirm`` = (stage, since, tries, unsafe) of
         ``Integrity.expect``, by default sent again until answered (the mirror covers its loss)."""
         s = self.cache.sources[key]
         stage, since, tries, unsafe = confirm or (RETRY, None, 0, False)
-        self.integrity.sent(key, epoch, self._event_now(), unsafe)
-        if ack and s.value is not None and key not in self.segments.mode:
-            self.integrity.expect(s.device, key, epoch, self._event_now() + self.latency, since, stage, tries, unsafe)
+        wait = (since, stage, tries, unsafe) if ack and s.value is not None and key not in self.segments.mode else None
+        self._leave(s.device, key, epoch, unsafe, wait)
         self._touch(key)
+
+    def _leave(self, device, what, token, unsafe=False, wait=None):
+        """A control (``what``: its key, ``token``: its epoch) or a probe (``("probe", key)``, its id) was
+        just made: integrity expects the device to state it once it can have arrived (``wait``: the rest of
+        ``Integrity.expect``'s arguments), timed from when it left: by the event time reached plus λ, or,
+        in echo mode, when it is seen leaving."""
+        if self.echo:
+            self.devices[device]["unsent"][what] = (self.devices[device]["down"], token, unsafe, wait)
+        else:
+            self._left(device, what, token, unsafe, wait, self._event_now() + self.latency)
+
+    def _left(self, device, what, token, unsafe, wait, at):
+        if type(what) is not tuple:
+            self.integrity.sent(what, token, at - self.latency, unsafe)
+        if wait is not None:
+            self.integrity.expect(device, what, token, at, *wait)
+
+    def handle_echo(self, now, device, payload):
+        """Echo mode: a downlink to ``device`` as the broker passed it on at ``now`` (the Spark job's
+        controls leave after its batch; the bridge spools them). The waits for its effect start here."""
+        self._catch_up(now)
+        d = self.devices.get(device)
+        try:
+            kind, m = codec.decode(payload)
+        except codec.CodecError:
+            kind = None
+        if not self.echo or d is None or kind is None or codec.SCHEMAS[kind][1] != "down" or m["inc"] != self.inc:
+            return self._advance(now)
+        seq = m["seq"]
+        if d["echoed"] is None or newer(seq, d["echoed"]):
+            d["echoed"] = seq
+        if seq == d["rebirth"]:
+            d["asked"] = now
+        for what, (at, token, unsafe, wait) in list(d["unsent"].items()):
+            if not newer(at, seq):
+                del d["unsent"][what]
+                self._left(device, what, token, unsafe, wait, now)
+        return self._advance(now)
 
     def send_config(self, device):
         """Tell ``device`` the adjustment schedule: ticks at t0 + k·T (integer ms), the shrink S, the
@@ -251,7 +305,7 @@ class Coordinator(Resync):
         """Ask ``key``'s device for its value; asked again (same id) until it replies."""
         s = self.cache.sources[key]
         self.send(s.device, "probe", {"src": s.index, "probe": probe_id & 0xFFFF})
-        self.integrity.expect(s.device, ("probe", key), probe_id & 0xFFFF, self._event_now() + self.latency, tries=tries)
+        self._leave(s.device, ("probe", key), probe_id & 0xFFFF, wait=(None, RETRY, tries, False))
 
     def _touch(self, key):
         self.dirty_src[key] = None
@@ -313,6 +367,12 @@ class Coordinator(Resync):
             self.send(device, "rebirth", {})
         return self._advance(now)
 
+    def adopt(self, now, device):
+        """A device another coordinator owned until now (Spark query groups merged): ask it for a birth."""
+        self._catch_up(now)
+        self._ask_birth(device, now)
+        return self._advance(now)
+
     def _set_online(self, device, online):
         d = self.devices[device]
         if d["online"] != online:
@@ -345,6 +405,7 @@ class Coordinator(Resync):
             v = None if rec["v"] == NO_VALUE else rec["v"]
             self.integrity.regressed(device, i, rec["epoch"], self.wall, birth=True)
             self.integrity.forget(device, key)      # controls sent before a birth are void
+            d["unsent"].pop(key, None)
             if s is not None and not self.integrity.newest(device, i, m["seq"]):
                 v = s.value     # a report sent after this birth was applied already
             if s is None:
@@ -425,12 +486,15 @@ class Coordinator(Resync):
 
     def _skip(self, limit):
         """Jump over the idle ticks strictly before ``limit`` but the last, which then runs as usual."""
-        k = max(self.tick, int((limit - self.t0) // self.period))
-        while k > self.tick and self.tick_time(k) >= limit:
+        self.tick_time(0)           # ``tick_time`` inlined: (t0 + k·T) / 1000 in integer ms
+        a, p = self._ticks[2:]
+        tick = self.tick
+        k = max(tick, int((limit - self.t0) // self.period))
+        while k > tick and (a + k * p) / 1000 >= limit:
             k -= 1
-        while self.tick_time(k + 1) < limit:
+        while (a + (k + 1) * p) / 1000 < limit:
             k += 1
-        if k > self.tick:
+        if k > tick:
             self.tick = k
             self.cache.new_period()
 
@@ -445,13 +509,17 @@ class Coordinator(Resync):
 
     def _release(self, now):
         """Apply every uplink and tick due by ``now`` (time ``t`` is due at ``t + λ``)."""
+        queue, cache = self.queue, self.cache
         while True:
             tick_t = self.tick_time(self.tick)
-            head = min(self.queue[0][0] if self.queue else math.inf, self.cache.next_due())
+            head = queue[0][0] if queue else math.inf
+            due = cache.next_due()
+            if due < head:
+                head = due
             if tick_t < head and self.idle():
-                self._skip(min(head, now - self.latency) if head != math.inf else now - self.latency)
+                self._skip(min(head, now - self.latency))
                 tick_t = self.tick_time(self.tick)
-            t = min(head, tick_t)
+            t = head if head <= tick_t else tick_t
             if t + self.latency > now:      # the same expression as next_deadline, so timers land
                 break
             self.clock = self.cache.now = t
@@ -485,6 +553,8 @@ class Coordinator(Resync):
 
     def _answers(self, t):
         self.cache.now = t
+        if not self.dirty_src and not self.dirty:
+            return
         for key in self.dirty_src:
             qids = self.by_source.get(key)
             if qids:

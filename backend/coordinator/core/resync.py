@@ -120,7 +120,7 @@ class Resync:
         for device, _, since in new:
             self._suspect(device, since)
         for device in ask:
-            if device in self.devices:
+            if device in self.devices and not self._in_flight(self.devices[device], now):
                 self.send(device, "rebirth", {})
         for device, what, w in missed:
             self._missed(device, what, w)
