@@ -126,3 +126,20 @@ def test_a_report_showing_a_lost_widening_resends_it_without_degrading():
     assert not any(a["degraded"] for a in r.mine() if a["time"] >= 1.0)
     assert r.h.coord.cache.sources["s0"].filt.width == 40.0 and r.agents["d0"].filters[0].width == 40.0
     assert math.isfinite(r.mine()[-1]["hi"])
+
+
+def test_in_echo_mode_a_control_is_waited_for_from_when_it_is_seen_leaving():
+    # the Spark job's controls leave after its batch: the wait for a narrowing's report starts at its echo,
+    # so a batch that takes longer than 2λ + margin sends nothing again before the control has even left
+    h = Host(protocol="deadband", latency=0.0, beat=2.0, shrink=0.0, period=5.0, t0=0.0, echo=True)
+    a = Agent("d0", ["s0"], boot=1, width=100.0)
+    a.handle_sample(0.0, 0, 100.0)
+    h.record(0.0, "d0", "state", a.start(0.0)[0][1])
+    widths = [p for act in h.spec(0.0, "q", {"kind": "sum", "sources": ["s0"], "precision": 2.0}) if act[0] == "down"
+              for p in [act[2]] if codec.decode(p)[0] == "width"]
+    assert len(widths) == 1                         # lost on its way, but it leaves only at 5 s
+    again = lambda acts: [x for x in acts if x[0] == "down" and codec.decode(x[2])[0] == "width"]
+    assert all(not again(h.timer(k * 0.5)) for k in range(1, 10))
+    h.record(5.0, "d0", "ctl", widths[0])           # the echo: it left now
+    assert not again(h.timer(5.4))
+    assert again(h.timer(6.0))                      # no report carrying its epoch by 2λ + margin: sent again
