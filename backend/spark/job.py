@@ -172,6 +172,8 @@ def session(master="local[*]", app="quietfleet-backend", partitions=1, retain_ba
     spark = (SparkSession.builder.master(master).appName(app)
              .config("spark.sql.shuffle.partitions", str(partitions))
              .config("spark.ui.enabled", "false")
+             # the stream thread's stop path ran java.util.regex out of the default 1 MB stack
+             .config("spark.driver.extraJavaOptions", "-Xss16m")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.streaming.stateStore.providerClass",
                      "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")

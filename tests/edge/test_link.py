@@ -70,6 +70,22 @@ if MICROPYTHON:
         assert link.send("up", b"report")
         assert link.inbox == [(9, b"ctl")] and b"\x40\x02\x00\x09" not in link.client.sock.out
 
+    def test_a_device_that_only_publishes_keeps_its_link():
+        # PUBACKs are traffic from the broker: a device reporting more often than it would ping, with no
+        # control coming, once dropped its link every 1.5 keepalives (a Last Will and a birth each time)
+        import time
+
+        class Idle:
+            def poll(self, ms):
+                return ()
+
+        link = _link(b"\x40\x02\x00\x01")      # our PUBACK
+        link.poller = Idle()
+        link.last_rx = time.ticks_add(time.ticks_ms(), -link.keepalive * 1600)   # the last control, long ago
+        assert link.send("up", b"report")
+        link.wait(0)
+        assert link.connected and link.failures == 0
+
     def test_overflow_drops_the_link_without_acknowledging():
         from link import INBOX
         link = _link(b"".join(publish(i + 1, b"m") for i in range(INBOX + 1)))

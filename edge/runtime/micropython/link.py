@@ -170,7 +170,7 @@ class Link:
             print("qf: publish failed: %r" % (e,))
             self.down()
             return False
-        self.last_tx = time.ticks_ms()
+        self.last_tx = self.last_rx = time.ticks_ms()     # its PUBACK came from the broker
         return True
 
     def wait(self, ms):
