@@ -148,7 +148,7 @@ def _broker_options(p):
 
 def _coordinator_options(p):
     """The coordinator settings of the live drivers; unset ones take ``backend.host``'s defaults."""
-    from backend.host import DEFAULT_MODELS, LIVE_LATENCY, MODELS, SETTINGS
+    from backend.host import DEFAULT_MODELS, LIVE_BEAT, LIVE_LATENCY, MODELS, SETTINGS
     p.add_argument("--protocol", help="coordinator protocol, see backend/coordinator/protocols.py (default %s)"
                    % SETTINGS["protocol"])
     p.add_argument("--period", type=float, help="adjustment period T in seconds (default %g)" % SETTINGS["period"])
@@ -156,6 +156,9 @@ def _coordinator_options(p):
                    % SETTINGS["shrink"])
     p.add_argument("--latency", type=float, default=LIVE_LATENCY, help="latency tolerance λ in seconds (default %(default)s)")
     p.add_argument("--models", choices=sorted(MODELS), help="filter models devices may use (default %s)" % DEFAULT_MODELS)
+    p.add_argument("--beat", type=float, default=LIVE_BEAT,
+                   help="device heartbeat B in seconds: a device silent past B + λ + margin is degraded (default "
+                        "%(default)s; 0: off)")
 
 
 def cmd_experiment(args):
@@ -215,12 +218,12 @@ def _add_device_commands(sub):
     c.add_argument("--credentials", required=True, help="credentials.json written by `quietfleet broker`/`fleet`")
     c.add_argument("--query", action="append", help='query spec as JSON, e.g. \'{"id":"t","kind":"sum",...}\'')
     _coordinator_options(c)
-    c.add_argument("--beat", type=float, help="device heartbeat period in seconds (default 0: off)")
     c.add_argument("--answers", help="also append answers here as JSON lines")
     c.set_defaults(fn=lambda a: __import__("backend.live", fromlist=["coordinator_main"]).coordinator_main(a))
 
 
-def main(argv=None):
+def parser():
+    """The ``quietfleet`` command line."""
     p = argparse.ArgumentParser(prog="quietfleet", description="Quiet sensor fleets with guaranteed answers.")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sim", help="run a workload in the discrete-event simulator")
@@ -278,7 +281,11 @@ def main(argv=None):
     bn.add_argument("--smoke", action="store_true", help="a tiny run for the test suite")
     bn.set_defaults(fn=cmd_bench)
     _add_device_commands(sub)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     return args.fn(args)
 
 

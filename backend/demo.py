@@ -244,7 +244,7 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         out("broker: mosquitto on %s:%d, %d device accounts, ACL per device (a gateway: its sensors' topics)"
             % (broker.host, broker.port, len(plan) + len(gateways)))
         observer = Observer(broker)
-        settings = host.settings(protocol=protocol, period=period, shrink=shrink, latency=latency)
+        settings = host.settings(protocol=protocol, period=period, shrink=shrink, latency=latency, beat=host.LIVE_BEAT)
         out("backend: bridge -> spool -> Spark Structured Streaming (%s, transformWithStateInPandas, RocksDB), "
             "protocol %s, latency tolerance %.2fs, trigger %.2fs" % (master, protocol, latency, trigger))
         t0 = time.monotonic()

@@ -33,6 +33,12 @@ DEFAULT_MODELS = "choose"
 # λ on a real network (loopback delay plus clock skew between processes): the live coordinator's and
 # the Spark backend's command-line default; the simulator states its own in the workload.
 LIVE_LATENCY = 0.5
+# The device heartbeat B of the live drivers (the live coordinator's and the Spark backend's command-line
+# default, ``from_args``): a device silent for B sends a beat, so the integrity watchdog finds a device gone
+# quiet (a lost last report, a partition, a reboot whose birth was lost) within B + λ + margin; 0 is off.
+# The agents' MQTT keepalive is 30 s as well.
+LIVE_BEAT = 30.0
+LIVE_SETTINGS = ("protocol", "period", "shrink", "latency", "beat", "models")
 
 # What an answer guarantees (DESIGN.md §4): the word every driver writes in "guarantee".
 GUARANTEES = {
@@ -65,6 +71,12 @@ def settings(given=None, **overrides):
     if s["models"] is not None and s["models"] not in MODELS:
         raise ValueError("setting models must be one of %s, got %r" % (", ".join(MODELS), s["models"]))
     return s
+
+
+def from_args(args, **overrides):
+    """Settings of a live driver from its command-line options (``LIVE_SETTINGS``; unset ones, or an option
+    the command lacks, take ``SETTINGS``' defaults; the command line gives λ and B their live defaults)."""
+    return settings({k: getattr(args, k) for k in LIVE_SETTINGS if getattr(args, k, None) is not None}, **overrides)
 
 
 def build(given=None, **overrides):

@@ -210,9 +210,7 @@ def coordinator_main(args):
         with open(args.credentials) as f:
             cred = json.load(f)
         specs = [json.loads(q) for q in args.query or []]
-        given = {k: getattr(args, k, None) for k in ("protocol", "period", "shrink", "latency", "beat", "models")
-                 if getattr(args, k, None) is not None}
-        host = hostmod.Host(given, t0=time.time())
+        host = hostmod.Host(hostmod.from_args(args), t0=time.time())
         live = LiveCoordinator(host, cred["fleet"], cred["host"], cred["port"], cred["users"][BACKEND_USER],
                                queries=specs, answers_path=args.answers)
     except (OSError, ValueError, KeyError) as e:

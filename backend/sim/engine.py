@@ -179,8 +179,10 @@ class Simulation(Loop):
                 self.push(start, OUTAGE, (dev, True))
                 self.push(stop, OUTAGE, (dev, False))
         self.end = w.duration + max(w.latency, self.coord.latency)   # deliveries of readings up to the end arrive by then
-        if w.faults:    # ... and what went missing is found out by then (answers after the end are not checked)
-            self.end += self.coord.integrity.horizon()
+        if w.faults:    # ... and what went missing is found out by then (answers after the end are not checked),
+            # also what the last final answers of lag queries stand on (sent up to their lag after the end)
+            self.end += self.coord.integrity.horizon() + max([q.extra.get("lag") or 0.0 for q in self.queries.values()]
+                                                             + [0.0])
         n = len(self.ts)
         self.next_report = n // 10 if self.progress else n + 1
 

@@ -38,12 +38,12 @@ def _split(sim):
             by_q[qid] = truth_mod.revoke(by_q[qid], windows)
         elif qid in ents:
             ents[qid] = truth_mod.revoke(ents[qid], windows)
-    return by_q, prob, ents, sums, finals
+    return by_q, prob, ents, sums, finals, revoked
 
 
 def fleet(sim, elapsed):
     w = sim.w
-    by_q, prob, ents, sums, finals = _split(sim)
+    by_q, prob, ents, sums, finals, revoked = _split(sim)
     per_q = {}
     tot_v = tot_m = 0
     tot_vt = 0.0
@@ -70,7 +70,7 @@ def fleet(sim, elapsed):
         if qid in sim.coord.segments.start or qid in finals:       # a lag query: its final answers too
             mine = finals.get(qid, [])
             through = sim.coord.segments.final.get(qid) or (mine[-1][0] if mine else end)
-            fin = segment_truth.check_final(tl, mine, min(end, through), sim.precisions[qid])
+            fin = segment_truth.check_final(tl, mine, min(end, through), sim.precisions[qid], revoked.get(qid, ()))
             per_q[qid].update(fin)
             tot_v += fin["final_violations"]
             tot_m += fin["final_precision_misses"]

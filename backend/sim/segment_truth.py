@@ -6,13 +6,24 @@ A final answer ``(t, lo, hi, dlo, dhi, degraded)`` states that from ``t`` until 
 its query (the last one: until the query's final horizon) the exact aggregate lies in
 [lo + dlo·(τ−t), hi + dhi·(τ−t)]. The truth is constant between its changes and the bounds are linear, so
 containment over an overlap [u, v) holds iff it holds at u and at v (as a limit); both ends are checked.
+Parts of a final answer inside a revoked window (an answer change's ``revoked``: late news showed the
+answers over it may be wrong, issue #20) count as degraded.
 """
 from backend.sim.truth import TOL
 
 
-def check_final(truth, finals, horizon, precision):
+def _outside(u, v, revoked):
+    """The parts of [u, v) outside every revoked window [a, b]."""
+    parts = [(u, v)]
+    for a, b in revoked:
+        parts = [p for x, y in parts for p in ((x, min(y, a)), (max(x, b), y)) if p[1] > p[0]]
+    return parts
+
+
+def check_final(truth, finals, horizon, precision, revoked=()):
     """``truth``: [(t, exact, scale)]; ``finals``: [(t, lo, hi, dlo, dhi, degraded)] in time order;
-    ``horizon``: the time through which the finals hold; ``precision``: [(t, δ)] in time order.
+    ``horizon``: the time through which the finals hold; ``precision``: [(t, δ)] in time order;
+    ``revoked``: [[a, b]] windows where answers count as degraded.
     Returns {"finals", "final_violations", "final_precision_misses", "final_from", "final_through"}."""
     bad = misses = 0
     j = 0
@@ -29,9 +40,10 @@ def check_final(truth, finals, horizon, precision):
             v = min(end, truth[i + 1][0]) if i + 1 < len(truth) else end
             _, x, scale = truth[i]
             tol = TOL * (1.0 + scale + abs(x))
-            ends = [(lo + dlo * (tau - t), hi + dhi * (tau - t)) for tau in (u, v)]
-            bad += any(not a - tol <= x <= b + tol for a, b in ends)
-            misses += any(b - a > delta[0] + tol for a, b in ends)
+            for u, v in _outside(u, v, revoked):
+                ends = [(lo + dlo * (tau - t), hi + dhi * (tau - t)) for tau in (u, v)]
+                bad += any(not a - tol <= x <= b + tol for a, b in ends)
+                misses += any(b - a > delta[0] + tol for a, b in ends)
             i += 1
     return {"finals": len(finals), "final_violations": bad, "final_precision_misses": misses,
             "final_from": finals[0][0] if finals else None, "final_through": horizon if finals else None}

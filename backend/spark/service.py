@@ -150,8 +150,7 @@ def backend_main(args):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         host, port, password = connection(args)
-        settings = hostmod.settings({k: getattr(args, k, None) for k in ("protocol", "period", "shrink", "latency", "models")
-                                     if getattr(args, k, None) is not None}, params=parse_params(args.param))
+        settings = hostmod.from_args(args, params=parse_params(args.param))
         hostmod.build(settings)         # a bad protocol or parameter is refused here, not in a Spark worker
     except (ValueError, OSError, KeyError, TypeError) as e:
         print("quietfleet backend: %s" % e, file=sys.stderr)

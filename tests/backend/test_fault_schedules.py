@@ -1,64 +1,100 @@
 """Property (issue #20): over 1,000 random fault schedules, a non-degraded answer is never wrong.
 
 Each schedule is a small fleet in the simulator under a random mix of loss, duplication, reordering,
-clock skew, reboots and partitions, with a heartbeat; the ground-truth checker (``backend.sim.truth``
-and ``entity_truth``, honouring revoked windows) must find 0 violations. Aggregate queries run under
-the default adaptive protocol and deadband; the entity range query runs under ``nofilter`` with λ = 0
-(with any delay the entity protocols degrade every answer, which would prove nothing). The run also
-shows that the faults did something: messages were lost, answers were degraded and revoked, and the
-degraded time is at least the time the faults forced.
+clock skew, reboots and partitions, with a heartbeat; the ground-truth checkers (``backend.sim.truth``,
+``entity_truth`` and ``segment_truth`` for final answers, honouring revoked windows) must find 0
+violations. Aggregate queries run under the default adaptive protocol, deadband and Olston's shrinking
+rule (``adaptive`` with ``rule: shrink``: periodic shrinks counted in the backend's periods, under skew
+too); segment-mode ``lag`` queries (final answers; skew 0, which they require) under adaptive and
+deadband; entity queries under every Cheng protocol (range: nofilter, ZT-NRP, FT-NRP; k-NN: nofilter,
+RTP, ZT-RP, FT-RP) with λ = 0 (with any delay the entity protocols degrade every answer, which would
+prove nothing): their filters are acknowledged under a heartbeat and lost probes asked again. The run
+also shows that the faults did something: messages were lost, answers were degraded and revoked, final
+answers were revoked, and the degraded time is at least the time the faults forced.
 """
 import random
 
 from backend.sim import engine
 
 SCHEDULES = 1000
+ENTITY = [("nofilter", "range"), ("nofilter", "knn"), ("zt-nrp", "range"), ("ft-nrp", "range"),
+          ("rtp", "knn"), ("zt-rp", "knn"), ("ft-rp", "knn")]
+
+
+def _queries(r, mode, params):
+    """(protocol, queries) of a schedule of ``mode``; ``params`` takes the shrinking rule's settings."""
+    if mode == "entity":
+        protocol, kind = r.choice(ENTITY)
+        q = {"id": "q", "kind": kind, "sources": "all"}
+        if kind == "range":
+            q["range"] = [95, 105]
+        else:
+            q.update(k=2, point=r.choice([100, "-inf", "inf"]))
+        if protocol == "rtp":
+            q["rank_tolerance"] = 1
+        if protocol.startswith("ft"):
+            q.update(fp_tolerance=0.3, fn_tolerance=0.3)
+        return protocol, [q]
+    if mode == "segment":
+        return r.choice(["adaptive", "deadband"]), [
+            {"id": "q", "kind": r.choice(["sum", "avg"]), "sources": "all", "precision": r.choice([2.0, 6.0]),
+             "lag": r.choice([1.0, 2.0, 4.0]), "segment": r.choice(["line", "constant"])}]
+    protocol = r.choice(["adaptive", "deadband", "shrink"])
+    if protocol == "shrink":
+        protocol = "adaptive"
+        params.update(rule="shrink", period=r.choice([2.0, 5.0]), shrink=r.choice([0.05, 0.2]))
+    return protocol, [{"id": "q", "kind": r.choice(["sum", "avg", "max", "min"]), "sources": "all",
+                       "precision": r.choice([2.0, 6.0, 12.0])},
+                      {"id": "p", "kind": "sum", "sources": ["s0", "s1"], "weights": [1, -1], "precision": 3.0}]
 
 
 def schedule(seed):
     r = random.Random(seed)
-    entity = r.random() < 0.2
-    ndev = r.randint(2, 3)
+    mix = r.random()
+    mode = "entity" if mix < 0.25 else "segment" if mix < 0.4 else "aggregate"
+    ndev = r.randint(4, 6) if mode == "entity" else r.randint(2, 3)
     dur = r.choice([20, 30, 40])
-    net = {"delay": 0.0 if entity else r.choice([0.05, 0.1, 0.2]),
-           "jitter": 0.0 if entity else r.choice([0.0, 0.05, 0.1]),
+    net = {"delay": 0.0 if mode == "entity" else r.choice([0.05, 0.1, 0.2]),
+           "jitter": 0.0 if mode == "entity" else r.choice([0.0, 0.05, 0.1]),
            "loss": r.choice([0, 0.02, 0.05, 0.1]), "duplicate": r.choice([0, 0.05, 0.1]),
-           "reorder": r.choice([0, 0.1, 0.2, 0.3]), "skew": 0.0 if entity else r.choice([0, 0.1, 0.3]),
+           "reorder": r.choice([0, 0.1, 0.2, 0.3]), "skew": r.choice([0, 0.1, 0.3]) if mode == "aggregate" else 0.0,
            "reboots": r.choice([0, 0, 60, 240]), "partitions": []}
     for _ in range(r.choice([0, 0, 1, 2])):
         a = r.uniform(0, dur - 2)
         devs = "all" if r.random() < 0.3 else ["d%d" % r.randrange(ndev)]
         net["partitions"].append([a, a + r.uniform(1, 10), devs])
-    if entity:
-        protocol, queries = "nofilter", [{"id": "q", "kind": "range", "sources": "all", "range": [95, 105]}]
-    else:
-        protocol = r.choice(["adaptive", "deadband"])
-        queries = [{"id": "q", "kind": r.choice(["sum", "avg", "max", "min"]), "sources": "all",
-                    "precision": r.choice([2.0, 6.0, 12.0])},
-                   {"id": "p", "kind": "sum", "sources": ["s0", "s1"], "weights": [1, -1], "precision": 3.0}]
+    params = {"heartbeat": r.choice([2.0, 5.0])}
+    protocol, queries = _queries(r, mode, params)
     per = r.randint(1, 2)
     return {"name": "schedule-%d" % seed, "seed": seed, "duration": dur, "protocol": protocol,
             "sources": {"generator": "random_walk", "count": ndev * per, "per_device": per, "start": [90, 110],
                         "step": [0.1, 3.0], "interval": r.choice([0.5, 1.0])},
-            "queries": queries, "network": net, "params": {"heartbeat": r.choice([2.0, 5.0])}}
+            "queries": queries, "network": net, "params": params}
 
 
 def test_no_violation_outside_degraded_or_revoked_windows_over_1000_fault_schedules():
     bad, kinds = [], set()
-    lost = revoked = degraded = forced = 0.0
+    lost = revoked = degraded = forced = finals_revoked = resent = 0.0
     for seed in range(SCHEDULES):
         w = schedule(seed)
-        res = engine.run(w)
-        kinds.add((w["protocol"], w["queries"][0]["kind"]))
+        sim = engine.simulation(w)
+        res = sim.run()
+        q = w["queries"][0]
+        kinds.add((w["protocol"], w["params"].get("rule"), q["kind"], "lag" in q))
         if res["violations"]:
-            bad.append((seed, w["protocol"], res["violations"]))
+            bad.append((seed, w["protocol"], q["kind"], res["violations"]))
         lost += res["network"]["lost"] + res["network"]["partitioned"]
+        finals_revoked += "lag" in q and any("revoked" in a and a["revoked"][0] > 0 for a in sim.answers)
         f = res["faults"]
         if f is not None:       # None: this schedule drew no fault at all
             revoked += f["integrity"]["lost"] + f["integrity"]["silent"]
+            resent += f["integrity"]["resent"]
             degraded += f["degraded_share"]
             forced += f["forced_share"]
-    assert bad == [], "violations outside degraded windows (seed, protocol, count): %s" % bad[:20]
-    assert {p for p, _ in kinds} == {"adaptive", "deadband", "nofilter"} and ("nofilter", "range") in kinds
-    assert lost > 1000 and revoked > 1000          # the faults happened and were detected
+    assert bad == [], "violations outside degraded windows (seed, protocol, kind, count): %s" % bad[:20]
+    assert {(p, k) for p, _, k, _ in kinds} >= set(ENTITY)
+    assert {("adaptive", "shrink"), ("adaptive", None), ("deadband", None)} <= {(p, r) for p, r, _, lag in kinds if not lag}
+    assert {("adaptive", "sum"), ("deadband", "avg")} <= {(p, k) for p, _, k, lag in kinds if lag}
+    assert lost > 1000 and revoked > 1000 and resent > 100     # the faults happened and were detected
+    assert finals_revoked > 10                     # lost or late segments revoked final answers
     assert degraded >= forced > 0                  # degraded where it had to be, and not only there

@@ -96,3 +96,30 @@ def test_forced_time_spans_a_lost_report_until_the_next_one_and_a_late_one_until
     assert f.time(["a"]) == 5.0 and f.time(["b"]) == 2.5 and f.time(["a", "b"]) == 7.5
     f.uplink(90.0, "d0", rep(1, 6, 90.0), [])               # lost and never followed: until the end
     assert f.time(["b"]) == 12.5
+
+
+def test_a_birth_older_than_what_a_suspicion_waits_for_asks_again_instead_of_waiting_forever():
+    from backend.coordinator.core.integrity import Integrity
+    ig = Integrity(latency=0.5)
+    ig.accept(0.0, "d", 1, 1, 0.0, birth=True)
+    for now, seq, t in ((0.1, 2, 0.1), (0.3, 4, 0.3), (0.35, 6, 0.35)):    # 3 and 5 missing
+        ig.accept(now, "d", 1, seq, t)
+    ig.accept(0.4, "d", 1, 5, 0.34, birth=True)      # the birth, overtaken by 6: 3 is gone, 6 awaited
+    assert ig.suspect.get("d") == "lost uplink" and not ig.resynced("d", 0.4, 5)
+    assert "d" in ig.due(1.0)[1]                     # asked for a newer birth (it used to wait forever)
+
+
+def test_count_membership_holds_the_state_before_a_report_from_a_skewed_clock():
+    # a report stamped by a clock within ±σ is applied at t − σ; until t − lo the source may still have
+    # been inside: COUNT's membership must say "maybe" as the bound's hull does (it said "surely outside")
+    from backend.coordinator.core.boundcache import BoundCache
+    c = BoundCache()
+    c.add("x", "d", 0, 2.0, 0, 100.0)
+    e = c.set_filter("x", 2.0, [(95.0, 105.0)], keep_old=False)
+    c.report("x", e, 1.0, 100.0)
+    assert c.member("x", (95.0, 105.0)) == (1, 1)
+    c.hold("x", 2.0)
+    c.report("x", e, 1.5, 106.0)
+    assert c.member("x", (95.0, 105.0)) == (0, 1) and c.known("x") == (99.0, 107.0)
+    c.release("x", 2.5)
+    assert c.member("x", (95.0, 105.0)) == (0, 0)

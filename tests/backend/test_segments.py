@@ -185,3 +185,37 @@ def test_reboots_and_outages_give_degraded_gaps_never_wrong_finals(fault):
     gaps = [a for a in sim.answers if a.get("final") and a["degraded"]]
     assert res["violations"] == 0 and q["final_violations"] == 0 and q["finals"] > 100
     assert gaps and all(a["lo"] == -float("inf") and "lost" in a["reason"] for a in gaps)
+
+
+def _small(network, seed=12):
+    """Six sources on three devices, steps up to 3, a SUM final by t + 1 s (D = 0.9 s at λ = 0.1 s)."""
+    return {"name": "segment-faults", "seed": seed, "duration": 20, "protocol": "deadband",
+            "sources": {"generator": "random_walk", "count": 6, "per_device": 2, "start": [90, 110],
+                        "step": [0.1, 3.0], "interval": 0.5},
+            "queries": [{"id": "q", "kind": "sum", "sources": "all", "precision": 6.0, "lag": 1.0, "segment": "line"}],
+            "network": dict({"delay": 0.1}, **network), "params": {"heartbeat": 5.0}}
+
+
+def test_a_final_answer_waits_for_data_sent_exactly_d_after_it():
+    # a segment of time τ is sent at τ + D as the device adds; t − D may round above τ (4.4 − 0.9 > 3.5),
+    # which once finalised τ while messages stamped τ + D from other devices were still arriving
+    res = engine.run(_small({}))
+    assert res["violations"] == 0 and res["queries"]["q"]["finals"] > 30
+
+
+@pytest.mark.parametrize("network", [{"loss": 0.05}, {"reorder": 0.3}, {"loss": 0.05, "reorder": 0.3, "duplicate": 0.1}])
+def test_lost_or_late_segments_revoke_the_finals_they_made_wrong(network):
+    bad, revoked = [], 0
+    for seed in range(12):
+        sim = engine.simulation(_small(network, seed))
+        res = sim.run()
+        revoked += sum(1 for a in sim.answers if "revoked" in a and a["revoked"][0] > 0)
+        if res["violations"]:
+            bad.append((seed, res["queries"]["q"]["final_violations"]))
+    assert bad == [] and revoked > 0
+
+
+def test_segment_mode_refuses_skewed_clocks():
+    h = host.Host(protocol="deadband", latency=0.5, skew=0.1, declared=["a"])
+    out = h.spec(0.0, "q", {"kind": "sum", "sources": ["a"], "precision": 1.0, "lag": 5})
+    assert out[0][0] == "error" and "skew 0" in out[0][2], out

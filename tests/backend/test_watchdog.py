@@ -81,3 +81,24 @@ def test_heartbeats_keep_a_quiet_device_online():
     answers, h, truth = run(cut=(100.0, 100.0))      # no cut
     assert h.coord.integrity.stats["silent"] == 0 and not any(a["degraded"] for a in answers)
     assert codec.decode(Agent("d1", ["x"], boot=7).will())[0] == "gone"
+
+
+def test_live_and_spark_backends_watch_the_same_heartbeat_by_default():
+    from backend import cli, host
+    backend = cli.parser().parse_args(["backend", "--broker-dir", "broker"])
+    live = cli.parser().parse_args(["coordinator", "--credentials", "credentials.json"])
+    s_backend, s_live = host.from_args(backend, params={}), host.from_args(live)
+    assert s_backend["beat"] == s_live["beat"] == host.LIVE_BEAT > 0
+    assert s_backend["latency"] == s_live["latency"] == host.LIVE_LATENCY
+    assert host.from_args(cli.parser().parse_args(["backend", "--broker-dir", "b", "--beat", "0"]))["beat"] == 0
+    # the Spark job's Host (backend/spark/state.py builds it from these settings) degrades a silent device
+    h = Host(s_backend, t0=0.0)
+    agent = Agent("d1", ["x"], boot=7, width=1.0)
+    agent.handle_sample(0.0, 0, 5.0)
+    answers = []
+    downlinks(h, agent, 0.0, h.record(0.0, "d1", "state", agent.start(0.0)[0][1]), answers)
+    downlinks(h, agent, 0.0, h.spec(0.0, "q", {"kind": "sum", "sources": ["x"], "precision": 2.0}), answers)
+    for k in range(1, 50):       # the device's uplinks are lost from here on
+        answers += [a[1] for a in h.timer(float(k)) if a[0] == "answer"]
+    assert not answers[0]["degraded"] and answers[-1]["degraded"] and "silent" in answers[-1]["reason"]
+    assert host.LIVE_BEAT <= answers[-1]["time"] <= host.LIVE_BEAT + 2 * host.LIVE_LATENCY + 1.0

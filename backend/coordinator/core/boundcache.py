@@ -112,7 +112,7 @@ class BoundCache:
         if s is None:
             return 0, 1
         sure, maybe = 1, 0
-        for f in [s.filt] + s.old:
+        for f in [s.filt] + s.old + [f for _, f in s.prior]:       # (as ``known``: held states too)
             a, b = _member(f, rng)
             sure &= a
             maybe |= b

@@ -22,7 +22,7 @@ from edge.core import codec
 from backend.coordinator.core import aggregate
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
-from backend.coordinator.core.integrity import Integrity
+from backend.coordinator.core.integrity import FILTER, RETRY, Integrity
 from backend.coordinator.core.resync import UP, Resync
 from backend.coordinator.core.queries import QueryError, parse_query
 from backend.coordinator.core.segments import Mirror
@@ -215,30 +215,58 @@ class Coordinator(Resync):
             d["rebirth"], d["asked"] = d["down"], self.wall
         self.out.append(("down", device, codec.encode(kind, fields)))
 
-    def assign_width(self, key, width):
+    def assign_width(self, key, width, confirm=None):
+        """A new width; a narrowing is acknowledged, and sent again until it is (``_sent``)."""
         s = self.cache.sources[key]
         epoch, narrowing = self.cache.set_width(key, width)
+        ack = 1 if narrowing or confirm else 0
         self.send(s.device, "width", {"src": s.index, "epoch": epoch, "period": self.tick - 1,
-                                      "width": width, "ack": 1 if narrowing else 0})
-        self._sent(s.device, key, epoch)
-        self._touch(key)
+                                      "width": width, "ack": ack})
+        self._sent(key, epoch, ack, confirm)
 
-    def assign_filter(self, key, width, cons, ack=1):
-        """Install constraints; ``ack=0`` (Cheng §3): the device reports only a membership change."""
+    def assign_filter(self, key, width, cons, ack=1, confirm=None):
+        """Install constraints; ``ack=0`` (Cheng §3): the device reports only a membership change, and the
+        protocol counts on the filter at once. With a heartbeat (the coordinator watches delivery) such a
+        filter is acknowledged all the same: until it is, answers over the source are degraded, and its
+        loss is found (``_missed``)."""
         s = self.cache.sources[key]
         epoch = self.cache.set_filter(key, width, cons, keep_old=bool(ack))
+        if not ack and self.beat > 0:
+            ack, confirm = 1, (FILTER, self._event_now(), 0, True)
         self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": ack,
                                        "cons": [{"l": l, "u": u} for l, u in cons]})
-        self._sent(s.device, key, epoch)
+        self._sent(key, epoch, ack, confirm)
+
+    def _event_now(self):
+        """The event time reached (before the first event: the adapter's clock). A control sent now has
+        left by this plus λ on the adapter's clock, whichever call made it (a lazy or a ticking coordinator)."""
+        return self.clock if self.clock > -math.inf else self.wall
+
+    def _sent(self, key, epoch, ack, confirm):
+        """A control was made. Acknowledged, a report carrying ``epoch`` is expected (the device reports at
+        once if it has a value and is not in segment mode): ``confirm`` = (stage, since, tries, unsafe) of
+        ``Integrity.expect``, by default sent again until answered (the mirror covers its loss)."""
+        s = self.cache.sources[key]
+        stage, since, tries, unsafe = confirm or (RETRY, None, 0, False)
+        wait = (since, stage, tries, unsafe) if ack and s.value is not None and key not in self.segments.mode else None
+        self._leave(s.device, key, epoch, unsafe, wait)
         self._touch(key)
 
-    def _sent(self, device, key, epoch):
-        """A control carrying ``epoch`` for ``key`` was just made: integrity expects the device to state
-        it once it can have arrived, timed from now or, in echo mode, from when it is seen leaving."""
+    def _leave(self, device, what, token, unsafe=False, wait=None):
+        """A control (``what``: its key, ``token``: its epoch) or a probe (``("probe", key)``, its id) was
+        just made: integrity expects the device to state it once it can have arrived (``wait``: the rest of
+        ``Integrity.expect``'s arguments), timed from when it left: by the event time reached plus λ, or,
+        in echo mode, when it is seen leaving."""
         if self.echo:
-            self.devices[device]["unsent"][key] = (self.devices[device]["down"], epoch)
+            self.devices[device]["unsent"][what] = (self.devices[device]["down"], token, unsafe, wait)
         else:
-            self.integrity.sent(key, epoch, self.clock if self.clock > -math.inf else self.wall)
+            self._left(device, what, token, unsafe, wait, self._event_now() + self.latency)
+
+    def _left(self, device, what, token, unsafe, wait, at):
+        if type(what) is not tuple:
+            self.integrity.sent(what, token, at - self.latency, unsafe)
+        if wait is not None:
+            self.integrity.expect(device, what, token, at, *wait)
 
     def handle_echo(self, now, device, payload):
         """Echo mode: a downlink to ``device`` as the broker passed it on at ``now`` (the Spark job's
@@ -256,10 +284,10 @@ class Coordinator(Resync):
             d["echoed"] = seq
         if seq == d["rebirth"]:
             d["asked"] = now
-        for key, (at, epoch) in list(d["unsent"].items()):
+        for what, (at, token, unsafe, wait) in list(d["unsent"].items()):
             if not newer(at, seq):
-                del d["unsent"][key]
-                self.integrity.sent(key, epoch, now - self.latency)
+                del d["unsent"][what]
+                self._left(device, what, token, unsafe, wait, now)
         return self._advance(now)
 
     def send_config(self, device):
@@ -273,9 +301,11 @@ class Coordinator(Resync):
             fields["allow"] = self.allow
         self.send(device, "setup" if "allow" in fields else "config", fields)
 
-    def probe(self, key, probe_id=0):
+    def probe(self, key, probe_id=0, tries=0):
+        """Ask ``key``'s device for its value; asked again (same id) until it replies."""
         s = self.cache.sources[key]
         self.send(s.device, "probe", {"src": s.index, "probe": probe_id & 0xFFFF})
+        self._leave(s.device, ("probe", key), probe_id & 0xFFFF, wait=(None, RETRY, tries, False))
 
     def _touch(self, key):
         self.dirty_src[key] = None
@@ -374,7 +404,7 @@ class Coordinator(Resync):
                 continue
             v = None if rec["v"] == NO_VALUE else rec["v"]
             self.integrity.regressed(device, i, rec["epoch"], self.wall, birth=True)
-            self.integrity.ctl.pop(key, None)      # controls sent before a birth are void
+            self.integrity.forget(device, key)      # controls sent before a birth are void
             d["unsent"].pop(key, None)
             if s is not None and not self.integrity.newest(device, i, m["seq"]):
                 v = s.value     # a report sent after this birth was applied already
@@ -517,8 +547,9 @@ class Coordinator(Resync):
 
     # -- answers ----------------------------------------------------------------------
     def degraded(self, q):
-        off = self.models.off_since
-        return bool(off) and any(s in off for s in q.sources)
+        """Whether a source of ``q`` is offline, or waits for a filter the protocol counts on."""
+        off, unsure = self.models.off_since, self.integrity.unsure
+        return bool(off) and any(s in off for s in q.sources) or bool(unsure) and any(s in unsure for s in q.sources)
 
     def _answers(self, t):
         self.cache.now = t

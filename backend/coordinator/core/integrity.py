@@ -15,6 +15,15 @@ due deadline (a heap, one entry per device and kind), never per device per call.
   bound from before the report in the hull until ``t − lo`` (``cover``), and waits λ + 2σ so such a
   report is not late. A device seen leading by more than σ (arrival before ``t − σ``) is flagged.
 
+* **Controls and probes.** An acknowledged control (a narrowing, a Cheng filter under a heartbeat, a
+  control sent again) is ``expect``-ed back as a report carrying its epoch within 2λ + margin, a probe as
+  its reply; unanswered (``due``), a probe is asked again and a control sent again to its source alone,
+  waits doubling. A filter the protocol counts on (FILTER) keeps its source ``unsure`` (answers degraded)
+  until answered, and a miss makes the device suspect ("control lost", revoked from when it left) until
+  a report shows it in force. A report still carrying an epoch older than a control sent long before
+  (``unconfirmed``) shows it lost, or the device's state lost: it is sent again (CHECK); unanswered
+  twice, the device is suspect ("lost state") and asked for a birth.
+
 A lost uplink, silence or a skewed clock makes the device *suspect*: the coordinator revokes the
 answers over its sources since its last trusted uplink (``since``, event time) and degrades them with
 the reason until a birth resynchronises it; a suspect device is asked for a birth at once, again on
@@ -24,6 +33,8 @@ skewed stays suspect: a birth does not fix it.
 import heapq
 import math
 
+from edge.core.codec import newer as epoch_newer
+
 WINDOW = 256            # sequence numbers below the highest seen that may still arrive
 _HALF = 0x80000000
 BACKOFF = 3600.0        # the longest wait between two requests for a birth (s); hearing it asks at once
@@ -31,6 +42,12 @@ SEEN = 32               # recent sequence numbers remembered with their time (a 
 RESOLUTION = 0.001      # device times are whole milliseconds on a board: a lead this small is rounding
 SKEWED = "clock skew"
 REBOOTED = "rebooted"
+CONTROL = "control lost"
+LOST_STATE = "lost state"
+# what a control that is never confirmed does (``expect``): RETRY sends it again (the mirror covers its
+# loss); FILTER (the protocol counts on it) degrades the device, revokes, sends it again as CHECK; CHECK
+# (sent again after a stale report or a FILTER miss) once more, then degrades, revokes and asks for a birth
+RETRY, FILTER, CHECK = 0, 1, 2
 
 
 def newer(a, b):
@@ -54,9 +71,11 @@ class Integrity:
         self.awaiting = {}      # devices suspect until the birth just accepted is applied
         self.settle = {}        # device -> event time its latest birth has surely happened by
         self.applied = {}       # device -> [boot, latest birth seq, {src: latest report seq}, {src: epoch}] applied
-        self.heap = []          # (time, n, device, kind): "gap", "beat", "ask"
+        self.waits = {}         # device -> {key or ("probe", key): (epoch or probe id, sent, since, stage, tries, unsafe)}
+        self.unsure = {}        # source keys waiting for a filter the protocol counts on (answers degraded)
+        self.heap = []          # (time, n, device, kind): "gap", "beat", "ask", "wait"
         self.n = 0
-        self.stats = {"gaps": 0, "filled": 0, "lost": 0, "silent": 0, "skewed": 0, "asked": 0}
+        self.stats = {"gaps": 0, "filled": 0, "lost": 0, "silent": 0, "skewed": 0, "asked": 0, "resent": 0}
 
     def _state(self, device, boot, seq, first_t):
         old = self.dev.get(device)
@@ -113,7 +132,7 @@ class Integrity:
                     # the number again with another time: the device restarted its numbering (a
                     # reboot whose birth was lost); what it sent since is unknown
                     self.revokes[device] = self.event(d["last_t"])
-                    self.suspect[device] = "lost state"
+                    self.suspect[device] = LOST_STATE
                     self.need[device] = d["high"]
                     self._arm(device, "ask", now)
                 return False
@@ -179,36 +198,74 @@ class Integrity:
         latest birth: it lost its state (a reboot whose birth was lost). Flags it (asked for a birth)."""
         a = self.applied[device]
         top = a[3].get(src)
-        if not birth and top is not None and newer(top, epoch):
-            if self.suspect.get(device) != SKEWED:
-                self.suspect[device] = "lost state"
-                self.need[device] = self.dev[device]["high"]
-                self.awaiting.pop(device, None)
-                self._arm(device, "ask", now)
+        if not birth and top is not None and epoch_newer(top, epoch):
+            self.flag(device, LOST_STATE, now)
             return True
-        if birth or top is None or newer(epoch, top):
+        if birth or top is None or epoch_newer(epoch, top):
             a[3][src] = epoch
         return False
 
-    def sent(self, key, epoch, clock):
-        """A control carrying ``epoch`` left for ``key``'s device once event time reached ``clock``."""
-        self.ctl[key] = (epoch, clock)
+    def sent(self, key, epoch, clock, unsafe=False):
+        """A control carrying ``epoch`` left for ``key``'s device once event time reached ``clock``;
+        ``unsafe``: the protocol counts on it (answers are wrong while the device has not applied it)."""
+        self.ctl[key] = (epoch, clock, unsafe)
 
-    def unconfirmed(self, device, key, epoch, t, now):
+    def unconfirmed(self, key, epoch, t):
         """Whether a report of ``key`` stamped ``t`` (event time) still carries an epoch older than a
         control sent long enough before it to have arrived: the control was lost, or the device lost its
-        state (a reboot whose birth was lost, which nothing else may show). Flags the device (asked for a birth) and
-        returns the event time the control was sent (its answers are revoked from then), else None."""
+        state (a reboot whose birth was lost, which nothing else may show). Returns (the event time the
+        control was sent, unsafe), else None; the coordinator sends it again (``expect`` CHECK)."""
         c = self.ctl.get(key)
-        if c is None or not newer(c[0], epoch) or t <= c[1] + 2 * self.latency + self.margin:
+        if c is None or not epoch_newer(c[0], epoch) or t <= c[1] + 2 * self.latency + self.margin:
             return None     # (it leaves λ after its event time at the latest, and arrives λ later)
         del self.ctl[key]
+        return c[1], c[2]
+
+    def flag(self, device, reason, now, ask=True):
+        """``device`` is out of sync for ``reason`` (a skewed clock stays the reason); ``ask``: for a birth."""
         if self.suspect.get(device) != SKEWED:
-            self.suspect[device] = "control lost"
+            if self.suspect.get(device, CONTROL) == CONTROL:
+                self.suspect[device] = reason       # (a lost control gives way to what needs a birth)
             self.need[device] = self.dev[device]["high"]
             self.awaiting.pop(device, None)
-            self._arm(device, "ask", now)
-        return c[1]
+            if ask:
+                self._arm(device, "ask", now)
+
+    # -- controls and probes awaiting an answer ------------------------------------------------
+    def expect(self, device, what, token, now, since=None, stage=RETRY, tries=0, unsafe=False):
+        """``what`` left for ``device`` at ``now``: a source key's control under epoch ``token`` (answered
+        by a report carrying it) or ``("probe", key)`` with probe id ``token`` (by its reply). Unanswered
+        after 2λ + margin (doubling with ``tries``) it is ``due``; ``since``: from when answers are revoked
+        then; ``stage``: what that does (RETRY, FILTER, CHECK); ``unsafe``: the key is ``unsure`` meanwhile
+        (a filter the protocol counts on)."""
+        if device in self.dev:
+            self.waits.setdefault(device, {})[what] = (token, now, since, stage, tries, unsafe)
+            self._arm(device, "wait", now + self._wait(tries))
+            if unsafe:
+                self.unsure[what] = None
+
+    def _wait(self, tries):
+        return min(self.retry * (1 << min(tries, 12)), BACKOFF)
+
+    def answered(self, device, what, token):
+        """An answer to ``what`` (``expect``); True when it ends the device's "control lost" suspicion."""
+        waits = self.waits.get(device, {})
+        w = waits.get(what)
+        if w is None or (w[0] != token if type(what) is tuple else epoch_newer(w[0], token)):
+            return False
+        del waits[what]
+        self.unsure.pop(what, None)
+        if self.suspect.get(device) == CONTROL and all(x[3] == RETRY for x in waits.values()):
+            del self.suspect[device]
+            self.need.pop(device, None)
+            return True
+        return False
+
+    def forget(self, device, key):
+        """A birth voids the controls sent to ``key`` before it (probes are asked again)."""
+        self.ctl.pop(key, None)
+        self.waits.get(device, {}).pop(key, None)
+        self.unsure.pop(key, None)
 
     def newest(self, device, src, seq):
         """Whether no report of ``src`` newer than a birth numbered ``seq`` was applied yet."""
@@ -240,8 +297,10 @@ class Integrity:
         once event time reaches ``settle`` (the latest instant the birth can have been sent), unless
         the birth (numbered ``seq``) is older than the uplink that made it suspect."""
         need = self.need.get(device)
-        if need is not None and newer(need, seq):
-            return False        # older than what the suspicion waits for (a reordered birth)
+        if need is not None and newer(need, seq):     # older than what the suspicion waits for (a reordered
+            self.awaiting.pop(device, None)             # birth): ask for a newer one, no longer awaited
+            self._arm(device, "ask", self.dev[device]["last"] or 0.0)
+            return False
         if self.suspect.get(device, SKEWED) != SKEWED:
             del self.suspect[device]
         self.awaiting.pop(device, None)
@@ -255,8 +314,9 @@ class Integrity:
     # -- deadlines -------------------------------------------------------------------------
     def due(self, now):
         """What became due by ``now``: ([(device, reason, since)] newly suspect, with the event time
-        from which its answers are revoked; [device] to ask for a birth)."""
-        new, ask = [], []
+        from which its answers are revoked; [device] to ask for a birth; [(device, what, wait)] controls
+        and probes unanswered, see ``expect``)."""
+        new, ask, missed = [], [], []
         heap = self.heap
         while heap and heap[0][0] <= now:
             t, _, device, kind = heapq.heappop(heap)
@@ -264,6 +324,15 @@ class Integrity:
             if d["armed"].get(kind) != t:
                 continue                # superseded by an earlier arming
             del d["armed"][kind]
+            if kind == "wait":
+                waits = self.waits.get(device, {})
+                for what, w in [(what, w) for what, w in waits.items() if w[1] + self._wait(w[4]) <= now]:
+                    del waits[what]
+                    self.unsure.pop(what, None)
+                    missed.append((device, what, w))
+                if waits:
+                    self._arm(device, "wait", min(w[1] + self._wait(w[4]) for w in waits.values()))
+                continue
             if kind == "ask":
                 if self.suspect.get(device, SKEWED) != SKEWED and device not in self.awaiting:
                     ask.append(device)
@@ -288,12 +357,12 @@ class Integrity:
                     continue
                 reason, since = "silent", self.event(d["last_t"])
                 self.stats["silent"] += 1
-            if device not in self.suspect:
+            if self.suspect.get(device, CONTROL) == CONTROL:
                 self.suspect[device] = reason
                 self.need[device] = d["high"]
                 new.append((device, reason, since))
                 self._arm(device, "ask", now)
-        return new, ask
+        return new, ask, missed
 
     def check_clock(self, device, t, now):
         """True when ``device`` just showed a clock leading by more than σ (flag it)."""
@@ -319,4 +388,6 @@ class Integrity:
             r = None if s is None else self.suspect.get(s.device)
             if r is not None:
                 out.setdefault(r, {})[s.device] = None
+            if key in self.unsure:
+                out.setdefault("filter not confirmed", {})[key] = None
         return "".join("%s: %s; " % (r, ", ".join(devs)) for r, devs in out.items())

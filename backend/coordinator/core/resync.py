@@ -7,7 +7,10 @@ the device's sources degraded (offline, widened by the interruption model) and r
 over them since the finding's ``since`` — until a birth resynchronises it and has surely happened.
 """
 import heapq
+import math
 
+from backend.coordinator.core.integrity import CHECK, CONTROL, FILTER, LOST_STATE, RETRY
+from backend.coordinator.core.segments import before
 from edge.core.codec import NO_VALUE
 
 UP = -1         # the coordinator's event order of uplinks within one timestamp
@@ -36,6 +39,8 @@ class Resync:
             if now - t > self.tolerance:    # padding either): the answers meanwhile are revoked
                 self._revoke(device, t)
             t = self.clock
+        if self.segments.final:     # late for the final answers of a lag query (they went past its data)
+            self._revoke(device, m["t"], lagged=True)
         return t
 
     def _fresh_report(self, device, key, m):
@@ -45,10 +50,17 @@ class Resync:
         ig = self.integrity
         if ig.superseded(device, m["boot"], m["src"], m["seq"]):
             return False
-        lost = ig.unconfirmed(device, key, m["epoch"], m["t"], self.wall)
-        if lost is not None or ig.regressed(device, m["src"], m["epoch"], self.wall):
-            last = self.cache.sources[key].last_t      # it lost its state after that report
-            self._suspect(device, min(self.clock if last is None else last, self.clock if lost is None else lost))
+        if ig.answered(device, key, m["epoch"]) | ("probe" in m and ig.answered(device, ("probe", key), m["probe"])):
+            self._trust(device)         # the control it was suspect for is in force
+        last = self.cache.sources[key].last_t
+        last = self.clock if last is None else last
+        lost = ig.unconfirmed(key, m["epoch"], m["t"])
+        if lost is not None:        # a control lost, or the device lost its state after its last report:
+            if lost[1]:             # send it again; the answers the protocol bases on it are wrong meanwhile
+                self._lost_control(device, min(last, lost[0]))
+            self._resend(key, (CHECK, min(last, lost[0]), 0, lost[1]))
+        if ig.regressed(device, m["src"], m["epoch"], self.wall):
+            self._suspect(device, last)     # it lost its state after that report
         if m["v"] != NO_VALUE and m["hull"] > self.clock:     # it may have happened as late as that
             self.cache.hold(key, m["hull"])
             self._later(m["hull"], device, "expire", {"key": key})
@@ -69,13 +81,23 @@ class Resync:
         self.n += 1
         heapq.heappush(self.queue, (t, UP, self.n, device, kind, m))
 
-    def _revoke(self, device, since):
-        """The answers over ``device``'s sources from ``since`` to the clock may have been wrong."""
+    def _revoke(self, device, since, lagged=False):
+        """The answers over ``device``'s sources from ``since`` to the clock may have been wrong, and the
+        final answers of lag queries over them from D before ``since`` (for a source in segment mode, what
+        the device sent then held data that old) to their final horizon; ``lagged``: only final answers,
+        and only if that horizon is past the window's start already."""
         d = self.devices.get(device)
+        final = self.segments.final
         for key in d["keys"] if d else ():
+            lag = self.segments.mode[key][0] if key in self.segments.mode else 0.0
             for qid in self.by_source.get(key, ()):
-                a, b = self.revoked.get(qid, (since, self.clock))
-                self.revoked[qid] = [min(a, since), max(b, self.clock)]
+                if lagged and (final.get(qid) or -math.inf) + lag < since:
+                    continue        # (as the device adds: data of τ goes out by τ + D)
+                early = before(since, lag) if lag else since
+                self.segments.restate(qid)
+                end = max(self.clock, final.get(qid) or -math.inf)     # a lag query's finals reach that
+                a, b = self.revoked.get(qid, (early, end))
+                self.revoked[qid] = [min(a, early), max(b, end)]
                 self.dirty[qid] = None
 
     def _suspect(self, device, since):
@@ -92,10 +114,47 @@ class Resync:
             self._later(settle, device, "settled", {})
 
     def _integrity(self, now):
-        """Degrade devices with a lost uplink or silence; ask suspects for a birth."""
-        new, ask = self.integrity.due(now)
+        """Degrade devices with a lost uplink or silence; ask suspects for a birth; send again what
+        was not answered."""
+        new, ask, missed = self.integrity.due(now)
         for device, _, since in new:
             self._suspect(device, since)
         for device in ask:
             if device in self.devices and not self._in_flight(self.devices[device], now):
                 self.send(device, "rebirth", {})
+        for device, what, w in missed:
+            self._missed(device, what, w)
+
+    def _missed(self, device, what, w):
+        """No answer to a control or probe (``Integrity.expect``) in 2λ + margin: see its stage."""
+        token, _, since, stage, tries, unsafe = w
+        key = what[1] if type(what) is tuple else what
+        s = self.cache.sources.get(key)
+        if s is None or s.device != device:
+            return
+        self.integrity.stats["resent"] += 1
+        if type(what) is tuple:         # a probe or its reply lost: ask again, same id
+            self.probe(key, token, tries + 1)
+        elif stage == RETRY:            # the mirror covers its loss: send it again
+            self._resend(key, (RETRY, None, tries + 1, False))
+        elif stage == FILTER:           # the protocol counts on it: degrade, revoke, send it again
+            self._lost_control(device, since)
+            self._resend(key, (CHECK, since, 0, unsafe))
+        elif tries < 1:                 # CHECK: once more (this one or its report may be lost as well)
+            self._resend(key, (CHECK, since, tries + 1, unsafe))
+        else:                           # sent again and never answered: the device may have lost its state
+            self.integrity.flag(device, LOST_STATE, self.wall)
+            self._suspect(device, since)
+
+    def _lost_control(self, device, since):
+        """A control to ``device`` is lost: degraded until a report shows it in force (or a birth)."""
+        self.integrity.flag(device, CONTROL, self.wall, ask=False)
+        self._suspect(device, since)
+
+    def _resend(self, key, confirm):
+        """Send ``key``'s filter again under a new epoch, to be confirmed (``confirm``: see ``_sent``)."""
+        s = self.cache.sources[key]
+        if s.filt.cons:
+            self.assign_filter(key, s.filt.width, list(s.filt.cons), ack=1, confirm=confirm)
+        else:
+            self.assign_width(key, s.filt.width, confirm=confirm)

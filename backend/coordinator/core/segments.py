@@ -14,6 +14,14 @@ the exact aggregate lies in [lo + dlo·(τ−time), hi + dhi·(τ−time)]. A ga
 reboot, an outage: what the device sent from D before it on may be lost) gives an unbounded, degraded
 stretch. Real-time answers of a lag query are its newest final answer extrapolated and marked degraded:
 nothing about the present is proven before t + L.
+
+On a hostile network (issue #20) a ``segs`` message can be lost (a silent committed line then looks like
+it goes on) or arrive after finals went past its data. Integrity finds both (a sequence gap or silence;
+an uplink stamped ≤ horizon + D): the coordinator revokes the finals over the window, from D before what
+was missed to the final horizon (``revoked`` on the query's next change, as for real-time answers), and
+the next final answer is restated at the horizon; while the device is out of sync its pieces are ignored,
+so the finals over the hole are degraded until a birth resynchronises it. A late message's pieces are
+put between their neighbours. Segments are stamped by the device, so lag queries need skew 0.
 """
 import bisect
 import heapq
@@ -29,6 +37,15 @@ PAD = {True: 2.0 ** -20, False: 1e-12}     # relative slack of a float32 / float
 
 def lag_of(q):
     return q.extra.get("lag")
+
+
+def before(t, d):
+    """The largest time τ with τ + ``d`` < ``t`` in floats: data of τ is sent by τ + D as the device adds
+    it, so a message stamped exactly τ + D may still be on its way at clock ``t`` (t − D may round above)."""
+    h = t - d
+    while h + d >= t:
+        h = math.nextafter(h, -INF)
+    return h
 
 
 def send_lag(coord, q):
@@ -55,6 +72,9 @@ class Mirror:
         if lag_of(q) is not None and send_lag(coord, q) <= 0:
             raise QueryError("query %s: lag %g s must exceed the latency tolerance λ = %g s by 1 ms at least"
                              % (q.id, lag_of(q), coord.latency))
+        if lag_of(q) is not None and coord.integrity.sigma > 0:
+            raise QueryError("query %s: segment mode needs synchronised device clocks (skew 0, have %g s): "
+                             "segments are stamped by the device" % (q.id, coord.integrity.sigma))
 
     @staticmethod
     def _want(coord, qids, want, plain, only=None):
@@ -139,9 +159,10 @@ class Mirror:
         """A ``segs`` message from ``device``; times in ``unit`` per second."""
         keys = coord.devices[device]["keys"]
         single = coord.devices[device]["single"]
+        off = coord.models.off_since
         for r in m["segs"]:
-            if r["src"] >= len(keys) or keys[r["src"]] not in self.mode:
-                continue
+            if r["src"] >= len(keys) or keys[r["src"]] not in self.mode or keys[r["src"]] in off:
+                continue        # (offline or out of sync: its pieces resume after a gap once it is born again)
             key = keys[r["src"]]
             a, e = r["a"] / unit, (INF if r["f"] & 1 else r["e"] / unit)
             slope, v, h = r["s"] * unit, r["v"], r["w"] / 2
@@ -155,8 +176,13 @@ class Mirror:
                 if ps and ps[-1][1] > a:
                     ps[-1][1] = a
                 ps.append(piece)
-            else:
-                continue
+            else:       # late, behind a newer message: between its neighbours (the newer keep their say)
+                i = bisect.bisect_left(ps, [a])
+                if i == 0 or ps[i][0] == a:
+                    continue
+                ps[i - 1][1] = min(ps[i - 1][1], a)
+                piece[1] = min(e, ps[i][0])
+                ps.insert(i, piece)
             self._trim(ps)
             self.changed.setdefault(key, []).extend((a, e) if e != INF else (a,))
             coord.dirty.update(coord.by_source.get(key, {}))
@@ -201,7 +227,7 @@ class Mirror:
         heap = st[0]
         while self.lim.get(heap[0][1], heap[0][0]) != heap[0][0]:
             heapq.heappop(heap)             # stale: that source's limit moved since
-        return min(heap[0][0], t - st[1])
+        return min(heap[0][0], before(t, st[1]))
 
     @staticmethod
     def _at(ps, t):
@@ -270,6 +296,11 @@ class Mirror:
         else:
             rec.update(lo=lo / n, hi=hi / n, dlo=dlo / n, dhi=dhi / n, degraded=False)
         return rec
+
+    def restate(self, qid):
+        """Final answers of ``qid`` were revoked up to its horizon: the next one starts there."""
+        if self.final.get(qid) is not None:
+            self.pending.setdefault(qid, []).append(self.final[qid])
 
     def _trim(self, ps):
         """Drop the pieces of ``ps`` every lag query has finalised past (the newest stays)."""
