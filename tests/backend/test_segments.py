@@ -219,3 +219,16 @@ def test_segment_mode_refuses_skewed_clocks():
     h = host.Host(protocol="deadband", latency=0.5, skew=0.1, declared=["a"])
     out = h.spec(0.0, "q", {"kind": "sum", "sources": ["a"], "precision": 1.0, "lag": 5})
     assert out[0][0] == "error" and "skew 0" in out[0][2], out
+
+
+def test_final_horizon_is_strictly_before_and_near_t_minus_d():
+    # τ + D < t in floats, within an ulp of t of the largest such τ; t − D near 0 once took ~1e300 steps
+    import random
+    from backend.coordinator.core.segments import before
+    rng = random.Random(4)
+    cases = [(0.03, 0.03), (4.4, 0.9), (0.0, 0.0), (1e9, 0.9), (1e-300, 1e-300)]
+    cases += [(rng.uniform(0, 1e9), rng.uniform(0, 10)) for _ in range(2000)]
+    cases += [(x, x) for x in (rng.uniform(0, 5) for _ in range(2000))]
+    for t, d in cases:
+        h = before(t, d)
+        assert h + d < t and math.nextafter(math.nextafter(h + d, math.inf), math.inf) >= t, (t, d, h)

@@ -13,25 +13,21 @@ the adapter sets a new incarnation (a new backend run), a device gets a config o
 Filter models (edge.core.predict): ``models`` is the mask of models devices may use, told to a device
 whose birth says CAP_LINE in a ``setup`` (a config with that mask) instead of a ``config``; a line
 source's statement changes with time, so it is restated at its refresh times.
+Uplinks and births are handled in ``uplink.py``, integrity findings in ``resync.py`` (mixins of this class).
 """
 import heapq
 import math
 
-from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, CAP_LINE, newer
+from edge.core.codec import newer
 from edge.core import codec
 from backend.coordinator.core import aggregate
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
 from backend.coordinator.core.integrity import FILTER, RETRY, Integrity
-from backend.coordinator.core.resync import UP, Resync
+from backend.coordinator.core.resync import Resync
 from backend.coordinator.core.queries import QueryError, parse_query
 from backend.coordinator.core.segments import Mirror
-
-ECHO_WAIT = 30.0    # s a birth request may wait for its echo before it is made again (echo mode)
-from edge.core.float32 import f32
-
-_TICK = 0      # event order within one timestamp: uplinks, then the adjustment tick
-_UP = UP
+from backend.coordinator.core.uplink import Uplink
 
 
 class _Known:
@@ -45,7 +41,7 @@ class _Known:
         return key in self.coord.cache.sources or key in self.coord.declared_set
 
 
-class Coordinator(Resync):
+class Coordinator(Resync, Uplink):
     def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, lazy=True, incarnation=0,
                  models=1, skew=0.0, echo=False):
         if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or beat < 0 or skew < 0:
@@ -162,28 +158,6 @@ class Coordinator(Resync):
 
     def _now(self, now):
         return self.clock if now is None else now
-
-    def _ask_birth(self, device, now):
-        """Ask a device we have no birth from for one, once per λ + 1 s after the last request left: every
-        request makes it send a new birth, whose token voids the controls answering the one before, so
-        a request per early report would keep it from ever taking a control."""
-        d = self._device(device)
-        if d["asked"] is None or (not self._in_flight(d, now) and now - d["asked"] >= self.latency + 1.0):
-            d["asked"] = now
-            self.send(device, "rebirth", {})
-
-    def _in_flight(self, d, now):
-        """Whether the device's latest birth request has not left yet (echo mode; at most ECHO_WAIT s)."""
-        return (self.echo and d["rebirth"] is not None and now - d["asked"] < ECHO_WAIT
-                and (d["echoed"] is None or newer(d["rebirth"], d["echoed"])))
-
-    def _device(self, device):
-        d = self.devices.get(device)
-        if d is None:
-            d = self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False,
-                                        "to": 0, "single": False, "inc": None, "lines": False, "asked": None,
-                                        "rebirth": None, "echoed": None, "unsent": {}}
-        return d
 
     def schedule_ms(self):
         """``(t0, T)`` in integer ms, from ``t0`` and ``period`` as they are now (an adapter or a
@@ -309,164 +283,6 @@ class Coordinator(Resync):
 
     def _touch(self, key):
         self.dirty_src[key] = None
-
-    # -- uplink -------------------------------------------------------------------
-    def handle_uplink(self, now, device, payload, retained=False):
-        """Take one uplink payload from ``device``; ``retained`` marks a broker-retained birth."""
-        self._catch_up(now)        # lateness is judged against the ticks a per-period coordinator ran
-        try:
-            kind, m = codec.decode(payload)
-            if codec.SCHEMAS[kind][1] != "up":
-                raise codec.CodecError("downlink kind on an uplink topic")
-        except codec.CodecError:
-            self.stats["bad_messages"] += 1
-            return self._advance(now)
-        rx = self.rx.get(device)
-        if kind == "gone":
-            if rx is not None and rx[0] == m["boot"]:
-                self.n += 1
-                heapq.heappush(self.queue, (max(self.clock, now - self.latency), _UP, self.n, device, kind, m))
-            return self._advance(now)
-        if kind == "birth":
-            if retained:
-                # A retained birth may be stale (we restarted): ask the device for a fresh one.
-                self._ask_birth(device, now)
-                return self._advance(now)
-            self.unit[device] = 1000 if m["caps"] & CAP_MS else 1
-        elif rx is None:
-            self.stats["unknown_device"] += 1
-            self.integrity.dropped(device, m["seq"])
-            self._ask_birth(device, now)
-            return self._advance(now)
-        if kind == "line" and self.unit.get(device) == 1000:
-            m["td"], m["gap"] = int(m["t"]), int(m["gap"])  # integer ms, as the device computed with them
-        elif kind == "line":
-            m["td"] = m["t"]            # the line's origin in device units
-        if self.unit.get(device) == 1000:
-            m["t"] = m["t"] / 1000
-        t = self._admit(now, device, kind, m, rx)
-        if t is None:
-            self.stats["duplicates"] += 1
-            return self._advance(now)
-        self.n += 1
-        heapq.heappush(self.queue, (t, _UP, self.n, device, kind, m))
-        return self._advance(now)
-
-    def link_lost(self, now):
-        """The adapter lost its broker: every device counts as gone (as by its Last Will) at
-        ``now - λ``, so answers are degraded until each device's next uplink or birth."""
-        self._catch_up(now)
-        for device, d in self.devices.items():
-            self.n += 1
-            heapq.heappush(self.queue, (max(self.clock, now - self.latency), _UP, self.n, device, "gone", {}))
-        return self._advance(now)
-
-    def link_restored(self, now):
-        """Back on the broker: ask every known device for a fresh birth to resynchronise."""
-        for device in self.devices:
-            self.send(device, "rebirth", {})
-        return self._advance(now)
-
-    def adopt(self, now, device):
-        """A device another coordinator owned until now (Spark query groups merged): ask it for a birth."""
-        self._catch_up(now)
-        self._ask_birth(device, now)
-        return self._advance(now)
-
-    def _set_online(self, device, online):
-        d = self.devices[device]
-        if d["online"] != online:
-            d["online"] = online
-            for key in d["keys"]:
-                self.cache.set_online(key, online)
-                if not online:
-                    self.segments.offline(key, self.clock)
-                self.models.set_online(key, online, self.clock)
-                self._touch(key)
-
-    def _birth(self, device, m):
-        """Register or resynchronise a device from its birth, or from one part of it (DESIGN.md §3
-        reconnect). Controls sent from now on answer this birth; earlier ones are dropped by the device."""
-        d = self._device(device)
-        if m["first"] == 0:
-            d["boot"], d["seq"] = m["boot"], m["seq"]
-            d["to"] = (m["boot"] ^ m["seq"]) & 0xFFFFFFFF
-            d["single"] = bool(m["caps"] & CAP_F32)
-            d["lines"] = bool(m["caps"] & CAP_LINE)
-            d["online"] = False
-            self._set_online(device, True)
-            self.send_config(device)
-        for i, rec in enumerate(m["sources"], m["first"]):
-            key = rec["name"]
-            s = self.cache.sources.get(key)
-            if s is not None and s.device != device:
-                self.stats["conflicts"] += 1
-                continue
-            v = None if rec["v"] == NO_VALUE else rec["v"]
-            self.integrity.regressed(device, i, rec["epoch"], self.wall, birth=True)
-            self.integrity.forget(device, key)      # controls sent before a birth are void
-            d["unsent"].pop(key, None)
-            if s is not None and not self.integrity.newest(device, i, m["seq"]):
-                v = s.value     # a report sent after this birth was applied already
-            if s is None:
-                s = self.cache.add(key, device, i, rec["width"], rec["epoch"], v, d["single"],
-                                   self.unit.get(device, 1))
-                d["keys"].append(key)
-                self.protocol.source_added(self, key)
-                self.segments.born(self, key)
-            else:
-                # Trust the device's own state, then re-send what we want under an epoch newer than
-                # both sides' (the device may have rebooted to epoch 0, or kept ours).
-                want = (s.filt.width, list(s.filt.cons))
-                top = s.filt.epoch if newer(s.filt.epoch, rec["epoch"]) else rec["epoch"]
-                s.old = []
-                s.filt.rnd = f32 if d["single"] else None
-                s.filt.pad = d["single"]
-                s.unit = self.unit.get(device, 1)
-                s.filt.set_filter(rec["width"], [], rec["epoch"])
-                s.filt.center = None
-                if v is not None:
-                    self.cache.report(key, rec["epoch"], m["t"], v)
-                    self.models.observe(key, m["t"], v)
-                s.filt.epoch = top
-                self.protocol.resync(self, key, want)
-                self.segments.resync(self, key, m["t"])
-            self._touch(key)
-
-    def _apply(self, device, kind, m):
-        if kind == "birth":
-            if not self.integrity.fresh_birth(device, m["boot"], m["seq"]):
-                return          # reordered behind a newer birth: its state and token are stale
-            self._birth(device, m)
-            self.integrity.resynced(device, m["hull"], m["seq"])
-            self._trust(device, m["hull"])
-            return
-        if device not in self.devices:
-            return
-        if kind == "gone":
-            self._set_online(device, False)
-            return
-        if self._resync_event(device, kind, m):
-            return
-        self._trust(device)
-        if kind in ("report", "reply", "line"):
-            d = self.devices[device]
-            if m["src"] >= len(d["keys"]):
-                self.stats["bad_messages"] += 1
-                return
-            key = d["keys"][m["src"]]
-            if not self._fresh_report(device, key, m):
-                return          # reordered behind a newer report or birth: the mirror is newer already
-            if m["v"] != NO_VALUE:
-                line = (m["td"], m["slope"], m["gap"]) if kind == "line" and m["gap"] > 0 else None
-                self.cache.report(key, m["epoch"], m["t"], m["v"], line)
-                self.models.observe(key, m["t"], m["v"])
-                self._touch(key)
-            self.protocol.reported(self, key, m)
-        elif kind == "blob":
-            self.protocol.blob(self, device, m)
-        elif kind == "segs":
-            self.segments.receive(self, device, m, self.unit.get(device, 1))
 
     # -- time -------------------------------------------------------------------------
     def idle(self):

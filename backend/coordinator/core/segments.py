@@ -42,9 +42,12 @@ def lag_of(q):
 def before(t, d):
     """The largest time τ with τ + ``d`` < ``t`` in floats: data of τ is sent by τ + D as the device adds
     it, so a message stamped exactly τ + D may still be on its way at clock ``t`` (t − D may round above)."""
-    h = t - d
-    while h + d >= t:
-        h = math.nextafter(h, -INF)
+    if t == -INF:
+        return -INF
+    h, u = t - d, t
+    while h + d >= t:       # step t down, not h: near 0 an ulp of h is far below one of t
+        u = math.nextafter(u, -INF)
+        h = u - d
     return h
 
 
