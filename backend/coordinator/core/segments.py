@@ -42,12 +42,11 @@ def lag_of(q):
 def before(t, d):
     """The largest time τ with τ + ``d`` < ``t`` in floats: data of τ is sent by τ + D as the device adds
     it, so a message stamped exactly τ + D may still be on its way at clock ``t`` (t − D may round above)."""
-    if t == -INF:
-        return -INF
-    h, u = t - d, t
-    while h + d >= t:       # step t down, not h: near 0 an ulp of h is far below one of t
-        u = math.nextafter(u, -INF)
-        h = u - d
+    if t == -INF or t == INF:
+        return t
+    h = t - d
+    while h + d >= t:       # by an ulp of h or of t, whichever is coarser: h + d rounds at t's scale
+        h -= max(math.ulp(h), math.ulp(t))
     return h
 
 
