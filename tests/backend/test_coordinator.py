@@ -55,8 +55,10 @@ def test_duplicates_garbage_and_downlink_kinds_are_counted_and_dropped():
 def test_unknown_device_and_retained_birth_trigger_a_rebirth():
     c, a = _pair()
     acts = c.handle_uplink(0.0, "d", a.handle_sample(0.0, "a", 1.0)[0][1])
+    assert [x for x in acts if x[0] == "down"] == []        # its birth may be right behind: wait λ + 1 s
+    acts = c.handle_uplink(c.latency + 1.0, "d", a.handle_sample(0.5, "a", 9.0)[0][1])
     assert [codec.decode(x[2])[0] for x in acts if x[0] == "down"] == ["rebirth"]
-    assert c.stats["unknown_device"] == 1
+    assert c.stats["unknown_device"] == 2
     stale = a.start(0.0)[0][1]
     c2, _ = _pair()
     acts = c2.handle_uplink(5.0, "d", stale, retained=True)

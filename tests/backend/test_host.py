@@ -291,3 +291,22 @@ def test_reports_from_a_device_not_born_yet_ask_for_one_birth_not_one_per_report
     assert 1 <= len(asks) <= 3           # once per λ + 1 s = 1.5 s
     births = [p for a in asks for _, p in agent.handle_message(4.0, a[2])]
     assert len(births) == len(asks)
+
+
+def test_a_birth_right_behind_early_reports_is_not_asked_for_again():
+    """A device sends what it read before connecting, then its birth: asking at the first early report
+    made a second birth that voided the controls answering the first (3 stale controls per device)."""
+    h = Host(host.settings(protocol="deadband", latency=0.5))
+    h.spec(0.0, "q", {"kind": "sum", "sources": ["a"], "precision": 2.0})
+    agent = Agent("dev", ["a"], boot=3, width=1.0)
+    out = []
+    for t, v in ((0.0, 1.0), (0.1, 5.0)):           # read before the link is up: reported
+        for ch, p in agent.handle_sample(t, 0, v):
+            out += h.record(0.3, "dev", ch, p)
+    out += h.record(0.3, "dev", "state", agent.start(0.3)[0][1])
+    out += h.timer(2.0)
+    downs = [a[2] for a in out if a[0] == "down"]
+    assert downs and "rebirth" not in [codec.decode(p)[0] for p in downs]
+    for p in downs:
+        agent.handle_message(2.0, p)
+    assert agent.stats["stale"] == 0 and agent.inc is not None

@@ -15,11 +15,15 @@ ECHO_WAIT = 30.0    # s a birth request may wait for its echo before it is made 
 
 
 class Uplink:
-    def _ask_birth(self, device, now):
+    def _ask_birth(self, device, now, early=False):
         """Ask a device we have no birth from for one, once per λ + 1 s after the last request left: every
         request makes it send a new birth, whose token voids the controls answering the one before, so
-        a request per early report would keep it from ever taking a control."""
+        a request per early report would keep it from ever taking a control. An ``early`` report waits
+        λ + 1 s first: a device sends what it read before connecting, then its birth."""
         d = self._device(device)
+        if early and d["asked"] is None:
+            d["asked"] = now
+            return
         if d["asked"] is None or (not self._in_flight(d, now) and now - d["asked"] >= self.latency + 1.0):
             d["asked"] = now
             self.send(device, "rebirth", {})
@@ -62,7 +66,7 @@ class Uplink:
         elif rx is None:
             self.stats["unknown_device"] += 1
             self.integrity.dropped(device, m["seq"])
-            self._ask_birth(device, now)
+            self._ask_birth(device, now, early=True)
             return self._advance(now)
         if kind == "line" and self.unit.get(device) == 1000:
             m["td"], m["gap"] = int(m["t"]), int(m["gap"])  # integer ms, as the device computed with them
