@@ -9,11 +9,16 @@ DEVICES = ["A", "B", "C", "M"]
 
 
 @pytest.fixture
-def broker(tmp_path):
+def mosquitto():
+    """Skip the test when this machine has no Mosquitto (scripts/setup.sh installs it)."""
     try:
         find_mosquitto()
     except BrokerError as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture
+def broker(mosquitto, tmp_path):
     with Broker(tmp_path / "broker", FLEET, DEVICES) as b:
         yield b
 

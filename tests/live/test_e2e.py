@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from backend.broker import Broker, BrokerError, find_mosquitto
+from backend.broker import Broker
 from backend.fleet import Fleet, FleetError, arm64_root
 from edge.core import codec, topics
 import fleetcheck as fc
@@ -20,11 +20,7 @@ N_MP, N_CPY = 20, 20
 
 
 @pytest.fixture
-def fleet_env(tmp_path):
-    try:
-        find_mosquitto()
-    except BrokerError as e:
-        pytest.skip(str(e))
+def fleet_env(mosquitto, tmp_path):
     made = []
 
     def make(nm, nc, keepalive=5, na=0):

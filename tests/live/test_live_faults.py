@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from backend.broker import Broker, BrokerError, find_mosquitto
+from backend.broker import Broker
 from backend.fleet import Fleet, walk_source
 from backend.host import Host
 from backend.live import LiveCoordinator
@@ -42,11 +42,7 @@ class Via:
 
 
 @pytest.fixture
-def env(tmp_path):
-    try:
-        find_mosquitto()
-    except BrokerError as e:
-        pytest.skip(str(e))
+def env(mosquitto, tmp_path):
     made = {}
 
     def make(nm, nc, proxy=False, step=0.5, beat=BEAT, latency=LATENCY):
