@@ -254,10 +254,8 @@ class Coordinator(Resync, Uplink):
         if not self.echo or d is None or kind is None or codec.SCHEMAS[kind][1] != "down" or m["inc"] != self.inc:
             return self._advance(now)
         seq = m["seq"]
-        if d["echoed"] is None or newer(seq, d["echoed"]):
-            d["echoed"] = seq
-        if seq == d["rebirth"]:
-            d["asked"] = now
+        if seq == d["rebirth"]:         # the birth request has left: wait for its answer from now
+            d["rebirth"], d["asked"] = None, now
         for what, (at, token, unsafe, wait) in list(d["unsent"].items()):
             if not newer(at, seq):
                 del d["unsent"][what]

@@ -30,15 +30,14 @@ class Uplink:
 
     def _in_flight(self, d, now):
         """Whether the device's latest birth request has not left yet (echo mode; at most ECHO_WAIT s)."""
-        return (self.echo and d["rebirth"] is not None and now - d["asked"] < ECHO_WAIT
-                and (d["echoed"] is None or newer(d["rebirth"], d["echoed"])))
+        return self.echo and d["rebirth"] is not None and now - d["asked"] < ECHO_WAIT
 
     def _device(self, device):
         d = self.devices.get(device)
         if d is None:
             d = self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False,
                                         "to": 0, "single": False, "inc": None, "lines": False, "asked": None,
-                                        "rebirth": None, "echoed": None, "unsent": {}}
+                                        "rebirth": None, "unsent": {}}
         return d
 
     def handle_uplink(self, now, device, payload, retained=False):
