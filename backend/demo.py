@@ -151,16 +151,22 @@ def _fmt(a):
     return "%s %s" % ({k: v for k, v in a.items() if k not in ("query", "time", "guarantee")}, g)
 
 
+def _time(row):
+    return row[0]
+
+
 def violations(queries, readings, answers, end):
     """Check every answer change against the agents' ground truth, honouring revoked windows as the
-    simulator's checker does; returns {query: (violations, violation seconds, degraded seconds)}. ``readings``: [(t, source, value)] of every agent."""
+    simulator's checker does; returns {query: (violations, violation seconds, degraded seconds)}. ``readings``: [(t, source, value)] of every agent,
+    each agent's in its log order (a gateway stamps a backlog of board frames with one time: the last sample at
+    a time is the value from then on)."""
     sources = sorted({s for _, s, _ in readings})
     truth = truth_mod.Truth(sources)
     qs = [parse_query(q, set(sources)) for q in queries]
     for q in qs:
         truth.add_query(q, -math.inf)
     index = truth.index
-    readings = sorted(readings)
+    readings = sorted(readings, key=_time)      # stable: samples sharing a stamp keep their log order
     i = 0
     while i < len(readings):
         t = readings[i][0]
@@ -197,7 +203,7 @@ def deadband_reports(queries, readings, start=None):
             width[s], cons[s] = w, c
     filt = {s: IntervalFilter(width[s], cons[s]) for s in sources}
     n = 0
-    for t, s, v in sorted(readings):
+    for t, s, v in sorted(readings, key=_time):
         if start is not None and t < start:
             filt[s].recenter(v)
         elif filt[s].check(v):

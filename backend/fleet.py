@@ -287,8 +287,9 @@ class Fleet:
         return stats
 
     def truth_rows(self):
-        """Every device's ground truth as sorted ``(time, source, value)`` rows."""
-        return sorted(r for d in self.devices.values() for r in d.readings())
+        """Every device's ground truth as ``(time, source, value)`` rows in time order (a device's rows sharing
+        a time in its log order)."""
+        return sorted((r for d in self.devices.values() for r in d.readings()), key=lambda r: r[0])
 
 
 def write_trace(rows, path, base=0.0):
