@@ -155,11 +155,12 @@ def _time(row):
     return row[0]
 
 
-def violations(queries, readings, answers, end):
+def violations(queries, readings, answers, end, wrong=None):
     """Check every answer change against the agents' ground truth, honouring revoked windows as the
     simulator's checker does; returns {query: (violations, violation seconds, degraded seconds)}. ``readings``: [(t, source, value)] of every agent,
     each agent's in its log order (a gateway stamps a backlog of board frames with one time: the last sample at
-    a time is the value from then on)."""
+    a time is the value from then on). ``wrong``: a dict that gets {query: [(t, lo, hi, exact)]} of every
+    violating instant."""
     sources = sorted({s for _, s, _ in readings})
     truth = truth_mod.Truth(sources)
     qs = [parse_query(q, set(sources)) for q in queries]
@@ -179,9 +180,29 @@ def violations(queries, readings, answers, end):
         mine = [(a["time"], a["lo"], a["hi"], a["degraded"]) for a in answers if a["query"] == q.id and a["time"] <= end]
         revoked = [a["revoked"] for a in answers if a["query"] == q.id and "revoked" in a]
         mine = truth_mod.revoke(mine, revoked)      # answers withdrawn later count as degraded (issue #20)
-        v, vt, _, dt = truth_mod.check(truth.tracks[q.id].timeline, mine, q.precision, end)
+        bad = [] if wrong is not None else None
+        v, vt, _, dt = truth_mod.check(truth.tracks[q.id].timeline, mine, q.precision, end, bad)
+        if bad:
+            wrong[q.id] = bad
         out[q.id] = (v, vt, dt)
     return out
+
+
+def _explain(queries, readings, answers, wrong, out, show=3, around=0.3):
+    """Print the first ``show`` violating instants of each query with its sources' readings and its
+    answers from the one in force to ``around`` s after each (what a failed run must leave behind to be diagnosed)."""
+    for q in queries:
+        for t, lo, hi, x in wrong.get(q["id"], [])[:show]:
+            out("VIOLATION %s at %.3f: answer [%r, %r], truth %r" % (q["id"], t, lo, hi, x))
+            srcs = set(q.get("sources") or ())
+            for r in sorted(readings, key=_time):
+                if abs(r[0] - t) <= around and (not srcs or r[1] in srcs):
+                    out("    reading %.3f %s %r" % r)
+            mine = [a for a in answers if a["query"] == q["id"]]
+            held = max((a["time"] for a in mine if a["time"] <= t), default=t)     # the answer in force
+            for a in mine:
+                if held <= a["time"] <= t + around or abs(a["time"] - t) <= around:
+                    out("    answer  %.3f %s" % (a["time"], {k: v for k, v in a.items() if k not in ("query", "time")}))
 
 
 def deadband_reports(queries, readings, start=None):
@@ -322,7 +343,9 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         answers = job.read_answers(backend.directory)
         status = backend.status()["groups"][FLEET]
         end = min(max(r[0] for r in d.readings()) for d in devices)
-        checked = violations(queries, readings, answers, end)
+        wrong = {}
+        checked = violations(queries, readings, answers, end, wrong)
+        _explain(queries, readings, answers, wrong, out)
         result = {"protocol": protocol, "dir": workdir, "samples": len(window), "uplink": observer.counts["up"],
                   "ctl": observer.counts["ctl"], "deadband": deadband_reports(queries, readings, t_reg),
                   "violations": sum(v for v, _, _ in checked.values()), "per_query": checked,

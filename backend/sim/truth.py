@@ -284,11 +284,12 @@ def revoke(answers, windows):
     return out
 
 
-def check(truth, answers, precision, end):
+def check(truth, answers, precision, end, wrong=None):
     """Merge the truth and answer step functions of one query.
 
     ``truth``: [(t, exact, scale)], ``answers``: [(t, lo, hi, degraded)], both in time order;
-    ``precision``: δ, or [(t, δ)] when it changes while running.
+    ``precision``: δ, or [(t, δ)] when it changes while running; ``wrong``: a list that gets
+    (t, lo, hi, exact) of every violating instant.
     Returns (violations, violation_time, precision_misses, degraded_time).
     """
     if not truth and not answers:
@@ -301,6 +302,8 @@ def check(truth, answers, precision, end):
     deg = both & deg
     ok = both & ~deg
     bad = ok & ~_inside(lo, hi, x, scale)
+    if wrong is not None:
+        wrong += [(float(T[k]), float(lo[k]), float(hi[k]), float(x[k])) for k in np.flatnonzero(bad)]
     with np.errstate(invalid="ignore"):
         width = hi - lo
         miss = ok & (width > prec + TOL * (1.0 + scale + np.abs(x))) & np.isfinite(width)

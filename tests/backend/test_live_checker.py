@@ -38,4 +38,6 @@ def test_samples_a_gateway_stamps_alike_hold_in_log_order():
         if t == tied and v != same[-1]:                             # an earlier sample of the tie holding
             wrong = [a for a in answers if a["time"] != tied] + [_answer(tied, v)]
             wrong.sort(key=lambda a: a["time"])
-            assert demo.violations([QUERY], rows, wrong, end)["q"][0] == 1
+            bad = {}
+            assert demo.violations([QUERY], rows, wrong, end, bad)["q"][0] == 1
+            assert bad == {"q": [(tied, v - 0.5, v + 0.5, same[-1])]}      # where, the answer and the truth

@@ -13,7 +13,8 @@ backend has applied) set the board's shrink count and next shrink tick; a config
 board already runs is not forwarded (the board's own count is never behind the backend's). Conversions
 round toward the device: a bound ``[lo, hi]`` becomes ``[ceil, floor]`` of its ends in device units, a
 width ``W`` the half-width ``floor(W·512)``, so the device is never wider than the backend's double mirror.
-A checksum failure or a sequence gap from the device asks it for a fresh birth. Every call takes ``now``
+A checksum failure or a sequence gap from the device (a report may be lost) skips an uplink sequence
+number, so the backend sees the loss as its own, and asks the device for a fresh birth. Every call takes ``now``
 (wall seconds) and returns actions ``(kind, ...)``.
 """
 import math
@@ -137,13 +138,20 @@ class Bridge:
         self.last_up = now
         return (channel, codec.encode(kind, fields))
 
+    def _lost(self, now):
+        """A device frame was lost or damaged (a report, perhaps): skip an uplink sequence number, so the
+        backend sees a lost uplink (it degrades the sensor and revokes its answers since), and ask the
+        device for a fresh birth to resynchronise."""
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        return self.rebirth(now)
+
     def from_device(self, now, line):
         """One line from the UART; returns actions."""
         f = unframe(line)
         if f is None:
             if b"|" in line:
                 self.stats["bad_frames"] += 1
-                return self.rebirth(now)           # something was lost: resynchronise by a fresh birth
+                return self._lost(now)
             self.stats["noise"] += 1 if line.strip() else 0
             return [("noise", line)] if line.strip() else []
         self.stats["frames"] += 1
@@ -166,7 +174,7 @@ class Bridge:
             self.applied = None
         elif self.dseq is not None and n != (self.dseq + 1) & 0xFFFF and kind != "B":
             self.stats["gaps"] += 1
-            out += self._send(now, "Q")
+            out += self._lost(now)
         self.dseq = n
         if kind == "B":
             ep, h = int(a[0]), int(a[1])
