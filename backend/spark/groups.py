@@ -12,16 +12,20 @@ offset order and names the group(s) of every record; it is the job's routing tab
 * ``up``/``state`` go to the device's group, and ``ctl`` (a downlink's echo) too once it has one; a
   spec to its query's group; ``tick`` and ``link`` to every group holding a query; ``inc`` to every group (a new group gets the latest ``inc``, and
   ``link lost`` while the link is down, before its first record).
-* Groups only merge. When a birth or a spec joins two groups, the younger one's key is retired (its
-  state is dropped), its queries are registered again in the older one and each of its devices is
-  adopted there (asked for a fresh birth, as after a coordinator restart), so the older group rebuilds
-  their state from the devices themselves. No coordinator state moves between keys: a Host stays the
-  object the simulator runs. A query removed or narrowed leaves its group joined (a split would need a
-  coordinator to forget devices); the group is still correct, only less parallel.
+* Merges: when a birth or a spec joins two groups, the younger one's key is retired (its state is
+  dropped), its queries are registered again in the older one and each of its devices is adopted
+  there (asked for a fresh birth, as after a coordinator restart), so the older group rebuilds their
+  state from the devices themselves. No coordinator state moves between keys: a Host stays the
+  object the simulator runs.
+* Splits: when a query is removed or narrowed (or a ``"sources": "all"`` query no longer joins
+  everything) and its group falls apart into components, the group's key is retired after the spec
+  (its Host retracts the query first) and each component becomes a group of a fresh key
+  (``g/<n>``), which gets the component's queries and adopts its devices, as in a merge.
 
-Group ids are the name of the component's oldest node (``d/<device>``, ``s/<source>``, ``q/<query>``),
-so routing is a deterministic function of the spool prefix; ``Journal`` keeps the records that changed
-the table, with their offsets, and rebuilds it for a restart at any planned offset.
+Group ids are the name of the component's oldest node (``d/<device>``, ``s/<source>``, ``q/<query>``)
+or, after a split, ``g/<n>`` (``n`` counts the table's nodes), so routing is a deterministic function
+of the spool prefix; ``Journal`` keeps the records that changed the table, with their offsets, and
+rebuilds it for a restart at any planned offset.
 """
 import json
 import os
@@ -74,6 +78,7 @@ class Router:
         self.queried = {}       # roots of the groups holding a query, in order: where ticks and links go
         self.routed = set()     # devices some group's Host has seen a record of
         self.specs = {}         # qid -> latest spec payload (registered again when its group moves)
+        self.sources = {}       # device -> the source names its births named (what a split regroups by)
         self.everyone = None    # a node of the group of a "sources: all" query (None: none)
         self.inc = None         # the latest ``inc`` payload, given to every new group first
         self.link = None        # b"lost" while the bridge's link is down
@@ -130,6 +135,9 @@ class Router:
         if channel in ("up", "state") and device:
             node = "d/" + device
             for s in _birth_sources(payload) if channel == "state" else ():
+                known = self.sources.setdefault(device, [])
+                if s not in known:
+                    known.append(s)
                 self._union(node, "s/" + s, out)
             root = self.find(node)
             self.routed.add(device)
@@ -140,6 +148,7 @@ class Router:
         elif channel == "spec" and device:
             node = "q/" + device
             srcs = _spec_sources(payload)
+            before = _spec_sources(self.specs[device]) if device in self.specs else []
             if srcs == "all":
                 self.everyone = self.everyone or node
                 for root in list(self.info):
@@ -150,7 +159,12 @@ class Router:
                 self.specs.pop(device, None)
             else:
                 self.specs[device] = payload
-            self._to(self.find(node), (device, channel, payload), out)
+            root = self.find(node)
+            self._to(root, (device, channel, payload), out)
+            if before == "all" and srcs != "all" and self.everyone == node:
+                self.everyone = next(("q/" + q for q in sorted(self.specs) if _spec_sources(self.specs[q]) == "all"), None)
+            if before and (srcs is None or before == "all" and srcs != "all" or set(before) - set(srcs or ())):
+                self._split(root, out)      # the query let go of something: its group may fall apart
         elif channel in topics.SPOOL_CHANNELS:
             if channel == "inc":
                 self.inc = payload
@@ -161,6 +175,61 @@ class Router:
         else:
             out.append((None, device, channel, payload))      # foreign: counted by no group
         return out, channel in ("state", "spec", "inc", "link") or len(self.age) != nodes
+
+    def _split(self, root, out):
+        """Regroup the nodes of group ``root`` by the links that remain (births and current specs);
+        if they fall apart, retire ``root`` and give each component a fresh group."""
+        if self.everyone is not None:
+            return                          # a "sources: all" query still joins everything
+        members = [x for x in self.parent if x[0] != "g" and self.find(x) == root]
+        local = {x: x for x in members}
+
+        def top(x):
+            while local[x] != x:
+                local[x] = local[local[x]]
+                x = local[x]
+            return x
+
+        def link(a, b):
+            if a in local and b in local:
+                local[top(b)] = top(a)
+        for x in members:
+            if x[0] == "d":
+                for s in self.sources.get(x[2:], ()):
+                    link(x, "s/" + s)
+            elif x[0] == "q" and x[2:] in self.specs:
+                for s in _spec_sources(self.specs[x[2:]]) or ():
+                    link(x, "s/" + s)
+        parts = {}
+        for x in members:                   # in creation order: deterministic, oldest node first
+            parts.setdefault(top(x), []).append(x)
+        real = [p for p in parts.values() if any(x[0] == "d" or x[2:] in self.specs and x[0] == "q" for x in p)]
+        if len(real) < 2:
+            return
+        for p in parts.values():            # sources no one names any more, a removed query: kept along
+            if p not in real:
+                real[0] += p
+        gone = self.info.pop(root)
+        self.queried.pop(root, None)
+        if not gone["new"]:
+            out.append((root, None, "retire", b""))
+        order = {x: i for i, x in enumerate(["d/" + d for d in gone["devices"]] + ["q/" + q for q in gone["queries"]])}
+        for part in real:
+            new = "g/%d" % len(self.age)
+            self.parent[new] = new
+            self.age[new] = len(self.age)
+            for x in part:
+                self.parent[x] = new
+            names = sorted((x for x in part if x[0] in "dq"), key=lambda x: order.get(x, len(order)))
+            queries = [x[2:] for x in names if x[0] == "q" and x[2:] in self.specs]
+            self.info[new] = {"devices": [x[2:] for x in names if x[0] == "d"], "queries": queries, "new": True}
+            if queries:
+                self.queried[new] = None
+            for qid in queries:
+                self._to(new, (qid, "spec", self.specs[qid]), out)
+            for device in self.info[new]["devices"]:
+                if device in self.routed:
+                    self._to(new, (device, "adopt", b""), out)
 
     def _to(self, root, row, out):
         info = self.info[root]

@@ -81,7 +81,7 @@ def record_groups(settings, queries=GROUP_QUERIES, later=(), devices=6, per_devi
                   tick=0.5, seed=1):
     """Like ``record``, with the job's group keying done in process: every record goes through a
     ``groups.Router`` to one ``Host`` per query group (retired and adopted as the router says), whose
-    downlinks go back to the agents. ``later``: ``(time, query)`` specs registered mid-run. Returns
+    downlinks go back to the agents. ``later``: ``(time, query)`` specs registered mid-run (``{"id": ..., "remove": True}``: removed). Returns
     ``(records, reference)``, the reference holding ``answers`` per query, ``downs`` per device, the ``hosts`` at the end and
     ``checked``: how many answers were compared with the exact aggregate of the agents' readings
     (each in force at the end of an instant and not degraded must contain it)."""
@@ -134,7 +134,8 @@ def record_groups(settings, queries=GROUP_QUERIES, later=(), devices=6, per_devi
         t = round(t + dt, 9)
         while later and later[0][0] <= t:
             q = later.pop(0)[1]
-            feed(t, topics.query(FLEET, q["id"], "spec"), json.dumps({k: v for k, v in q.items() if k != "id"}).encode())
+            spec = b"" if q.get("remove") else json.dumps({k: v for k, v in q.items() if k != "id"}).encode()
+            feed(t, topics.query(FLEET, q["id"], "spec"), spec)
         for device, walk in walks:
             for source, v in walk.poll(t):
                 value[source] = v

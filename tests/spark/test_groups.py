@@ -99,6 +99,62 @@ def test_router_in_any_order_gives_the_components_and_replays():
         assert set(r.queried) == {g for g, i in r.info.items() if i["queries"]} and list(r.queried) == list(again.queried)
 
 
+def test_removed_and_narrowed_queries_split_groups_like_the_components_of_what_remains():
+    """Births, specs, removals and narrowings in a random order: after every record the router's groups
+    are the components of the births and specs in force (brute force); a split retires the group that
+    fell apart (after the spec, which its Host still takes), each part gets a fresh key with the part's
+    specs and an adopt per device it had routed; a replay of the journal gives the same table."""
+    rng = random.Random(6)
+    splits = 0
+    for _ in range(300):
+        specs, devices = random_case(rng)
+        pool = [s for srcs in devices.values() for s in srcs] + ["ghost0", "ghost1"]
+        events = [(d, "state", birth(s)) for d, s in devices.items()]
+        events += [(q, "spec", json.dumps(spec).encode()) for q, spec in specs.items()]
+        events += [(d, "up", b"x") for d in devices]
+        rng.shuffle(events)
+        for q in list(specs) + ["q9"]:
+            if rng.random() < 0.5:
+                events.append((q, "spec", b""))                 # removed
+            elif rng.random() < 0.5:
+                narrow = {"kind": "sum", "sources": rng.sample(pool, 1)}
+                events.append((q, "spec", json.dumps(narrow).encode()))
+        events += [(d, "up", b"y") for d in devices]
+        r, journal, live, born = Router(), [], {}, {}
+        for e in events:
+            groups_before = set(r.info)
+            rows, changed = r.route(*e)
+            if changed:
+                journal.append(e)
+            name, channel, payload = e
+            if channel == "spec":
+                if payload:
+                    live[name] = json.loads(payload)
+                else:
+                    live.pop(name, None)
+            elif channel == "state":
+                born[name] = devices[name]
+            got = {d: r.find("d/" + d) for d in born}
+            assert partition(got) == partition(brute(live, born)), (e, live)
+            fresh = {g for g in r.info if g.startswith("g/")} - groups_before
+            if channel == "spec" and fresh:
+                splits += 1
+                at = next(i for i, row in enumerate(rows) if row[1:] == e)
+                split = rows[at][0]                                  # the spec reached the group that split
+                assert split not in r.info and all(row[0] != split for row in rows[at + 1:] if row[2] != "retire")
+                assert split not in groups_before or (split, None, "retire", b"") in rows[at + 1:]
+                for g in fresh:
+                    mine = [row for row in rows if row[0] == g]
+                    assert [row[1] for row in mine if row[2] == "spec"] == r.info[g]["queries"]
+                    assert {row[1] for row in mine if row[2] == "adopt"} == set(r.info[g]["devices"]) & r.routed
+        again = Router()
+        again.replay(journal)
+        assert {d: again.find("d/" + d) for d in born} == {d: r.find("d/" + d) for d in born}
+        assert again.info == r.info and list(r.queried) == list(again.queried)
+        assert {g for g, i in r.info.items() if set(i["queries"]) & set(r.specs)} <= set(r.queried) <= set(r.info)
+    assert splits > 50
+
+
 def test_merge_retires_the_younger_group_and_adopts_its_devices():
     r = Router()
     assert r.route(None, "inc", b"7")[0] == []                    # no group yet

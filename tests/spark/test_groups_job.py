@@ -77,3 +77,18 @@ def test_a_query_joining_two_groups_merges_them_across_a_restart(job_spark, tmp_
     assert per_device(pub.sent) == ref["downs"]
     with open(os.path.join(out, "groups", "journal"), "rb") as f:
         assert f.read()
+
+
+def test_removing_the_joining_query_splits_the_group_again(job_spark, tmp_path):
+    """``join`` merges d/d0 and d/d2 at t = 10 s and is removed at t = 20 s: the merged group retires
+    after retracting it, and its two parts run on as fresh groups (their queries registered again,
+    their devices adopted). The job gives the in-process run's answers and downlinks; that run's
+    answers contain the exact aggregates."""
+    records, ref = record_groups(SETTINGS, later=[(10.0, JOIN), (20.0, {"id": "join", "remove": True})])
+    assert [h for h in sorted(ref["hosts"]) if not h.startswith("g/")] == ["d/d4"] and len(ref["hosts"]) == 3
+    assert ref["checked"] > 300 and max(a["time"] for a in ref["answers"]["join"]) <= 20.0
+    spool, out, pub = str(tmp_path / "spool"), str(tmp_path / "out"), FakePublisher()
+    status = run(job_spark, spool, out, records, pub)
+    assert status["d/d0"]["retired"] is True and sum(g.startswith("g/") for g in status) == 2
+    assert per_query(job.read_answers(out)) == ref["answers"]
+    assert per_device(pub.sent) == ref["downs"]
