@@ -125,7 +125,7 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
         gs = [g for _, g in sorted(status.items())]       # one status row per group in the batch
         done = max([g["last_offset"] + 1 for g in gs if g.get("last_offset") is not None] or [batches[-1][1] if batches else 0])
         batches.append((published_at, done, sum(g.get("batch_records", 0) for g in gs)))
-        rebuilt.extend(bool(g.get("rebuilt")) for g in gs)
+        rebuilt.extend(g.get("rebuilt") for g in gs)
         if any(g.get("snapshot_bytes") for g in gs):
             snaps.append((sum(g.get("snapshot_bytes") or 0 for g in gs), sum(g["sources_known"] for g in gs)))
         if state["measure_from"] is not None and any("host_s" in g for g in gs):
@@ -203,7 +203,8 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
                 "drained": batches[-1][1] >= target, "batches": len(in_window),
                 "batch_median": percentile([b[2] for b in in_window], 0.5) if in_window else 0,
                 "phases_ms": {k: percentile(v, 0.5) for k, v in sorted(phases.items())},
-                "rebuilt": sum(rebuilt), "cache_hits": len(rebuilt) - sum(rebuilt),
+                "rebuilt": sum(r is True for r in rebuilt), "caught_up": sum(r == "caught up" for r in rebuilt),
+                "cache_hits": sum(not r for r in rebuilt),
                 "answers": len(lat), "p50_s": round(percentile(lat, 0.5), 3), "p99_s": round(percentile(lat, 0.99), 3)}
     finally:
         if q is not None:
@@ -268,7 +269,8 @@ def report(f):
     print("reading -> published answer latency over %d answer changes: p50 %.3f s, p99 %.3f s (target p99 <= %.1f s)"
           % (f["answers"], f["p50_s"], f["p99_s"], TARGET_P99))
     print("per-batch phases, median ms: %s" % ", ".join("%s %d" % kv for kv in f["phases_ms"].items()))
-    print("group hosts: cached in the worker %d group-batches, rebuilt %d" % (f["cache_hits"], f["rebuilt"]))
+    print("group hosts: cached in the worker %d group-batches, caught up from the journal %d, rebuilt %d"
+          % (f["cache_hits"], f["caught_up"], f["rebuilt"]))
     if f["worker_ms"]:
         print("python worker per batch, median ms: host %.1f, state store %.1f" % tuple(f["worker_ms"]))
     if f["snapshot_bytes"]:

@@ -4,16 +4,19 @@ The ``Host`` is deterministic in its records, so its durable form need not be re
 micro-batch. Per group key the state store holds
 
 - ``snap``: the pickled ``Host`` as of the last snapshot, in ``CHUNK``-sized rows (``ListState``);
-- ``journal``: every record applied since that snapshot, appended per batch as pickled lists of
-  ``JOURNAL_ROW`` records (``ListState.appendList``, a RocksDB merge: the cost follows the batch);
+- ``journal``: every record applied since that snapshot, appended per batch as pickled
+  ``(token, records)`` rows of up to ``JOURNAL_ROW`` records (``ListState.appendList``, a RocksDB
+  merge: the cost follows the batch), ``token`` the batch's (a snapshot starts it with an empty row);
 - ``meta``: ``(token, journal records, journal first arrival)``, ``token`` naming the exact Host
   state the store describes (a fresh random token per batch).
 
 The live ``Host`` stays in the Python worker between batches (``_CACHE``, keyed by group) together
-with the token it matches. A batch uses the cached Host only if its token equals the stored one;
-otherwise (another worker, a restart, a batch replayed after a crash, whose store is the previous
-version) it rebuilds: unpickle the snapshot and replay the journal, which yields the same Host the
-uninterrupted run had. The cache entry is taken out while a batch runs, so a batch that fails half
+with the token it matches. A batch uses the cached Host if its token equals the stored one. If the
+cached Host is older (another worker ran the group's last batches: Spark gives a key no worker
+affinity), and its token is in the journal, it catches up by replaying the journal rows after that
+token's, only the records it missed. Otherwise (a restart, a snapshot since, a batch replayed after a
+crash, whose store is the previous version) it rebuilds: unpickle the snapshot and replay the whole
+journal, which yields the same Host the uninterrupted run had. The cache entry is taken out while a batch runs, so a batch that fails half
 way never leaves a half-applied Host behind. A new snapshot is written (and the journal cleared)
 once the journal holds ``snapshot_records`` records, and at least one per source, or spans
 ``snapshot_seconds`` of arrival time and holds one record per 8 sources: a snapshot costs the
@@ -52,7 +55,9 @@ class GroupState:
         self.snapshot_bytes = None          # size of the snapshot the last ``store`` wrote (None: none)
 
     def load(self, key):
-        """``(Host, (journal records, first arrival), rebuilt)``: the group's Host as the store describes it."""
+        """``(Host, (journal records, first arrival), rebuilt)``: the group's Host as the store describes
+        it; ``rebuilt``: False (cached), ``"caught up"`` (a cached Host replayed the records it missed)
+        or True (unpickled from the snapshot)."""
         meta = self.meta.get() if self.meta.exists() else None
         cached = _CACHE.pop(key, None)
         if meta is None:
@@ -60,16 +65,13 @@ class GroupState:
         journal = (meta[1], meta[2] if meta[1] else None)
         if cached is not None and cached[0] == meta[0]:
             return cached[1], journal, False
-        return self.rebuild(), journal, True
-
-    def rebuild(self):
-        """Unpickle the snapshot and replay the journal."""
+        rows = [pickle.loads(r[0]) for r in self.journal.get()] if self.journal.exists() else []
+        mark = [i for i, (token, _) in enumerate(rows) if cached is not None and token == cached[0]]
+        if mark:
+            return _replay(cached[1], rows[mark[-1] + 1:]), journal, "caught up"
         h = pickle.loads(b"".join(r[0] for r in self.snap.get())) if self.snap.exists() \
             else hostmod.Host(self.settings)
-        for row in self.journal.get():
-            for arrival, device, channel, payload, retained in pickle.loads(row[0]):
-                h.record(arrival, device, channel, payload, retained)
-        return h
+        return _replay(h, rows), journal, True
 
     def store(self, key, h, records, journal):
         """Persist a batch's ``records`` (already applied to ``h``) and cache ``h``."""
@@ -79,6 +81,7 @@ class GroupState:
         count += len(records)
         n = len(h.coord.cache.sources)
         self.snapshot_bytes = None
+        token = os.urandom(12).hex()
         if count >= max(self.snapshot_records, n) or (
                 records and max(r[0] for r in records) - since >= self.snapshot_seconds and 8 * count >= n):
             blob = pickle.dumps(h, protocol=pickle.HIGHEST_PROTOCOL)
@@ -86,10 +89,9 @@ class GroupState:
             self.journal.clear()
             count, since = 0, None
             self.snapshot_bytes = len(blob)
-        elif records:
-            self.journal.appendList([(pickle.dumps(records[i:i + JOURNAL_ROW], protocol=pickle.HIGHEST_PROTOCOL),)
-                                     for i in range(0, len(records), JOURNAL_ROW)])
-        token = os.urandom(12).hex()
+            records = []                    # the journal restarts with the snapshot's token
+        self.journal.appendList([(pickle.dumps((token, records[i:i + JOURNAL_ROW]), protocol=pickle.HIGHEST_PROTOCOL),)
+                                 for i in range(0, max(1, len(records)), JOURNAL_ROW)])
         self.meta.update((token, count, float(since) if count else 0.0))
         _CACHE[key] = (token, h)
         _HELD[0] += n - _SIZES.get(key, 0)
@@ -104,6 +106,14 @@ class GroupState:
         _CACHE.pop(key, None)
         _HELD[0] -= _SIZES.pop(key, 0)
         self.snapshot_bytes = None
+
+
+def _replay(h, rows):
+    """``h`` after the records of journal ``rows`` ``(token, records)``."""
+    for _, records in rows:
+        for arrival, device, channel, payload, retained in records:
+            h.record(arrival, device, channel, payload, retained)
+    return h
 
 
 _FROZEN = [0]   # sources held when the worker's heap was last frozen

@@ -196,6 +196,42 @@ def test_cache_misses_rebuild_from_snapshot_and_journal(job_spark, tmp_path):
     assert sum(s["batch_records"] for s in statuses) == len(records)
 
 
+def test_a_host_left_behind_on_another_worker_catches_up_from_the_journal(job_spark, tmp_path):
+    """Each batch runs on one of two simulated Python workers (their caches swapped in, as Spark gives
+    a key no worker affinity): the other worker's Host is then batches behind and replays only the
+    journal rows it missed, or rebuilds when a snapshot has cleared them; the answers, downlinks and
+    state equal the plain reference's bit for bit."""
+    from backend.spark import state
+    settings = {"protocol": "deadband", "period": 5.0}
+    records, ref = record(settings, duration=30.0)
+    spool, out = str(tmp_path / "spool"), str(tmp_path / "out")
+    base = job._processor_class()
+
+    class TwoWorkers(base):
+        def handleInputRows(self, key, rows, timerValues):
+            rows = list(rows)
+            first = min(int(r["offset"].min()) for r in rows)
+            # kept on the module: the processor itself is unpickled afresh for every batch
+            workers = state.__dict__.setdefault("_two_workers", [({}, {}, [0]), ({}, {}, [0])])
+            state._CACHE, state._SIZES, state._HELD = workers[random.Random(first).random() < 0.5]
+            return super().handleInputRows(key, iter(rows), timerValues)
+
+    statuses = []
+    pub = FakePublisher()
+    sink = job.Sink(out, FLEET, pub, on_batch=lambda b, status, a, t: statuses.append(status[FLEET]))
+    processor = TwoWorkers(hostmod.settings(settings), True, snapshot_records=600)
+    with Spool(spool, fsync="never") as sp:
+        feeder = feed_in_cuts(sp, records, random.Random(11), cuts=16, delivered=statuses)
+        try:
+            assert run_until_done(job_spark, spool, out, settings, sink, len(records), processor=processor) == 0
+        finally:
+            feeder.join()
+    compare(out, ref, len(records))
+    assert downlinks(pub.sent) == ref["downs"]
+    assert sum(s["rebuilt"] == "caught up" for s in statuses) >= 2, [s["rebuilt"] for s in statuses]
+    assert sum(s["batch_records"] for s in statuses) == len(records)
+
+
 def test_crashes_and_restarts_lose_nothing_and_repeat_nothing(job_spark, tmp_path):
     settings = {"protocol": "deadband", "period": 5.0}
     records, ref = record(settings, duration=30.0)
