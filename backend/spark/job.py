@@ -219,8 +219,9 @@ def plan(spark, spool, fleet, settings, status_sources=False, source_options=Non
     df = reader.load()
     if not groups:
         df = df.withColumn("grp", F.lit(fleet)).withColumn("sub", F.lit(0))
-    # keyed by group, a group's tasks may land on another Python worker (a cache miss rebuilds): group
-    # snapshots come often enough that a rebuild replays little (still at least one record per source)
+    # keyed by group, a group's tasks may land on another Python worker (a Host left behind there catches
+    # up from the journal, or rebuilds): group snapshots come often enough that a rebuild replays little
+    # (still at least one record per source)
     processor = processor or _processor_class()(hostmod.settings(settings), status_sources,
                                                 **({"snapshot_records": GROUP_SNAPSHOT_RECORDS} if groups else {}))
     return (df.select("grp", "offset", "sub", "arrival", "device", "channel", "payload", "retained")
