@@ -162,38 +162,46 @@ def feed_in_cuts(spool, records, rng, cuts=6, delivered=None):
     return feeder
 
 
-def test_cache_misses_rebuild_from_snapshot_and_journal(job_spark, tmp_path):
-    """Workers that lose their cached Host mid-run (another worker, a restart) rebuild it from the
-    snapshot plus journal and give the plain reference's answers, downlinks and state bit for bit."""
-    from backend.spark import state
+def run_hooked(spark, tmp_path, before_batch, snapshot_records, seed, cuts):
+    """The job over ``record``'s fleet, ``before_batch(first offset)`` called in the Python worker before
+    each batch (to play with its cache of Hosts); checks the answers, downlinks and state against the
+    plain reference bit for bit and returns the batches' statuses."""
     settings = {"protocol": "deadband", "period": 5.0}
     records, ref = record(settings, duration=30.0)
     spool, out = str(tmp_path / "spool"), str(tmp_path / "out")
-    base = job._processor_class()
 
-    class Forgetful(base):
-        """Drops the worker's cache before every batch that starts at an odd offset."""
-
+    class Hooked(job._processor_class()):
         def handleInputRows(self, key, rows, timerValues):
             rows = list(rows)
-            if min(int(r["offset"].min()) for r in rows) % 2:
-                state.forget()
+            before_batch(min(int(r["offset"].min()) for r in rows))
             return super().handleInputRows(key, iter(rows), timerValues)
 
     statuses = []
     pub = FakePublisher()
     sink = job.Sink(out, FLEET, pub, on_batch=lambda b, status, a, t: statuses.append(status[FLEET]))
-    processor = Forgetful(hostmod.settings(settings), True, snapshot_records=150)
+    processor = Hooked(hostmod.settings(settings), True, snapshot_records=snapshot_records)
     with Spool(spool, fsync="never") as sp:
-        feeder = feed_in_cuts(sp, records, random.Random(9), cuts=12, delivered=statuses)
+        feeder = feed_in_cuts(sp, records, random.Random(seed), cuts=cuts, delivered=statuses)
         try:
-            assert run_until_done(job_spark, spool, out, settings, sink, len(records), processor=processor) == 0
+            assert run_until_done(spark, spool, out, settings, sink, len(records), processor=processor) == 0
         finally:
             feeder.join()
     compare(out, ref, len(records))
     assert downlinks(pub.sent) == ref["downs"]
-    assert len(statuses) >= 12 and any(s["rebuilt"] for s in statuses)
     assert sum(s["batch_records"] for s in statuses) == len(records)
+    return statuses
+
+
+def test_cache_misses_rebuild_from_snapshot_and_journal(job_spark, tmp_path):
+    """Workers that lose their cached Host mid-run (a restart) rebuild it from the snapshot plus
+    journal and give the plain reference's answers, downlinks and state bit for bit."""
+    from backend.spark import state
+
+    def forget_at_odd_offsets(first):
+        if first % 2:
+            state.forget()
+    statuses = run_hooked(job_spark, tmp_path, forget_at_odd_offsets, 150, seed=9, cuts=12)
+    assert len(statuses) >= 12 and any(s["rebuilt"] is True for s in statuses)
 
 
 def test_a_host_left_behind_on_another_worker_catches_up_from_the_journal(job_spark, tmp_path):
@@ -202,34 +210,13 @@ def test_a_host_left_behind_on_another_worker_catches_up_from_the_journal(job_sp
     journal rows it missed, or rebuilds when a snapshot has cleared them; the answers, downlinks and
     state equal the plain reference's bit for bit."""
     from backend.spark import state
-    settings = {"protocol": "deadband", "period": 5.0}
-    records, ref = record(settings, duration=30.0)
-    spool, out = str(tmp_path / "spool"), str(tmp_path / "out")
-    base = job._processor_class()
 
-    class TwoWorkers(base):
-        def handleInputRows(self, key, rows, timerValues):
-            rows = list(rows)
-            first = min(int(r["offset"].min()) for r in rows)
-            # kept on the module: the processor itself is unpickled afresh for every batch
-            workers = state.__dict__.setdefault("_two_workers", [({}, {}, [0]), ({}, {}, [0])])
-            state._CACHE, state._SIZES, state._HELD = workers[random.Random(first).random() < 0.5]
-            return super().handleInputRows(key, iter(rows), timerValues)
-
-    statuses = []
-    pub = FakePublisher()
-    sink = job.Sink(out, FLEET, pub, on_batch=lambda b, status, a, t: statuses.append(status[FLEET]))
-    processor = TwoWorkers(hostmod.settings(settings), True, snapshot_records=600)
-    with Spool(spool, fsync="never") as sp:
-        feeder = feed_in_cuts(sp, records, random.Random(11), cuts=16, delivered=statuses)
-        try:
-            assert run_until_done(job_spark, spool, out, settings, sink, len(records), processor=processor) == 0
-        finally:
-            feeder.join()
-    compare(out, ref, len(records))
-    assert downlinks(pub.sent) == ref["downs"]
+    def one_of_two_workers(first):
+        # kept on the module: the processor is unpickled afresh for every batch
+        workers = state.__dict__.setdefault("_two_workers", [({}, {}, [0]), ({}, {}, [0])])
+        state._CACHE, state._SIZES, state._HELD = workers[random.Random(first).random() < 0.5]
+    statuses = run_hooked(job_spark, tmp_path, one_of_two_workers, 600, seed=11, cuts=16)
     assert sum(s["rebuilt"] == "caught up" for s in statuses) >= 2, [s["rebuilt"] for s in statuses]
-    assert sum(s["batch_records"] for s in statuses) == len(records)
 
 
 def test_crashes_and_restarts_lose_nothing_and_repeat_nothing(job_spark, tmp_path):
