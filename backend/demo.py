@@ -191,11 +191,12 @@ def violations(queries, readings, answers, end, wrong=None):
 def _explain(queries, readings, answers, wrong, out, show=3, around=0.3):
     """Print the first ``show`` violating instants of each query with its sources' readings and its
     answers from the one in force to ``around`` s after each (what a failed run must leave behind to be diagnosed)."""
+    rows = sorted(readings, key=_time) if wrong else []
     for q in queries:
         for t, lo, hi, x in wrong.get(q["id"], [])[:show]:
             out("VIOLATION %s at %.3f: answer [%r, %r], truth %r" % (q["id"], t, lo, hi, x))
             srcs = set(q.get("sources") or ())
-            for r in sorted(readings, key=_time):
+            for r in rows:
                 if abs(r[0] - t) <= around and (not srcs or r[1] in srcs):
                     out("    reading %.3f %s %r" % r)
             mine = [a for a in answers if a["query"] == q["id"]]

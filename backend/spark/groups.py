@@ -163,8 +163,8 @@ class Router:
             self._to(root, (device, channel, payload), out)
             if before == "all" and srcs != "all" and self.everyone == node:
                 self.everyone = next(("q/" + q for q in sorted(self.specs) if _spec_sources(self.specs[q]) == "all"), None)
-            if before and (srcs is None or before == "all" and srcs != "all" or set(before) - set(srcs or ())):
-                self._split(root, out)      # the query let go of something: its group may fall apart
+            if _lets_go(before, srcs):
+                self._split(root, out)      # its group may fall apart
         elif channel in topics.SPOOL_CHANNELS:
             if channel == "inc":
                 self.inc = payload
@@ -254,6 +254,14 @@ def _birth_sources(payload):
     except codec.CodecError:
         return []
     return [r["name"] for r in m["sources"]] if kind == "birth" else []
+
+
+def _lets_go(before, after):
+    """Whether a spec naming ``after`` (``_spec_sources``) lets go of something its predecessor, naming
+    ``before``, joined: a removal, "all" narrowed to a list, or a list that drops a source."""
+    if before == "all":
+        return after != "all"
+    return after != "all" and bool(set(before) - set(after or ()))
 
 
 def _spec_sources(payload):

@@ -16,8 +16,8 @@ cached Host is older (another worker ran the group's last batches: Spark gives a
 affinity), and its token is in the journal, it catches up by replaying the journal rows after that
 token's, only the records it missed. Otherwise (a restart, a snapshot since, a batch replayed after a
 crash, whose store is the previous version) it rebuilds: unpickle the snapshot and replay the whole
-journal, which yields the same Host the uninterrupted run had. The cache entry is taken out while a batch runs, so a batch that fails half
-way never leaves a half-applied Host behind. A new snapshot is written (and the journal cleared)
+journal, which yields the same Host the uninterrupted run had. The cache entry is taken out while a
+batch runs, so a batch that fails half way never leaves a half-applied Host behind. A new snapshot is written (and the journal cleared)
 once the journal holds ``snapshot_records`` records, and at least one per source, or spans
 ``snapshot_seconds`` of arrival time and holds one record per 8 sources: a snapshot costs the
 fleet's size, so its cadence follows the fleet and its cost per record stays constant, while every
@@ -66,9 +66,10 @@ class GroupState:
         if cached is not None and cached[0] == meta[0]:
             return cached[1], journal, False
         rows = [pickle.loads(r[0]) for r in self.journal.get()] if self.journal.exists() else []
-        mark = [i for i, (token, _) in enumerate(rows) if cached is not None and token == cached[0]]
-        if mark:
-            return _replay(cached[1], rows[mark[-1] + 1:]), journal, "caught up"
+        if cached is not None:          # left behind by another worker: replay what came after its batch
+            mark = [i for i, (token, _) in enumerate(rows) if token == cached[0]]
+            if mark:
+                return _replay(cached[1], rows[mark[-1] + 1:]), journal, "caught up"
         h = pickle.loads(b"".join(r[0] for r in self.snap.get())) if self.snap.exists() \
             else hostmod.Host(self.settings)
         return _replay(h, rows), journal, True
