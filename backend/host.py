@@ -187,6 +187,7 @@ class Host:
         self.now = -math.inf
         self.specs = {}          # query id -> spec as registered (``"all"`` kept, to follow the fleet)
         self.pending = {}        # query id -> spec waiting for its sources to be born
+        self._left = {}          # query id -> its sources not born when last checked, the next to check last
         self.records = 0
         self.blind = False       # the driver's broker link is lost (``link_lost``) and not yet restored
         self.stats = {"foreign": 0, "bad_specs": 0}
@@ -314,6 +315,7 @@ class Host:
 
     def _remove(self, now, qid):
         self.pending.pop(qid, None)
+        self._left.pop(qid, None)
         if self.specs.pop(qid, None) is not None and qid in self.coord.queries:
             return self.coord.remove_query(qid, self.event_time(now))
         return []
@@ -331,6 +333,7 @@ class Host:
         missing = self._missing(spec)
         if missing:
             self.pending[qid] = spec
+            self._left[qid] = missing[::-1]
             return [("error", qid, "waiting for sources %s to be born" % ", ".join(missing[:5]))]
         try:
             out = self.coord.add_query(spec, self.event_time(now))
@@ -353,10 +356,21 @@ class Host:
                 out += self._remove(now, qid)
                 out += self._add(now, qid, spec)
         for qid, spec in sorted(self.pending.items()):
-            if not self._missing(spec):
-                del self.pending[qid]
+            if not self._waits(qid):
+                del self.pending[qid], self._left[qid]
                 out += self._add(now, qid, spec)
         return out
+
+    def _waits(self, qid):
+        """Whether waiting spec ``qid`` still misses a source: its missing sources are checked in order
+        and each only until it is born, so a spec over n sources costs O(n) over all births, not per birth."""
+        left = self._left[qid]
+        if left == ["all"]:
+            left = self._left[qid] = self._missing(self.pending[qid])
+        born, declared = self.coord.cache.sources, self._declared
+        while left and (left[-1] in born or left[-1] in declared):
+            left.pop()
+        return bool(left)
 
     def _everyone(self):
         """How many sources ``"all"`` means now (declared or born), counted over the newest births

@@ -112,7 +112,7 @@ class _Publisher(job.Publisher):
 
 
 def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="local[*]", floor=False,
-            register=0, groups=0, partitions=1):
+            register=0, groups=0, partitions=1, verbose=False):
     """Feed ``rate`` reports/s for ``seconds`` through the job (or Spark's floor); return the figures.
     ``groups`` > 0: the job keyed by query group over that many groups, ``partitions`` shuffle partitions."""
     root = tempfile.mkdtemp(prefix="qf-bench-job-")
@@ -128,6 +128,12 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
         rebuilt.extend(g.get("rebuilt") for g in gs)
         if any(g.get("snapshot_bytes") for g in gs):
             snaps.append((sum(g.get("snapshot_bytes") or 0 for g in gs), sum(g["sources_known"] for g in gs)))
+        if verbose:
+            print("batch %d: %d records, host %s ms, store %s ms, %s, latency of its oldest record %.2f s" % (
+                batch_id, batches[-1][2], "+".join("%d" % (1000 * g.get("host_s", 0)) for g in gs),
+                "+".join("%d" % (1000 * g.get("store_s", 0)) for g in gs),
+                ",".join({False: "cached", True: "rebuilt"}.get(g.get("rebuilt"), str(g.get("rebuilt"))) for g in gs),
+                published_at - min([g["first_arrival"] for g in gs if g.get("first_arrival") is not None] or [published_at])), flush=True)
         if state["measure_from"] is not None and any("host_s" in g for g in gs):
             worker.append((sum(g.get("host_s", 0) for g in gs), sum(g.get("store_s", 0) for g in gs)))
         if state["measure_from"] is None:
@@ -232,6 +238,7 @@ def main(argv=None):
     ap.add_argument("--groups", type=int, default=0,
                     help="key the job by query group: N sum queries over blocks of the sources (1: one SUM over all)")
     ap.add_argument("--partitions", type=int, default=None, help="shuffle partitions (default 1, 2 with --groups)")
+    ap.add_argument("--verbose", action="store_true", help="print a line per micro-batch")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--floor", action="store_true", help="run Spark's no-op floor instead of the job")
     mode.add_argument("--compare", action="store_true", help="run the floor, then the job, and print ratios")
@@ -241,7 +248,7 @@ def main(argv=None):
     ref = {"sustained_per_s": args.floor_ref} if args.floor_ref else None
     for floor in runs:
         f = measure(args.rate, args.seconds, args.devices, args.trigger, args.master, floor, args.register,
-                    args.groups, args.partitions or (2 if args.groups else 1))
+                    args.groups, args.partitions or (2 if args.groups else 1), args.verbose)
         report(f)
         if floor:
             ref = f

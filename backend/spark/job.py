@@ -90,13 +90,13 @@ def run_batch(host, records, status_sources=False, extra=None, offsets=None):
     """Feed ``records`` ``(arrival, device, channel, payload, retained)`` (in offset order, their spool
     ``offsets`` if given) to ``host``; returns the output columns, the group's status row (plus ``extra``) last."""
     sink = Rows(host)
-    last = -math.inf
+    first, last = math.inf, -math.inf
     for i, (arrival, device, channel, payload, retained) in enumerate(records):
         sink.at = offsets[i] if offsets is not None else None
         hostmod.dispatch(host.record(arrival, device, channel, payload, retained), sink)
-        last = max(last, arrival)
+        first, last = min(first, arrival), max(last, arrival)
     status = hostmod.digest(host, status_sources, status_sources)
-    status.update(extra or {}, batch_records=len(records), last_arrival=last)
+    status.update(extra or {}, batch_records=len(records), first_arrival=first if records else None, last_arrival=last)
     sink.at = None
     sink.row("status", body=json.dumps(status))
     return sink.cols

@@ -100,3 +100,31 @@ def test_all_expands_in_the_given_order_so_weights_line_up():
     order = ["s%d" % i for i in range(50)]
     q = parse_query({"id": "q", "kind": "sum", "sources": "all", "weights": list(range(1, 51))}, order)
     assert q.sources == order and [q.weights[s] for s in order] == list(range(1, 51))
+
+
+def test_running_sums_stay_exact_over_many_updates_of_very_different_magnitudes():
+    """No re-summing: after every one of 20,000 updates the running SUM is the exact (correctly rounded)
+    sum of the current terms, where a plain running float sum drifts (cancellation of 1e12-sized terms)."""
+    r = random.Random("exact")
+    n = 40
+    srcs = ["s%d" % i for i in range(n)]
+    q = parse_query({"id": "q", "kind": "sum", "sources": srcs, "precision": 1.0,
+                     "weights": [r.choice([-3.0, 0.1, 1.0, 7.0]) for _ in srcs]}, set(srcs))
+    bounds = {s: (0.0, 1.0) for s in srcs}
+    run = aggregate.Running(q, bounds.__getitem__)
+    plain = aggregate.answer(q, bounds.__getitem__)[0]
+    drift = 0.0
+    for step in range(20000):
+        s = r.choice(srcs)
+        lo = r.choice([r.uniform(-1e12, 1e12), r.uniform(-1e-3, 1e-3), r.uniform(-5, 5)])
+        old = run._terms(s, bounds[s])[0]
+        bounds[s] = (lo, lo + r.uniform(0, 2))
+        run.update(s, bounds[s])
+        plain += run._terms(s, bounds[s])[0] - old
+        terms = [run._terms(x, bounds[x]) for x in srcs]
+        exact_lo, exact_hi = math.fsum(t[0] for t in terms), math.fsum(t[1] for t in terms)
+        assert (math.fsum(run.lo), math.fsum(run.hi)) == (exact_lo, exact_hi)
+        got = run.interval()
+        assert got[0] <= exact_lo and exact_hi <= got[1]
+        drift = max(drift, abs(plain - exact_lo))
+    assert drift > 1e-3          # the workload is one where a plain running sum would have drifted

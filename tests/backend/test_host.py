@@ -67,6 +67,35 @@ def test_specs_for_unborn_sources_wait_and_all_follows_births():
     assert h.stats["bad_specs"] == 0 and h.records == 2
 
 
+class _Counted(dict):
+    """A dict counting membership tests (``in``)."""
+    tests = 0
+
+    def __contains__(self, key):
+        _Counted.tests += 1
+        return dict.__contains__(self, key)
+
+
+@pytest.mark.parametrize("order", ["spec", "reversed", "shuffled"])
+def test_a_waiting_spec_over_many_sources_registers_at_its_last_birth_at_linear_cost(order):
+    import random
+    n = 300
+    names = ["s%d" % i for i in range(n)]
+    h = Host(protocol="naive", t0=0.0)
+    h.coord.cache.sources = _Counted()
+    assert h.spec(0.5, "big", {"kind": "sum", "sources": names, "precision": 5})[0][0] == "error"
+    births = {"spec": names, "reversed": names[::-1], "shuffled": random.Random(7).sample(names, n)}[order]
+    _Counted.tests = 0
+    for k, name in enumerate(births):
+        _, birth = born("d-" + name, [name], [float(k)], 1.0 + k)
+        out = h.record(1.0 + k, "d-" + name, "state", birth)
+        assert ("big" in h.pending) == (k < n - 1)          # brute force: a source of the spec is unborn
+        assert bool(answers(out)) == (k == n - 1)
+    assert h.coord.queries["big"].sources == names and answers(out)[0]["lo"] <= sum(range(n)) <= answers(out)[0]["hi"]
+    # each source is looked for until it is born, not once per birth (that was n²/2 = 45,000 here)
+    assert _Counted.tests <= 12 * n, _Counted.tests
+
+
 def test_bad_specs_are_refused_with_a_reason_and_removal_retracts():
     h = Host(protocol="naive", t0=0.0)
     _, birth = born("d1", ["a"], [1.0], 1.0)

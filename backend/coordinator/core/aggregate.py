@@ -99,10 +99,26 @@ def uniform_width(q):
     return math.inf   # count: membership is tracked exactly by a range constraint instead
 
 
+def _add(partials, x):
+    """Shewchuk's exact summation step (as inside ``math.fsum``): ``partials``, non-overlapping floats
+    in increasing magnitude whose sum is exact, now sum to their old sum plus ``x``."""
+    i = 0
+    for y in partials:
+        if abs(x) < abs(y):
+            x, y = y, x
+        hi = x + y
+        lo = y - (hi - x)
+        if lo:
+            partials[i] = lo
+            i += 1
+        x = hi
+    partials[i:] = [x]
+
+
 class Running:
     """Incremental form of ``answer`` for one query: O(1) (SUM/AVG/COUNT) or O(log n) (MIN/MAX)
-    per changed source bound, re-summed exactly every ``RESUM`` updates; ``answer`` is its oracle."""
-    RESUM = 512
+    per changed source bound, whatever the query's size; ``answer`` is its oracle. SUM/AVG keep their
+    sums exact (Shewchuk partials, as ``math.fsum`` does), so no update ever re-sums the query."""
 
     def __init__(self, q, known, member=None):
         self.q = q
@@ -112,19 +128,18 @@ class Running:
 
     def _rebuild(self):
         q = self.q
-        self.since = 0
         if q.kind in ("sum", "avg"):
-            los, his = [], []
+            self.lo, self.hi = [], []
             self.inf = 0
             for s in q.sources:
                 a, b = self._terms(s, self.bounds[s])
                 if math.isinf(a) or math.isinf(b):
                     self.inf += 1
                 else:
-                    los.append(a)
-                    his.append(b)
-            self.lo, self.hi = math.fsum(los), math.fsum(his)
-            self.scale = math.fsum(abs(x) for x in los) + math.fsum(abs(x) for x in his)
+                    _add(self.lo, a)
+                    _add(self.hi, b)
+            self.scale = math.fsum(abs(x) for s in q.sources for x in self._terms(s, self.bounds[s])
+                                   if not math.isinf(x))
             self.peak = self.scale
         elif q.kind in ("min", "max"):
             import heapq
@@ -164,17 +179,13 @@ class Running:
         self.bounds[s] = new
         k = self.q.kind
         if k in ("sum", "avg"):
-            self.since += 1
-            if self.since >= self.RESUM:
-                self._rebuild()
-                return
             for b, sign in ((old, -1.0), (new, 1.0)):
                 a, c = self._terms(s, b)
                 if math.isinf(a) or math.isinf(c):
                     self.inf += int(sign)
                 else:
-                    self.lo += sign * a
-                    self.hi += sign * c
+                    _add(self.lo, sign * a)
+                    _add(self.hi, sign * c)
                     self.scale += sign * (abs(a) + abs(c))
             if self.scale > self.peak:
                 self.peak = self.scale
@@ -204,7 +215,9 @@ class Running:
         if k in ("sum", "avg"):
             if self.inf:
                 return -math.inf, math.inf
-            lo, hi, scale = self.lo, self.hi, max(self.peak, self.scale)
+            # exact sums rounded once; the pad (relative to the largest scale seen: the running
+            # ``scale`` may drift by rounding) covers that rounding and the division of an AVG
+            lo, hi, scale = math.fsum(self.lo), math.fsum(self.hi), max(self.peak, self.scale)
             if k == "avg":
                 n = len(q.sources)
                 lo, hi, scale = lo / n, hi / n, scale / n
