@@ -3,118 +3,195 @@
 The ``Host`` is deterministic in its records, so its durable form need not be rewritten every
 micro-batch. Per group key the state store holds
 
-- ``snap``: the pickled ``Host`` as of the last snapshot, in ``CHUNK``-sized rows (``ListState``);
-- ``journal``: every record applied since that snapshot, appended per batch as pickled
-  ``(token, records)`` rows of up to ``JOURNAL_ROW`` records (``ListState.appendList``, a RocksDB
-  merge: the cost follows the batch), ``token`` the batch's (a snapshot starts it with an empty row);
-- ``meta``: ``(token, journal records, journal first arrival)``, ``token`` naming the exact Host
-  state the store describes (a fresh random token per batch).
+- ``snap0``/``snap1``: the pickled ``Host`` as of the installed snapshot (slot ``meta.slot``), in
+  ``CHUNK``-sized rows (``ListState``); the other slot receives the next snapshot;
+- ``j0``, ``j1``, ``j2``: journals of ``(token, records)`` rows, one or more per batch (up to
+  ``JOURNAL_ROW`` pickled records each, ``ListState.appendList``, a RocksDB merge: the cost follows
+  the batch), ``token`` the batch's. Each snapshot taken starts the next journal (``meta.cur``); the
+  one before the installed snapshot's is cleared then, so the journals hold every row after the
+  installed snapshot and the rows before it back to the snapshot before;
+- ``meta``: the ``token`` naming the exact Host state the store describes (a fresh random token per
+  batch), the records since the last snapshot taken and their first arrival, the installed
+  snapshot's token ``base``, the snapshot being taken or installed ``fork`` and its bytes installed.
+
+**Snapshots in the background.** A snapshot costs the fleet's size (pickling a 1,000,000-source Host
+takes about 20 s, storing it as long again), so no batch pays it: the batch that decides to take one
+``fork()``s the Python worker, and the child, a copy-on-write image of the Host as of that batch,
+pickles it to a file (at low priority) while the worker goes on. The batches that follow copy the file
+into the free slot, at most ``INSTALL`` bytes each, and the last one switches slots. A snapshot lost
+half way (its worker died, or it was taken on another machine) is abandoned when the next is due.
 
 The live ``Host`` stays in the Python worker between batches (``_CACHE``, keyed by group) together
 with the token it matches. A batch uses the cached Host if its token equals the stored one. If the
 cached Host is older (another worker ran the group's last batches: Spark gives a key no worker
-affinity), and its token is in the journal, it catches up by replaying the journal rows after that
-token's, only the records it missed. Otherwise (a restart, a snapshot since, a batch replayed after a
-crash, whose store is the previous version) it rebuilds: unpickle the snapshot and replay the whole
-journal, which yields the same Host the uninterrupted run had. The cache entry is taken out while a
-batch runs, so a batch that fails half way never leaves a half-applied Host behind. A new snapshot is written (and the journal cleared)
-once the journal holds ``snapshot_records`` records, and at least one per source, or spans
-``snapshot_seconds`` of arrival time and holds one record per 8 sources: a snapshot costs the
-fleet's size, so its cadence follows the fleet and its cost per record stays constant, while every
-other batch costs only its own records (a journal append).
+affinity) and its token is in the journals, it catches up by replaying the rows after it, only the
+records it missed, across a snapshot too. Otherwise (a restart, a batch replayed after a crash, whose
+store is the previous version) it rebuilds: unpickle the installed snapshot and replay the rows after
+it, which yields the same Host the uninterrupted run had. The cache entry is taken out while a batch
+runs, so a batch that fails half way never leaves a half-applied Host behind. A snapshot is taken once
+``snapshot_records`` records, and at least one per source, came since the last, or they span
+``snapshot_seconds`` of arrival time and number one per 8 sources: a snapshot costs the fleet's size,
+so its cadence follows the fleet and its cost per record stays constant.
 """
 import gc
 import os
 import pickle
+import tempfile
 
 from backend import host as hostmod
 
 # ListState travels as Arrow, while a single large ValueState update (hundreds of KB for thousands
 # of sources) reached the JVM state server corrupted ("invalid pickle opcode") in PySpark 4.0.1.
 CHUNK = 256 * 1024
+INSTALL = 16 * CHUNK    # snapshot bytes a batch copies into the store
 SNAP_SCHEMA = "host binary"
-JOURNAL_SCHEMA = "records binary"
+JOURNAL_SCHEMA = "token string, records binary"
 JOURNAL_ROW = 2000      # records per journal row (a pickled list; Arrow would type an all-null column as null)
-META_SCHEMA = "token string, journal long, since double"
+META_SCHEMA = ("token string, count long, since double, base string, fork string, cur int, slot int, "
+               "done long")
 SNAPSHOT_RECORDS = 200000
 SNAPSHOT_SECONDS = 600.0
+SNAPSHOT_DIR = os.path.join(tempfile.gettempdir(), "qf-snapshots")    # the children's files, by token
 
 _CACHE = {}     # group key -> (token, Host): the live Host of a group this worker ran last
+_CHILDREN = {}  # token -> pid of this worker's child still pickling that batch's Host
 
 
 class GroupState:
-    """One group's snapshot, journal and meta state variables (from a ``StatefulProcessorHandle``)."""
+    """One group's snapshots, journals and meta state variables (from a ``StatefulProcessorHandle``)."""
 
     def __init__(self, handle, settings, snapshot_records=SNAPSHOT_RECORDS, snapshot_seconds=SNAPSHOT_SECONDS):
-        self.snap = handle.getListState("snap", SNAP_SCHEMA)
-        self.journal = handle.getListState("journal", JOURNAL_SCHEMA)
+        self.snaps = [handle.getListState("snap%d" % i, SNAP_SCHEMA) for i in range(2)]
+        self.journals = [handle.getListState("j%d" % i, JOURNAL_SCHEMA) for i in range(3)]
         self.meta = handle.getValueState("meta", META_SCHEMA)
         self.settings = settings
         self.snapshot_records = snapshot_records
         self.snapshot_seconds = snapshot_seconds
-        self.snapshot_bytes = None          # size of the snapshot the last ``store`` wrote (None: none)
+        self.snapshot_bytes = None          # size of the snapshot the last ``store`` installed (None: none)
 
     def load(self, key):
-        """``(Host, (journal records, first arrival), rebuilt)``: the group's Host as the store describes
-        it; ``rebuilt``: False (cached), ``"caught up"`` (a cached Host replayed the records it missed)
-        or True (unpickled from the snapshot)."""
-        meta = self.meta.get() if self.meta.exists() else None
+        """``(Host, meta, rebuilt)``: the group's Host as the store describes it; ``rebuilt``: False
+        (cached), ``"caught up"`` (a cached Host replayed the records it missed) or True (unpickled
+        from the snapshot, or new)."""
+        m = list(self.meta.get()) if self.meta.exists() else None
         cached = _CACHE.pop(key, None)
-        if meta is None:
-            return hostmod.Host(self.settings), (0, None), False
-        journal = (meta[1], meta[2] if meta[1] else None)
-        if cached is not None and cached[0] == meta[0]:
-            return cached[1], journal, False
-        rows = [pickle.loads(r[0]) for r in self.journal.get()] if self.journal.exists() else []
+        if m is None:
+            return hostmod.Host(self.settings), ["", 0, 0.0, "", "", 0, 0, 0], False
+        if cached is not None and cached[0] == m[0]:
+            return cached[1], m, False
+        rows = [r for i in (1, 2, 3) if self.journals[(m[5] + i) % 3].exists()
+                for r in self.journals[(m[5] + i) % 3].get()]       # oldest journal first
         if cached is not None:          # left behind by another worker: replay what came after its batch
-            mark = [i for i, (token, _) in enumerate(rows) if token == cached[0]]
-            if mark:
-                return _replay(cached[1], rows[mark[-1] + 1:]), journal, "caught up"
-        h = pickle.loads(b"".join(r[0] for r in self.snap.get())) if self.snap.exists() \
+            after = _after(rows, cached[0])
+            if after is not None:
+                return _replay(cached[1], after), m, "caught up"
+        snap = self.snaps[m[6]]
+        h = pickle.loads(b"".join(r[0] for r in snap.get())) if m[3] and snap.exists() \
             else hostmod.Host(self.settings)
-        return _replay(h, rows), journal, True
+        return _replay(h, _after(rows, m[3]) if m[3] else rows), m, True
 
-    def store(self, key, h, records, journal):
-        """Persist a batch's ``records`` (already applied to ``h``) and cache ``h``."""
-        count, since = journal
-        if records and since is None:
-            since = records[0][0]
-        count += len(records)
-        n = len(h.coord.cache.sources)
-        self.snapshot_bytes = None
+    def store(self, key, h, records, m):
+        """Persist a batch's ``records`` (already applied to ``h``), go on with a snapshot, and cache ``h``."""
         token = os.urandom(12).hex()
-        if count >= max(self.snapshot_records, n) or (
-                records and max(r[0] for r in records) - since >= self.snapshot_seconds and 8 * count >= n):
-            blob = pickle.dumps(h, protocol=pickle.HIGHEST_PROTOCOL)
-            self.snap.put([(blob[i:i + CHUNK],) for i in range(0, len(blob), CHUNK)])
-            self.journal.clear()
-            count, since = 0, None
-            self.snapshot_bytes = len(blob)
-            records = []                    # the journal restarts with the snapshot's token
-        self.journal.appendList([(pickle.dumps((token, records[i:i + JOURNAL_ROW]), protocol=pickle.HIGHEST_PROTOCOL),)
-                                 for i in range(0, max(1, len(records)), JOURNAL_ROW)])
-        self.meta.update((token, count, float(since) if count else 0.0))
+        self.journals[m[5]].appendList([(token, pickle.dumps(records[i:i + JOURNAL_ROW], protocol=pickle.HIGHEST_PROTOCOL))
+                                        for i in range(0, max(1, len(records)), JOURNAL_ROW)])
+        if records and not m[1]:
+            m[2] = float(records[0][0])
+        m[0], m[1] = token, m[1] + len(records)
+        self.snapshot_bytes = None
+        _reap()
+        n = len(h.coord.cache.sources)
+        due = m[1] >= max(self.snapshot_records, n) or (
+            records and max(r[0] for r in records) - m[2] >= self.snapshot_seconds and 8 * m[1] >= n)
+        if (m[4] == m[3] or not self._install(m, due)) and due:
+            _fork(h, token)
+            if m[3] == m[4]:            # the last snapshot taken is installed: start the next journal
+                m[5] = (m[5] + 1) % 3
+                self.journals[m[5]].clear()
+            m[1], m[2], m[4], m[7] = 0, 0.0, token, 0
+        self.meta.update(tuple(m))
         _CACHE[key] = (token, h)
         _HELD[0] += n - _SIZES.get(key, 0)
         _SIZES[key] = n
         _freeze(_HELD[0])
 
+    def _install(self, m, due):
+        """Copy up to ``INSTALL`` more bytes of snapshot ``m.fork`` into the free slot, switching slots
+        once it is all in; False when it is abandoned: its file is not here nor being written here (its
+        worker died, or is on another machine) and a new snapshot is due."""
+        path = _path(m[4])
+        if not os.path.exists(path):
+            return not due or m[4] in _CHILDREN or os.path.exists(path + ".tmp")
+        size = os.path.getsize(path)
+        free = self.snaps[1 - m[6]]
+        if m[7] == 0:
+            free.clear()
+        with open(path, "rb") as f:
+            f.seek(m[7])
+            data = f.read(min(INSTALL, size - m[7]))
+        free.appendList([(data[i:i + CHUNK],) for i in range(0, len(data), CHUNK)])
+        m[7] += len(data)
+        if m[7] >= size:
+            self.snaps[m[6]].clear()
+            m[3], m[6], m[7] = m[4], 1 - m[6], 0
+            self.snapshot_bytes = size
+            os.remove(path)
+        return True
+
     def drop(self, key):
         """Forget the group (merged into another, ``backend.spark.groups``)."""
-        self.snap.clear()
-        self.journal.clear()
+        for s in self.snaps + self.journals:
+            s.clear()
         self.meta.clear()
         _CACHE.pop(key, None)
         _HELD[0] -= _SIZES.pop(key, 0)
         self.snapshot_bytes = None
 
 
+def _after(rows, token):
+    """The journal rows after the one of batch ``token`` (None: not there)."""
+    mark = [i for i, r in enumerate(rows) if r[0] == token]
+    return rows[mark[-1] + 1:] if mark else None
+
+
 def _replay(h, rows):
-    """``h`` after the records of journal ``rows`` ``(token, records)``."""
-    for _, records in rows:
-        for arrival, device, channel, payload, retained in records:
+    """``h`` after the records of journal ``rows`` ``(token, pickled records)``."""
+    for _, blob in rows:
+        for arrival, device, channel, payload, retained in pickle.loads(blob):
             h.record(arrival, device, channel, payload, retained)
     return h
+
+
+def _path(token):
+    return os.path.join(SNAPSHOT_DIR, token + ".pkl")
+
+
+def _fork(h, token):
+    """Pickle ``h`` to ``_path(token)`` in a child process (a copy-on-write image of it as of now)."""
+    os.makedirs(SNAPSHOT_DIR, exist_ok=True)
+    pid = os.fork()
+    if pid == 0:                        # the child: pickle at low priority, never return to Spark's code
+        code = 1
+        try:
+            os.nice(10)
+            with open(_path(token) + ".tmp", "wb") as f:
+                pickle.dump(h, f, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(_path(token) + ".tmp", _path(token))
+            code = 0
+        finally:
+            os._exit(code)
+    _CHILDREN[token] = pid
+
+
+def _reap():
+    """Collect this worker's children that have finished."""
+    for token, pid in list(_CHILDREN.items()):
+        try:
+            if not os.waitpid(pid, os.WNOHANG)[0]:
+                continue
+        except ChildProcessError:
+            pass
+        del _CHILDREN[token]
 
 
 _FROZEN = [0]   # sources held when the worker's heap was last frozen
