@@ -112,7 +112,7 @@ class _Publisher(job.Publisher):
 
 
 def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="local[*]", floor=False,
-            register=0, groups=0, partitions=1, verbose=False):
+            register=0, groups=0, partitions=1, verbose=False, warmup=0.0):
     """Feed ``rate`` reports/s for ``seconds`` through the job (or Spark's floor); return the figures.
     ``groups`` > 0: the job keyed by query group over that many groups, ``partitions`` shuffle partitions."""
     root = tempfile.mkdtemp(prefix="qf-bench-job-")
@@ -183,8 +183,9 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
                 nxt += step
                 time.sleep(max(0.0, nxt - time.time()))
 
+        feed(time.time() + warmup)                          # steady state: every worker has met every group
         state["measure_from"] = t0 = time.time()
-        base_records, base_fed = batches[-1][1], fed[0]
+        base_records, base_fed = spool.latest_offset(), fed[0]
         feed(t0 + seconds)
         t1 = time.time()
         offered = fed[0] - base_fed
@@ -199,7 +200,7 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
             if p.timestamp and p.numInputRows:
                 for k, v in p.durationMs.items():
                     phases.setdefault(k, []).append(v)
-        return {"devices": devices, "registered": register, "queries": groups or devices // 10, "groups": groups,
+        return {"devices": devices, "registered": register, "warmup_s": warmup, "queries": groups or devices // 10, "groups": groups,
                 "partitions": partitions,
                 "snapshot_bytes": snaps[-1][0] if snaps else None, "snapshot_sources": snaps[-1][1] if snaps else None,
                 "worker_ms": [round(1000 * percentile([w[i] for w in worker], 0.5), 1) for i in (0, 1)] if worker else None, "protocol": "floor" if floor else "naive",
@@ -239,6 +240,8 @@ def main(argv=None):
                     help="key the job by query group: N sum queries over blocks of the sources (1: one SUM over all)")
     ap.add_argument("--partitions", type=int, default=None, help="shuffle partitions (default 1, 2 with --groups)")
     ap.add_argument("--verbose", action="store_true", help="print a line per micro-batch")
+    ap.add_argument("--warmup", type=float, default=0.0,
+                    help="seconds fed at the same rate before measuring (each worker's first batch of a group rebuilds its Host)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--floor", action="store_true", help="run Spark's no-op floor instead of the job")
     mode.add_argument("--compare", action="store_true", help="run the floor, then the job, and print ratios")
@@ -248,7 +251,7 @@ def main(argv=None):
     ref = {"sustained_per_s": args.floor_ref} if args.floor_ref else None
     for floor in runs:
         f = measure(args.rate, args.seconds, args.devices, args.trigger, args.master, floor, args.register,
-                    args.groups, args.partitions or (2 if args.groups else 1), args.verbose)
+                    args.groups, args.partitions or (2 if args.groups else 1), args.verbose, args.warmup)
         report(f)
         if floor:
             ref = f
@@ -269,7 +272,7 @@ def report(f):
     print("state keys: %s" % ("one per query group (%d groups)" % f["groups"] if f["groups"] else "one (the fleet)"))
     print("trigger interval: %.2f s, master %s, spark.sql.shuffle.partitions %d, RocksDB state store"
           % (f["trigger_s"], f["master"], f["partitions"]))
-    print("offered: %d reports/s" % f["offered_per_s"])
+    print("offered: %d reports/s%s" % (f["offered_per_s"], ", measured after %g s of warm-up" % f["warmup_s"] if f["warmup_s"] else ""))
     print("sustained: %d reports/s (target >= %d)%s" % (f["sustained_per_s"], TARGET_RATE,
                                                          "" if f["drained"] else " [backlog not drained within 60 s]"))
     print("micro-batches while feeding: %d, records per batch median %d" % (f["batches"], f["batch_median"]))
