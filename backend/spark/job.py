@@ -111,13 +111,14 @@ def _processor_class():
         """One ``Host`` per query group, kept in the worker and made durable as snapshot + journal."""
 
         def __init__(self, settings, status_sources=False, snapshot_records=state.SNAPSHOT_RECORDS,
-                     snapshot_seconds=state.SNAPSHOT_SECONDS):
+                     snapshot_seconds=state.SNAPSHOT_SECONDS, snapshot_dir=None):
             self.settings = settings
             self.status_sources = status_sources
             self.snapshot = (snapshot_records, snapshot_seconds)
+            self.snapshot_dir = snapshot_dir        # None: the job's (``plan``)
 
         def init(self, handle):
-            self.state = state.GroupState(handle, self.settings, *self.snapshot)
+            self.state = state.GroupState(handle, self.settings, self.snapshot_dir, *self.snapshot)
 
         def handleInputRows(self, key, rows, timerValues):
             pdf = pd.concat(list(rows), ignore_index=True)
@@ -207,11 +208,13 @@ def _package_zip():
     return path
 
 
-def plan(spark, spool, fleet, settings, status_sources=False, source_options=None, processor=None, groups=None):
+def plan(spark, spool, fleet, settings, status_sources=False, source_options=None, processor=None, groups=None,
+         snapshots=None):
     """The streaming DataFrame of actions for ``fleet`` read from the spool directory ``spool``
     (``processor``: another StatefulProcessor with the same output, e.g. the benchmark's no-op floor).
     ``groups``: a directory for the routing journal, keying the state by query group
-    (``backend.spark.groups``); None keys the whole fleet as one group."""
+    (``backend.spark.groups``); None keys the whole fleet as one group. ``snapshots``: the directory the
+    Python workers' snapshot children write to (``backend.spark.state``)."""
     from pyspark.sql import functions as F
     reader = spark.readStream.format("qfspool").option("path", str(spool))
     for k, v in dict(source_options or {}, **({"groups": groups} if groups else {})).items():
@@ -224,6 +227,8 @@ def plan(spark, spool, fleet, settings, status_sources=False, source_options=Non
     # (still at least one record per source)
     processor = processor or _processor_class()(hostmod.settings(settings), status_sources,
                                                 **({"snapshot_records": GROUP_SNAPSHOT_RECORDS} if groups else {}))
+    if getattr(processor, "snapshot_dir", False) is None:
+        processor.snapshot_dir = snapshots
     return (df.select("grp", "offset", "sub", "arrival", "device", "channel", "payload", "retained")
             .groupBy("grp")
             .transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "None"))
@@ -332,7 +337,8 @@ def start(spark, spool, out_dir, fleet, settings, publisher=None, trigger=0.25, 
     check_settings(out_dir, settings, groups)
     sink = sink or Sink(out_dir, fleet, publisher, on_batch, spool=writer)
     routing = os.path.join(out_dir, "groups") if groups else None
-    w = (plan(spark, spool, fleet, settings, status_sources, source_options, processor, routing).writeStream
+    w = (plan(spark, spool, fleet, settings, status_sources, source_options, processor, routing,
+              os.path.join(os.path.abspath(out_dir), "snapshots")).writeStream
          .foreachBatch(sink).option("checkpointLocation", os.path.join(out_dir, "checkpoint"))
          .queryName("quietfleet-%s" % fleet))
     w = w.trigger(availableNow=True) if available_now else w.trigger(processingTime="%d milliseconds" % int(trigger * 1000))

@@ -17,7 +17,8 @@ micro-batch. Per group key the state store holds
 **Snapshots in the background.** A snapshot costs the fleet's size (pickling a 1,000,000-source Host
 takes about 20 s, storing it as long again), so no batch pays it: the batch that decides to take one
 ``fork()``s the Python worker, and the child, a copy-on-write image of the Host as of that batch,
-pickles it to a file (at low priority) while the worker goes on. The batches that follow copy the file
+pickles it to a file in ``directory`` (the job's ``<dir>/snapshots``, at low priority) while the worker
+goes on. The batches that follow copy the file
 into the free slot, at most ``INSTALL`` bytes each, and the last one switches slots. A snapshot lost
 half way (its worker died, or it was taken on another machine) is abandoned when the next is due.
 
@@ -34,9 +35,9 @@ runs, so a batch that fails half way never leaves a half-applied Host behind. A 
 so its cadence follows the fleet and its cost per record stays constant.
 """
 import gc
+import hashlib
 import os
 import pickle
-import tempfile
 
 from backend import host as hostmod
 
@@ -51,7 +52,6 @@ META_SCHEMA = ("token string, count long, since double, base string, fork string
                "done long")
 SNAPSHOT_RECORDS = 200000
 SNAPSHOT_SECONDS = 600.0
-SNAPSHOT_DIR = os.path.join(tempfile.gettempdir(), "qf-snapshots")    # the children's files, by token
 
 _CACHE = {}     # group key -> (token, Host): the live Host of a group this worker ran last
 _CHILDREN = {}  # token -> pid of this worker's child still pickling that batch's Host
@@ -60,7 +60,7 @@ _CHILDREN = {}  # token -> pid of this worker's child still pickling that batch'
 class GroupState:
     """One group's snapshots, journals and meta state variables (from a ``StatefulProcessorHandle``)."""
 
-    def __init__(self, handle, settings, snapshot_records=SNAPSHOT_RECORDS, snapshot_seconds=SNAPSHOT_SECONDS):
+    def __init__(self, handle, settings, directory, snapshot_records=SNAPSHOT_RECORDS, snapshot_seconds=SNAPSHOT_SECONDS):
         self.snaps = [handle.getListState("snap%d" % i, SNAP_SCHEMA) for i in range(2)]
         self.journals = [handle.getListState("j%d" % i, JOURNAL_SCHEMA) for i in range(3)]
         self.meta = handle.getValueState("meta", META_SCHEMA)
@@ -68,6 +68,7 @@ class GroupState:
         self.snapshot_records = snapshot_records
         self.snapshot_seconds = snapshot_seconds
         self.snapshot_bytes = None          # size of the snapshot the last ``store`` installed (None: none)
+        self.directory = directory          # where the snapshot children write (every worker reads it)
 
     def load(self, key):
         """``(Host, meta, rebuilt)``: the group's Host as the store describes it; ``rebuilt``: False
@@ -103,8 +104,8 @@ class GroupState:
         n = len(h.coord.cache.sources)
         due = m[1] >= max(self.snapshot_records, n) or (
             records and max(r[0] for r in records) - m[2] >= self.snapshot_seconds and 8 * m[1] >= n)
-        if (m[4] == m[3] or not self._install(m, due)) and due:
-            _fork(h, token)
+        if (m[4] == m[3] or not self._install(key, m, due)) and due:
+            _fork(h, self._path(key, token))
             if m[3] == m[4]:            # the last snapshot taken is installed: start the next journal
                 m[5] = (m[5] + 1) % 3
                 self.journals[m[5]].clear()
@@ -115,11 +116,11 @@ class GroupState:
         _SIZES[key] = n
         _freeze(_HELD[0])
 
-    def _install(self, m, due):
+    def _install(self, key, m, due):
         """Copy up to ``INSTALL`` more bytes of snapshot ``m.fork`` into the free slot, switching slots
         once it is all in; False when it is abandoned: its file is not here nor being written here (its
         worker died, or is on another machine) and a new snapshot is due."""
-        path = _path(m[4])
+        path = self._path(key, m[4])
         if not os.path.exists(path):
             return not due or m[4] in _CHILDREN or os.path.exists(path + ".tmp")
         size = os.path.getsize(path)
@@ -135,8 +136,14 @@ class GroupState:
             self.snaps[m[6]].clear()
             m[3], m[6], m[7] = m[4], 1 - m[6], 0
             self.snapshot_bytes = size
-            os.remove(path)
+            folder = os.path.dirname(path)
+            for name in os.listdir(folder):     # this one, and any a batch replayed after a crash took
+                os.remove(os.path.join(folder, name))
         return True
+
+    def _path(self, key, token):
+        """The file of group ``key``'s snapshot taken at batch ``token``: a folder per group."""
+        return os.path.join(self.directory, hashlib.sha1(key.encode()).hexdigest()[:16], token + ".pkl")
 
     def drop(self, key):
         """Forget the group (merged into another, ``backend.spark.groups``)."""
@@ -162,25 +169,21 @@ def _replay(h, rows):
     return h
 
 
-def _path(token):
-    return os.path.join(SNAPSHOT_DIR, token + ".pkl")
-
-
-def _fork(h, token):
-    """Pickle ``h`` to ``_path(token)`` in a child process (a copy-on-write image of it as of now)."""
-    os.makedirs(SNAPSHOT_DIR, exist_ok=True)
+def _fork(h, path):
+    """Pickle ``h`` to ``path`` in a child process (a copy-on-write image of it as of now)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     pid = os.fork()
     if pid == 0:                        # the child: pickle at low priority, never return to Spark's code
         code = 1
         try:
             os.nice(10)
-            with open(_path(token) + ".tmp", "wb") as f:
+            with open(path + ".tmp", "wb") as f:
                 pickle.dump(h, f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(_path(token) + ".tmp", _path(token))
+            os.replace(path + ".tmp", path)
             code = 0
         finally:
             os._exit(code)
-    _CHILDREN[token] = pid
+    _CHILDREN[os.path.basename(path)[:-4]] = pid
 
 
 def _reap():

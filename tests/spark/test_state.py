@@ -66,7 +66,6 @@ def _worker(caches, k):
 
 @pytest.fixture
 def snapdir(tmp_path, monkeypatch):
-    monkeypatch.setattr(state, "SNAPSHOT_DIR", str(tmp_path / "snaps"))
     monkeypatch.setattr(state, "INSTALL", 4096)         # several batches per snapshot
     monkeypatch.setattr(state, "CHUNK", 1024)
     monkeypatch.setattr(state, "JOURNAL_ROW", 4)          # a batch of more records spans several rows
@@ -90,7 +89,7 @@ def test_every_batch_gets_the_reference_host_through_switches_restarts_replays_a
             state.forget()                                   # this worker restarted
         if rng.random() < 0.05:                              # a crash before Spark's commit: the batch
             version = copy.deepcopy(store)                   # runs, then runs again from the old version
-            gs = state.GroupState(_Handle(store), SETTINGS, snapshot_records=rng.choice([20, 60]))
+            gs = state.GroupState(_Handle(store), SETTINGS, str(snapdir), snapshot_records=rng.choice([20, 60]))
             h, m, _ = gs.load("fleet")
             job.run_batch(h, batch)
             gs.store("fleet", h, batch, m)
@@ -101,10 +100,10 @@ def test_every_batch_gets_the_reference_host_through_switches_restarts_replays_a
             if rng.random() < 0.7:                           # most children finish before the next batch
                 os.waitpid(pid, 0)
                 del state._CHILDREN[token]
-                if rng.random() < 0.1 and os.path.exists(state._path(token)):
-                    os.remove(state._path(token))            # its file is lost (another machine's disk)
+                if rng.random() < 0.1 and os.path.exists(gs._path("fleet", token)):
+                    os.remove(gs._path("fleet", token))            # its file is lost (another machine's disk)
                     kinds["lost"] += 1
-        gs = state.GroupState(_Handle(store), SETTINGS, snapshot_records=rng.choice([20, 60]))
+        gs = state.GroupState(_Handle(store), SETTINGS, str(snapdir), snapshot_records=rng.choice([20, 60]))
         h, m, rebuilt = gs.load("fleet")
         kinds[{False: "cached", True: "rebuilt"}.get(rebuilt, rebuilt)] += 1
         assert hostmod.digest(h) == hostmod.digest(ref), (i, rebuilt)
@@ -118,6 +117,8 @@ def test_every_batch_gets_the_reference_host_through_switches_restarts_replays_a
     journal = sum(len(pickle.loads(r[1])) for j in ("j0", "j1", "j2") for r in store.get(j, []))
     assert journal < len(rows) / 2, (journal, len(rows), kinds)
     assert min(kinds.values()) > 0, kinds
+    # an installed snapshot's file goes, and with it any a replayed batch's child left behind
+    assert len(os.listdir(os.path.dirname(gs._path("fleet", "x")))) <= 2
     for pid in state._CHILDREN.values():
         os.waitpid(pid, 0)
     state._CHILDREN.clear()
