@@ -9,8 +9,9 @@ the latency of a report is the time its batch's answers were published minus its
 Workload: ``--devices`` single-source devices, one sum query per 10 sources.
 
 ``--register N`` adds N silent devices held in state (born, in no query) to show that per-batch cost
-does not follow the fleet; the job snapshots its state after the births and prints the state bytes per
-source. Each run also prints Spark's per-batch phases (``durationMs``), the Python worker's time per
+does not follow the fleet; the job snapshots its state at its own cadence (in the background, ``--snapshot-records``
+to change it: N births alone are one snapshot's worth from 200,000 on) and prints the state bytes per
+source of the last snapshot installed. Each run also prints Spark's per-batch phases (``durationMs``), the Python worker's time per
 batch (host and state store) and whether the group's Host was found cached in the worker.
 
 ``--groups N`` keys the job by query group (``job.start(groups=True)``) with N sum queries over blocks
@@ -34,6 +35,7 @@ import time
 from backend import host
 from backend.broker import Broker
 from backend.spark import job
+from backend.spark.state import SNAPSHOT_RECORDS
 from backend.spark.spool import Spool
 from edge.core import codec, topics
 
@@ -112,7 +114,7 @@ class _Publisher(job.Publisher):
 
 
 def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="local[*]", floor=False,
-            register=0, groups=0, partitions=1, verbose=False, warmup=0.0):
+            register=0, groups=0, partitions=1, verbose=False, warmup=0.0, snapshot_records=None):
     """Feed ``rate`` reports/s for ``seconds`` through the job (or Spark's floor); return the figures.
     ``groups`` > 0: the job keyed by query group over that many groups, ``partitions`` shuffle partitions."""
     root = tempfile.mkdtemp(prefix="qf-bench-job-")
@@ -152,8 +154,9 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
     try:
         spool.append(births(devices, time.time(), register, groups))
         settings = host.settings(protocol="naive", period=10.0, latency=0.0)
-        # the job snapshots its state after the births (so the state bytes per source are known)
-        processor = floor_processor() if floor else job._processor_class()(settings, snapshot_records=devices + register)
+        # the job's snapshot cadence (``--snapshot-records``): a million births are a snapshot's worth
+        processor = floor_processor() if floor else job._processor_class()(
+            settings, snapshot_records=snapshot_records or (job.GROUP_SNAPSHOT_RECORDS if groups else SNAPSHOT_RECORDS))
         q = job.start(spark, spool.path, os.path.join(root, "out"), "bench", settings, publisher=pub,
                       trigger=trigger, on_batch=on_batch,
                       source_options={"minPartitionRecords": 4096, "maxPartitions": 2}, processor=processor,
@@ -240,6 +243,8 @@ def main(argv=None):
                     help="key the job by query group: N sum queries over blocks of the sources (1: one SUM over all)")
     ap.add_argument("--partitions", type=int, default=None, help="shuffle partitions (default 1, 2 with --groups)")
     ap.add_argument("--verbose", action="store_true", help="print a line per micro-batch")
+    ap.add_argument("--snapshot-records", type=int, default=None,
+                    help="journal records (at least one per source) between snapshots of the state (default: the job's)")
     ap.add_argument("--warmup", type=float, default=0.0,
                     help="seconds fed at the same rate before measuring (each worker's first batch of a group rebuilds its Host)")
     mode = ap.add_mutually_exclusive_group()
@@ -251,7 +256,8 @@ def main(argv=None):
     ref = {"sustained_per_s": args.floor_ref} if args.floor_ref else None
     for floor in runs:
         f = measure(args.rate, args.seconds, args.devices, args.trigger, args.master, floor, args.register,
-                    args.groups, args.partitions or (2 if args.groups else 1), args.verbose, args.warmup)
+                    args.groups, args.partitions or (2 if args.groups else 1), args.verbose, args.warmup,
+                    args.snapshot_records)
         report(f)
         if floor:
             ref = f
