@@ -99,20 +99,21 @@ def uniform_width(q):
     return math.inf   # count: membership is tracked exactly by a range constraint instead
 
 
-def _add(partials, x):
-    """Shewchuk's exact summation step (as inside ``math.fsum``): ``partials``, non-overlapping floats
-    in increasing magnitude whose sum is exact, now sum to their old sum plus ``x``."""
-    i = 0
-    for y in partials:
-        if abs(x) < abs(y):
-            x, y = y, x
-        hi = x + y
-        lo = y - (hi - x)
-        if lo:
-            partials[i] = lo
-            i += 1
-        x = hi
-    partials[i:] = [x]
+def _add(partials, *xs):
+    """Shewchuk's exact summation (as inside ``math.fsum``): ``partials``, non-overlapping floats in
+    increasing magnitude whose sum is exact, now sum to their old sum plus each of ``xs``."""
+    for x in xs:
+        i = 0
+        for y in partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                partials[i] = lo
+                i += 1
+            x = hi
+        partials[i:] = [x]
 
 
 class Running:
@@ -179,14 +180,17 @@ class Running:
         self.bounds[s] = new
         k = self.q.kind
         if k in ("sum", "avg"):
-            for b, sign in ((old, -1.0), (new, 1.0)):
-                a, c = self._terms(s, b)
-                if math.isinf(a) or math.isinf(c):
-                    self.inf += int(sign)
-                else:
-                    _add(self.lo, sign * a)
-                    _add(self.hi, sign * c)
-                    self.scale += sign * (abs(a) + abs(c))
+            a0, c0 = self._terms(s, old)
+            a1, c1 = self._terms(s, new)
+            if math.isinf(a0) or math.isinf(c0):
+                self.inf -= 1
+                a0 = c0 = 0.0
+            if math.isinf(a1) or math.isinf(c1):
+                self.inf += 1
+                a1 = c1 = 0.0
+            _add(self.lo, -a0, a1)
+            _add(self.hi, -c0, c1)
+            self.scale += abs(a1) + abs(c1) - abs(a0) - abs(c0)
             if self.scale > self.peak:
                 self.peak = self.scale
         elif k in ("min", "max"):
