@@ -53,6 +53,11 @@ META_SCHEMA = ("token string, count long, since double, base string, fork string
 SNAPSHOT_RECORDS = 200000
 SNAPSHOT_SECONDS = 600.0
 
+# the meta row's fields: the batch token the store describes, journal records since the last snapshot
+# taken and their first arrival, the installed snapshot's token (BASE, "" for none), the snapshot being
+# taken or installed (FORK), the journal appended to (CUR), the installed slot, the bytes installed
+TOKEN, COUNT, SINCE, BASE, FORK, CUR, SLOT, DONE = range(8)
+
 _CACHE = {}     # group key -> (token, Host): the live Host of a group this worker ran last
 _CHILDREN = {}  # token -> pid of this worker's child still pickling that batch's Host
 
@@ -78,38 +83,38 @@ class GroupState:
         cached = _CACHE.pop(key, None)
         if m is None:
             return hostmod.Host(self.settings), ["", 0, 0.0, "", "", 0, 0, 0], False
-        if cached is not None and cached[0] == m[0]:
+        if cached is not None and cached[0] == m[TOKEN]:
             return cached[1], m, False
-        rows = [r for i in (1, 2, 3) if self.journals[(m[5] + i) % 3].exists()
-                for r in self.journals[(m[5] + i) % 3].get()]       # oldest journal first
+        rows = [r for i in (1, 2, 3) if self.journals[(m[CUR] + i) % 3].exists()
+                for r in self.journals[(m[CUR] + i) % 3].get()]       # oldest journal first
         if cached is not None:          # left behind by another worker: replay what came after its batch
             after = _after(rows, cached[0])
             if after is not None:
                 return _replay(cached[1], after), m, "caught up"
-        snap = self.snaps[m[6]]
-        h = pickle.loads(b"".join(r[0] for r in snap.get())) if m[3] and snap.exists() \
+        snap = self.snaps[m[SLOT]]
+        h = pickle.loads(b"".join(r[0] for r in snap.get())) if m[BASE] and snap.exists() \
             else hostmod.Host(self.settings)
-        return _replay(h, _after(rows, m[3]) if m[3] else rows), m, True
+        return _replay(h, _after(rows, m[BASE]) if m[BASE] else rows), m, True
 
     def store(self, key, h, records, m):
         """Persist a batch's ``records`` (already applied to ``h``), go on with a snapshot, and cache ``h``."""
         token = os.urandom(12).hex()
-        self.journals[m[5]].appendList([(token, pickle.dumps(records[i:i + JOURNAL_ROW], protocol=pickle.HIGHEST_PROTOCOL))
+        self.journals[m[CUR]].appendList([(token, pickle.dumps(records[i:i + JOURNAL_ROW], protocol=pickle.HIGHEST_PROTOCOL))
                                         for i in range(0, max(1, len(records)), JOURNAL_ROW)])
-        if records and not m[1]:
-            m[2] = float(records[0][0])
-        m[0], m[1] = token, m[1] + len(records)
+        if records and not m[COUNT]:
+            m[SINCE] = float(records[0][0])
+        m[TOKEN], m[COUNT] = token, m[COUNT] + len(records)
         self.snapshot_bytes = None
         _reap()
         n = len(h.coord.cache.sources)
-        due = m[1] >= max(self.snapshot_records, n) or (
-            records and max(r[0] for r in records) - m[2] >= self.snapshot_seconds and 8 * m[1] >= n)
-        if (m[4] == m[3] or not self._install(key, m, due)) and due:
+        due = m[COUNT] >= max(self.snapshot_records, n) or (
+            records and max(r[0] for r in records) - m[SINCE] >= self.snapshot_seconds and 8 * m[COUNT] >= n)
+        if (m[FORK] == m[BASE] or not self._install(key, m, due)) and due:
             _fork(h, self._path(key, token))
-            if m[3] == m[4]:            # the last snapshot taken is installed: start the next journal
-                m[5] = (m[5] + 1) % 3
-                self.journals[m[5]].clear()
-            m[1], m[2], m[4], m[7] = 0, 0.0, token, 0
+            if m[BASE] == m[FORK]:      # the last snapshot taken is installed: start the next journal
+                m[CUR] = (m[CUR] + 1) % 3
+                self.journals[m[CUR]].clear()
+            m[COUNT], m[SINCE], m[FORK], m[DONE] = 0, 0.0, token, 0
         self.meta.update(tuple(m))
         _CACHE[key] = (token, h)
         _HELD[0] += n - _SIZES.get(key, 0)
@@ -117,24 +122,24 @@ class GroupState:
         _freeze(_HELD[0])
 
     def _install(self, key, m, due):
-        """Copy up to ``INSTALL`` more bytes of snapshot ``m.fork`` into the free slot, switching slots
+        """Copy up to ``INSTALL`` more bytes of snapshot ``m[FORK]`` into the free slot, switching slots
         once it is all in; False when it is abandoned: its file is not here nor being written here (its
         worker died, or is on another machine) and a new snapshot is due."""
-        path = self._path(key, m[4])
+        path = self._path(key, m[FORK])
         if not os.path.exists(path):
-            return not due or m[4] in _CHILDREN or os.path.exists(path + ".tmp")
+            return not due or m[FORK] in _CHILDREN or os.path.exists(path + ".tmp")
         size = os.path.getsize(path)
-        free = self.snaps[1 - m[6]]
-        if m[7] == 0:
+        free = self.snaps[1 - m[SLOT]]
+        if m[DONE] == 0:
             free.clear()
         with open(path, "rb") as f:
-            f.seek(m[7])
-            data = f.read(min(INSTALL, size - m[7]))
+            f.seek(m[DONE])
+            data = f.read(min(INSTALL, size - m[DONE]))
         free.appendList([(data[i:i + CHUNK],) for i in range(0, len(data), CHUNK)])
-        m[7] += len(data)
-        if m[7] >= size:
-            self.snaps[m[6]].clear()
-            m[3], m[6], m[7] = m[4], 1 - m[6], 0
+        m[DONE] += len(data)
+        if m[DONE] >= size:
+            self.snaps[m[SLOT]].clear()
+            m[BASE], m[SLOT], m[DONE] = m[FORK], 1 - m[SLOT], 0
             self.snapshot_bytes = size
             folder = os.path.dirname(path)
             for name in os.listdir(folder):     # this one, and any a batch replayed after a crash took
