@@ -15,7 +15,7 @@ micro-batch. Per group key the state store holds
   snapshot's token ``base``, the snapshot being taken or installed ``fork`` and its bytes installed.
 
 **Snapshots in the background.** A snapshot costs the fleet's size (pickling a 1,000,000-source Host
-takes about 20 s, storing it as long again), so no batch pays it: the batch that decides to take one
+takes about 20 s, storing it some 13 s more), so no batch pays it: the batch that decides to take one
 ``fork()``s the Python worker, and the child, a copy-on-write image of the Host as of that batch,
 pickles it to a file in ``directory`` (the job's ``<dir>/snapshots``, at low priority) while the worker
 goes on. The batches that follow copy the file
