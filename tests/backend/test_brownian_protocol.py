@@ -171,3 +171,68 @@ def test_bad_parameters_and_workload_keys_are_rejected_clearly():
     w["sources"]["volatility"] = [-1, 1]
     with pytest.raises(WorkloadError, match="volatility"):
         load(w)
+
+
+@pytest.mark.parametrize("kind", ["sum", "avg", "max"])
+def test_a_huge_query_resynchronises_after_a_link_loss_in_linear_time_with_sound_widenings(kind, monkeypatch):
+    """A link loss takes every source of one query offline; the devices come back one birth at a time in
+    random order. After every birth the answer equals the aggregate over each source's widened bound
+    (the brute-force oracle), is at least as wide as a widening built afresh (sources back before the
+    next tick leave the others' widths as they were), says how many sources are still offline, and the
+    model is asked for O(n) predictions in all, not one per offline source per birth."""
+    import random
+    from backend import host as hostmod
+    from backend.coordinator.brownian import interruption
+    from backend.coordinator.core import aggregate
+    from edge.core import codec
+    n, rng = 120, random.Random(kind)
+    h = hostmod.Host(protocol="naive", period=10.0, latency=0.0)
+    seq = {}
+
+    def send(t, d, kind_, body):
+        seq[d] = seq.get(d, 0) + 1
+        body.update(seq=seq[d], t=t)
+        return h.record(t, "d%d" % d, "state" if kind_ == "birth" else "up", codec.encode(kind_, body))
+    for d in range(n):
+        send(0.0, d, "birth", {"boot": 1, "fw": "t", "caps": 0, "first": 0,
+                               "sources": [{"name": "s%d" % d, "epoch": 0, "width": 0.0, "v": 100.0}]})
+    spec = {"kind": kind, "sources": ["s%d" % d for d in range(n)], "precision": 5.0}
+    if kind == "sum":
+        spec["weights"] = [rng.choice([-2.0, 0.5, 1.0, 3.0]) for _ in range(n)]
+    h.spec(0.5, "q", spec)
+    for k in range(1, 15):                       # enough readings for every source's model
+        for d in range(n):
+            send(k + d * 1e-4, d, "report", {"src": 0, "epoch": 0, "v": 100.0 + rng.gauss(0.3 * k, 1.0), "why": 0})
+    h.record(20.0, None, "link", b"lost")
+    h.record(25.0, None, "tick", b"")
+    h.record(26.0, None, "link", b"restored")
+    calls = [0]
+    predict = interruption.Models.predict
+
+    def counted(self, key, tau):
+        calls[0] += 1
+        return predict(self, key, tau)
+    monkeypatch.setattr(interruption.Models, "predict", counted)
+    c, q = h.coord, h.coord.queries["q"]
+    order = rng.sample(range(n), n)
+    for i, d in enumerate(order):
+        out = send(27.0 + i * 1e-3, d, "birth", {"boot": 1, "fw": "t", "caps": 0, "first": 0,
+                                                  "sources": [{"name": "s%d" % d, "epoch": 0, "width": 0.0, "v": 101.0}]})
+        answers = [a[1] for a in out if a[0] == "answer"]
+        still = sum(1 for s in q.sources if s in c.models.off_since)
+        if not still:
+            assert answers and not answers[-1]["degraded"]
+            break
+        got = c.interval(q)
+        w = c.models.widening(c, q)
+        want = aggregate.answer(q, w.widened(c.cache.known))
+        pad = 1e-9 * (1.0 + abs(want[0]) + abs(want[1]))
+        assert abs(got[0] - want[0]) <= pad and abs(got[1] - want[1]) <= pad, (i, got, want)
+        before = calls[0]           # the oracle's own predictions are not the coordinator's
+        fresh = aggregate.answer(q, interruption.Widening(c.models, c, q).widened(c.cache.known))
+        calls[0] = before
+        assert got[0] <= fresh[0] + pad and fresh[1] <= got[1] + pad
+        assert w.m == still
+        if answers and still > 8:
+            assert "(+%d)" % (still - 8) in answers[-1]["reason"]
+    assert calls[0] <= 4 * n, calls[0]

@@ -8,6 +8,7 @@ every protocol's answers (marked degraded, with the reason).
 import math
 
 from edge.core import brownian as bm
+from backend.coordinator.core.aggregate import add_exact
 
 DEFAULT_CONFIDENCE = 0.95
 _Z = {}
@@ -34,6 +35,9 @@ class Models:
         self.min_obs = min_obs
         self.est = {}
         self.off_since = {}        # key -> event time the source went offline
+        self.gone = 0              # how many times a source went offline (a widening built before is stale)
+        self.back = []             # sources back online since the last tick, in order
+        self.wide = {}             # query id -> its Widening for this tick
 
     def observe(self, key, t, v):
         e = self.est.get(key)
@@ -66,34 +70,109 @@ class Models:
 
     def set_online(self, key, online, t):
         if online:
-            self.off_since.pop(key, None)
+            if self.off_since.pop(key, None) is not None:
+                self.back.append(key)
         elif key not in self.off_since:
             self.off_since[key] = t
+            self.gone += 1
+
+    def new_tick(self):
+        """A new adjustment period: every query's widening is computed afresh when next asked for."""
+        self.back.clear()
+        self.wide.clear()
+
+    def widening(self, coord, q):
+        """``q``'s ``Widening`` until the next adjustment tick: built once per tick (and again when a source
+        goes offline), then updated per source coming back, so an answer costs O(sources back), not O(n)."""
+        w = self.wide.get(q.id)
+        if w is None or w.q is not q or w.gone != self.gone:
+            w = self.wide[q.id] = Widening(self, coord, q)
+        for key in self.back[w.seen:]:
+            w.back(key)
+        w.seen = len(self.back)
+        return w
 
     def widened(self, coord, q, known):
-        """``known`` with each offline source of ``q`` moved by μτ and widened by z σ sqrt(τ).
+        """``known`` with each offline source of ``q`` moved by μτ and widened by z σ sqrt(τ)."""
+        return self.widening(coord, q).widened(known)
 
-        τ runs from the time the source went offline to the next adjustment tick (the answer must
-        hold until it is refreshed); each of the m offline sources gets confidence 1 - (1 - p)/m so
-        the whole answer holds with probability >= p (union bound), for any monotone aggregate."""
-        off = [s for s in q.sources if s in self.off_since]
-        p = 1.0 - (1.0 - confidence(q)) / max(1, len(off))
-        until = coord.clock + coord.period
+    def reason(self, q, coord):
+        w = self.widening(coord, q)
+        off = w.names(8)
+        text = "offline: %s" % ", ".join(off) + (" (+%d)" % (w.m - len(off)) if w.m > len(off) else "")
+        bare = [s for s in off if s in w.bare]
+        if bare:
+            return text + "; no model yet for %s: last bound kept, not guaranteed" % ", ".join(bare)
+        return text + "; widened by the Brownian interruption model (Zhu §4.5) at confidence %g" % confidence(q)
+
+
+class Widening:
+    """The offline sources of a query and how far each moves until the next tick (§4.5).
+
+    τ runs from the time a source went offline to the next adjustment tick (the answer is refreshed
+    there); each of the m offline sources gets confidence 1 - (1 - p)/m so the whole answer holds with
+    probability >= p (union bound), for any monotone aggregate. m is counted when the widening is built
+    (at a tick, or when a source goes offline): sources coming back before the next tick leave the
+    others' widths as they were, wider than needed, never narrower. For SUM/AVG the weighted shifts are
+    kept as exact sums (``lo``, ``hi``) that the running aggregate adds to its own."""
+
+    def __init__(self, models, coord, q):
+        self.q, self.gone, self.seen = q, models.gone, len(models.back)
+        off_since = models.off_since
+        if len(off_since) < len(q.weights):
+            self.off = [s for s in off_since if s in q.weights]
+        else:
+            self.off = [s for s in q.sources if s in off_since]
+        self.m, self.first, self.returned = len(self.off), 0, set()
+        z = z_two(1.0 - (1.0 - confidence(q)) / max(1, self.m))
+        until = coord.tick_time(coord.tick)
+        self.shift, self.bare, self.lo, self.hi, self.scale = {}, set(), [], [], 0.0
+        for key in self.off:
+            pred = models.predict(key, max(0.0, until - off_since[key]))
+            if pred is None:
+                self.bare.add(key)
+                continue
+            half = z * math.sqrt(pred[1])
+            a, b = pred[0] - half, pred[0] + half
+            self.shift[key] = (a, b)
+            wt = q.weights[key]
+            dlo, dhi = (wt * a, wt * b) if wt >= 0 else (wt * b, wt * a)
+            add_exact(self.lo, dlo)
+            add_exact(self.hi, dhi)
+            self.scale += abs(dlo) + abs(dhi)
+
+    def back(self, key):
+        """Source ``key`` is online again: its shift leaves the sums."""
+        if key in self.returned or (key not in self.shift and key not in self.bare):
+            return
+        self.returned.add(key)
+        self.m -= 1
+        self.bare.discard(key)
+        ab = self.shift.pop(key, None)
+        if ab is not None:
+            wt = self.q.weights[key]
+            dlo, dhi = (wt * ab[0], wt * ab[1]) if wt >= 0 else (wt * ab[1], wt * ab[0])
+            add_exact(self.lo, -dlo)
+            add_exact(self.hi, -dhi)
+
+    def widened(self, known):
+        """``known`` with each offline source moved and widened."""
+        shift = self.shift
 
         def fn(key):
             lo, hi = known(key)
-            since = self.off_since.get(key)
-            pred = None if since is None else self.predict(key, max(0.0, until - since))
-            if pred is None:
-                return lo, hi
-            half = z_two(p) * math.sqrt(pred[1])
-            return lo + pred[0] - half, hi + pred[0] + half
+            ab = shift.get(key)
+            return (lo, hi) if ab is None else (lo + ab[0], hi + ab[1])
         return fn
 
-    def reason(self, q):
-        off = [s for s in q.sources if s in self.off_since]
-        bare = [s for s in off if self.params(s) is None]
-        text = "offline: %s" % ", ".join(off[:8]) + (" (+%d)" % (len(off) - 8) if len(off) > 8 else "")
-        if bare:
-            return text + "; no model yet for %s: last bound kept, not guaranteed" % ", ".join(bare[:8])
-        return text + "; widened by the Brownian interruption model (Zhu §4.5) at confidence %g" % confidence(q)
+    def names(self, most):
+        """The first ``most`` sources still offline."""
+        while self.first < len(self.off) and self.off[self.first] in self.returned:
+            self.first += 1
+        out = []
+        for key in self.off[self.first:]:
+            if len(out) == most:
+                break
+            if key not in self.returned:
+                out.append(key)
+        return out

@@ -99,7 +99,7 @@ def uniform_width(q):
     return math.inf   # count: membership is tracked exactly by a range constraint instead
 
 
-def _add(partials, *xs):
+def add_exact(partials, *xs):
     """Shewchuk's exact summation (as inside ``math.fsum``): ``partials``, non-overlapping floats in
     increasing magnitude whose sum is exact, now sum to their old sum plus each of ``xs``."""
     for x in xs:
@@ -137,8 +137,8 @@ class Running:
                 if math.isinf(a) or math.isinf(b):
                     self.inf += 1
                 else:
-                    _add(self.lo, a)
-                    _add(self.hi, b)
+                    add_exact(self.lo, a)
+                    add_exact(self.hi, b)
             self.scale = math.fsum(abs(x) for s in q.sources for x in self._terms(s, self.bounds[s])
                                    if not math.isinf(x))
             self.peak = self.scale
@@ -188,8 +188,8 @@ class Running:
             if math.isinf(a1) or math.isinf(c1):
                 self.inf += 1
                 a1 = c1 = 0.0
-            _add(self.lo, -a0, a1)
-            _add(self.hi, -c0, c1)
+            add_exact(self.lo, -a0, a1)
+            add_exact(self.hi, -c0, c1)
             self.scale += abs(a1) + abs(c1) - abs(a0) - abs(c0)
             if self.scale > self.peak:
                 self.peak = self.scale
@@ -213,7 +213,9 @@ class Running:
             heapq.heappop(h)
         return h[0][0]
 
-    def interval(self):
+    def interval(self, shift=None):
+        """The answer interval; for SUM/AVG ``shift`` (a ``brownian.interruption.Widening``) adds its exact
+        sums of the offline sources' weighted moves."""
         q = self.q
         k = q.kind
         if k in ("sum", "avg"):
@@ -221,7 +223,11 @@ class Running:
                 return -math.inf, math.inf
             # exact sums rounded once; the pad (relative to the largest scale seen: the running
             # ``scale`` may drift by rounding) covers that rounding and the division of an AVG
-            lo, hi, scale = math.fsum(self.lo), math.fsum(self.hi), max(self.peak, self.scale)
+            if shift is None:
+                lo, hi, scale = math.fsum(self.lo), math.fsum(self.hi), max(self.peak, self.scale)
+            else:
+                lo, hi = math.fsum(self.lo + shift.lo), math.fsum(self.hi + shift.hi)
+                scale = max(self.peak, self.scale) + shift.scale
             if k == "avg":
                 n = len(q.sources)
                 lo, hi, scale = lo / n, hi / n, scale / n

@@ -311,6 +311,7 @@ class Coordinator(Resync, Uplink):
         if k > tick:
             self.tick = k
             self.cache.new_period()
+            self.models.new_tick()
 
     def _advance(self, now):
         self.wall = now
@@ -351,6 +352,7 @@ class Coordinator(Resync, Uplink):
                 for key in self.models.off_since:    # offline widening grows with time
                     self._touch(key)
                 self.cache.new_period()
+                self.models.new_tick()
             self._answers(t)
 
     def _flush(self, now):
@@ -387,7 +389,7 @@ class Coordinator(Resync, Uplink):
             offline = self.degraded(q)
             fields["degraded"] = bool(fields.get("degraded")) or offline
             if offline:
-                fields["reason"] = self.integrity.why(q, self.cache.sources) + self.models.reason(q)
+                fields["reason"] = self.integrity.why(q, self.cache.sources) + self.models.reason(q, self)
             revoked = self.revoked.pop(qid, None)
             if self.last.get(qid) != fields or revoked:
                 self.last[qid] = fields
@@ -401,12 +403,13 @@ class Coordinator(Resync, Uplink):
     def interval(self, q):
         """Guaranteed interval for ``q`` from the bound cache, maintained incrementally; while a
         source is offline, from bounds widened by the interruption model (Zhu §4.5)."""
-        if self.models.off_since and self.degraded(q):
-            return aggregate.answer(q, self.models.widened(self, q, self.cache.known))
+        wide = self.models.widening(self, q) if self.models.off_since and self.degraded(q) else None
+        if wide is not None and q.kind not in ("sum", "avg"):
+            return aggregate.answer(q, wide.widened(self.cache.known))
         r = self.running.get(q.id)
         if r is None or r.q is not q:
             r = self.running[q.id] = aggregate.Running(q, self.cache.known, self.cache.member)
-        return r.interval()
+        return r.interval(wide)
 
 
 def _meets(keys, q):

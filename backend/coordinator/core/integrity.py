@@ -382,6 +382,8 @@ class Integrity:
 
     def why(self, q, sources):
         """The integrity reasons among ``q``'s sources' devices, as a prefix of the degraded reason."""
+        if not self.suspect and not self.unsure:
+            return ""
         out = {}
         for key in q.sources:
             s = sources.get(key)
