@@ -8,7 +8,7 @@ every protocol's answers (marked degraded, with the reason).
 import math
 
 from edge.core import brownian as bm
-from backend.coordinator.core.aggregate import add_exact
+from backend.coordinator.core.aggregate import add_exact, weighted
 
 DEFAULT_CONFIDENCE = 0.95
 _Z = {}
@@ -92,10 +92,6 @@ class Models:
         w.seen = len(self.back)
         return w
 
-    def widened(self, coord, q, known):
-        """``known`` with each offline source of ``q`` moved by μτ and widened by z σ sqrt(τ)."""
-        return self.widening(coord, q).widened(known)
-
     def reason(self, q, coord):
         w = self.widening(coord, q)
         off = w.names(8)
@@ -114,17 +110,14 @@ class Widening:
     probability >= p (union bound), for any monotone aggregate. m is counted when the widening is built
     (at a tick, or when a source goes offline): sources coming back before the next tick leave the
     others' widths as they were, wider than needed, never narrower. For SUM/AVG the weighted shifts are
-    kept as exact sums (``lo``, ``hi``) that the running aggregate adds to its own."""
+    kept as exact sums (``lo``, ``hi``) that the running aggregate adds to its own. A source is still
+    offline while it has a shift or is ``bare`` (no model yet)."""
 
     def __init__(self, models, coord, q):
         self.q, self.gone, self.seen = q, models.gone, len(models.back)
         off_since = models.off_since
-        if len(off_since) < len(q.weights):
-            self.off = [s for s in off_since if s in q.weights]
-        else:
-            self.off = [s for s in q.sources if s in off_since]
-        self.m, self.first, self.returned = len(self.off), 0, set()
-        z = z_two(1.0 - (1.0 - confidence(q)) / max(1, self.m))
+        self.off, self.first = list(q.among(off_since)), 0
+        z = z_two(1.0 - (1.0 - confidence(q)) / max(1, len(self.off)))
         until = coord.tick_time(coord.tick)
         self.shift, self.bare, self.lo, self.hi, self.scale = {}, set(), [], [], 0.0
         for key in self.off:
@@ -135,23 +128,25 @@ class Widening:
             half = z * math.sqrt(pred[1])
             a, b = pred[0] - half, pred[0] + half
             self.shift[key] = (a, b)
-            wt = q.weights[key]
-            dlo, dhi = (wt * a, wt * b) if wt >= 0 else (wt * b, wt * a)
+            dlo, dhi = weighted(q.weights[key], a, b)
             add_exact(self.lo, dlo)
             add_exact(self.hi, dhi)
             self.scale += abs(dlo) + abs(dhi)
 
+    @property
+    def m(self):
+        """How many of its sources are still offline."""
+        return len(self.shift) + len(self.bare)
+
+    def _offline(self, key):
+        return key in self.shift or key in self.bare
+
     def back(self, key):
         """Source ``key`` is online again: its shift leaves the sums."""
-        if key in self.returned or (key not in self.shift and key not in self.bare):
-            return
-        self.returned.add(key)
-        self.m -= 1
         self.bare.discard(key)
         ab = self.shift.pop(key, None)
         if ab is not None:
-            wt = self.q.weights[key]
-            dlo, dhi = (wt * ab[0], wt * ab[1]) if wt >= 0 else (wt * ab[1], wt * ab[0])
+            dlo, dhi = weighted(self.q.weights[key], *ab)
             add_exact(self.lo, -dlo)
             add_exact(self.hi, -dhi)
 
@@ -167,12 +162,12 @@ class Widening:
 
     def names(self, most):
         """The first ``most`` sources still offline."""
-        while self.first < len(self.off) and self.off[self.first] in self.returned:
+        while self.first < len(self.off) and not self._offline(self.off[self.first]):
             self.first += 1
         out = []
         for key in self.off[self.first:]:
             if len(out) == most:
                 break
-            if key not in self.returned:
+            if self._offline(key):
                 out.append(key)
         return out

@@ -15,6 +15,11 @@ def _pad(lo, hi, scale):
     return lo - e, hi + e
 
 
+def weighted(w, lo, hi):
+    """The (low, high) terms that a bound [lo, hi] (or a move of its ends) adds to a sum under weight ``w``."""
+    return (w * lo, w * hi) if w >= 0 else (w * hi, w * lo)
+
+
 def answer(q, known, member=None):
     """Interval [lo, hi] for query ``q`` given per-source bounds ``known(key)``; a COUNT-in-range
     takes ``member(key, range) -> (sure, maybe)`` when given (constraint membership), else the bounds."""
@@ -22,14 +27,9 @@ def answer(q, known, member=None):
     if k in ("sum", "avg"):
         los, his = [], []
         for s in q.sources:
-            w = q.weights[s]
-            lo, hi = known(s)
-            if w >= 0:
-                los.append(w * lo)
-                his.append(w * hi)
-            else:
-                los.append(w * hi)
-                his.append(w * lo)
+            a, b = weighted(q.weights[s], *known(s))
+            los.append(a)
+            his.append(b)
         if any(math.isinf(x) for x in los) or any(math.isinf(x) for x in his):
             return -math.inf, math.inf
         lo, hi = math.fsum(los), math.fsum(his)
@@ -132,6 +132,7 @@ class Running:
         if q.kind in ("sum", "avg"):
             self.lo, self.hi = [], []
             self.inf = 0
+            sizes = []
             for s in q.sources:
                 a, b = self._terms(s, self.bounds[s])
                 if math.isinf(a) or math.isinf(b):
@@ -139,9 +140,8 @@ class Running:
                 else:
                     add_exact(self.lo, a)
                     add_exact(self.hi, b)
-            self.scale = math.fsum(abs(x) for s in q.sources for x in self._terms(s, self.bounds[s])
-                                   if not math.isinf(x))
-            self.peak = self.scale
+                    sizes += (abs(a), abs(b))
+            self.scale = self.peak = math.fsum(sizes)
         elif q.kind in ("min", "max"):
             import heapq
             sign = 1.0 if q.kind == "min" else -1.0
@@ -158,8 +158,7 @@ class Running:
                 self.maybe += b
 
     def _terms(self, s, b):
-        w = self.q.weights[s]
-        return (w * b[0], w * b[1]) if w >= 0 else (w * b[1], w * b[0])
+        return weighted(self.q.weights[s], b[0], b[1])
 
     def _bound(self, s, b):
         """What is kept per source: its bound, or for a COUNT-in-range with ``member`` its membership."""

@@ -364,7 +364,7 @@ class Coordinator(Resync, Uplink):
     # -- answers ----------------------------------------------------------------------
     def degraded(self, q):
         """Whether a source of ``q`` is offline, or waits for a filter the protocol counts on."""
-        return _meets(self.models.off_since, q) or _meets(self.integrity.unsure, q)
+        return q.meets(self.models.off_since) or q.meets(self.integrity.unsure)
 
     def _answers(self, t):
         self.cache.now = t
@@ -410,12 +410,3 @@ class Coordinator(Resync, Uplink):
         if r is None or r.q is not q:
             r = self.running[q.id] = aggregate.Running(q, self.cache.known, self.cache.member)
         return r.interval(wide)
-
-
-def _meets(keys, q):
-    """Whether any source in ``keys`` (a set or dict) is one of ``q``'s, looked up from the smaller side."""
-    if not keys:
-        return False
-    if len(keys) < len(q.weights):
-        return any(s in q.weights for s in keys)
-    return any(s in keys for s in q.sources)

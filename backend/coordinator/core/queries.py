@@ -23,6 +23,17 @@ class Query:
         self.range = rng                # (a, b) for count-in-range, else None
         self.extra = extra or {}        # protocol-specific fields (tolerances, k, point, ...)
 
+    def among(self, keys):
+        """The query's sources in ``keys`` (a set or dict), looked up from the smaller side: in the
+        order of ``keys`` or of the query, whichever is shorter (a generator)."""
+        if len(keys) < len(self.weights):
+            return (s for s in keys if s in self.weights)
+        return (s for s in self.sources if s in keys)
+
+    def meets(self, keys):
+        """Whether any source in ``keys`` is one of the query's."""
+        return any(True for _ in self.among(keys))
+
     def spec(self):
         d = {"id": self.id, "kind": self.kind, "sources": list(self.sources), "precision": self.precision}
         if any(w != 1 for w in self.weights.values()):
