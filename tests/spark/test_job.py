@@ -207,7 +207,7 @@ def test_cache_misses_rebuild_from_snapshot_and_journal(job_spark, tmp_path):
 def test_a_host_left_behind_on_another_worker_catches_up_from_the_journal(job_spark, tmp_path):
     """Each batch runs on one of two simulated Python workers (their caches swapped in, as Spark gives
     a key no worker affinity): the other worker's Host is then batches behind and replays only the
-    journal rows it missed, or rebuilds when a snapshot has cleared them; the answers, downlinks and
+    journal rows it missed, across a snapshot too; the answers, downlinks and
     state equal the plain reference's bit for bit."""
     from backend.spark import state
 
