@@ -198,3 +198,71 @@ def test_the_protocol_pickles_mid_run_and_continues_identically():
 def test_bad_params_of_the_default_rule_are_explained(bad, msg):
     with pytest.raises(ValueError, match=msg):
         protocols.make("adaptive", **bad)
+
+
+def test_the_guard_credits_only_the_messages_a_move_really_sends(tmp_path, monkeypatch):
+    # a move is charged up front and its messages written back over its horizon (the credit); a widening the
+    # confirmed widths leave no room for is not sent, so it must not be credited (it hid real losses from the
+    # guard). Oracle: the messages each reallocation's sends cost (a narrowing: downlink + acknowledging report)
+    c = traces.convert(str(tmp_path), ["eu-stocks"], log=lambda *a: None)[0]
+    spec = traces.workload(c, str(tmp_path), "adaptive", {})
+    entries, sent, guarding = [], [0.0], [False]
+    real_send, real_guard, real_realloc = estimate.Estimated._send, estimate.Estimated._guard, estimate.Estimated._reallocate
+
+    def send(self, coord, key, width):
+        if not guarding[0]:
+            sent[0] += 2.0 if width < self._width(coord.cache.sources[key]) else 1.0
+        return real_send(self, coord, key, width)
+
+    def guard(self, coord, t):
+        guarding[0] = True
+        try:
+            return real_guard(self, coord, t)
+        finally:
+            guarding[0] = False
+
+    def realloc(self, coord, t):
+        before = list(self.credit)
+        out = real_realloc(self, coord, t)
+        entries.extend(e for e in self.credit if not any(e is b for b in before))
+        return out
+
+    monkeypatch.setattr(estimate.Estimated, "_send", send)
+    monkeypatch.setattr(estimate.Estimated, "_guard", guard)
+    monkeypatch.setattr(estimate.Estimated, "_reallocate", realloc)
+    r = engine.run(spec)
+    assert r["violations"] == 0 and r["protocol_stats"]["reallocations"] > 50
+    assert len(entries) >= 1 and sent[0] >= 1          # the run makes moves, and decides some it cannot send
+    assert math.fsum(e[1] for e in entries) == sent[0]
+
+
+def _decide(n_eff, rates_, t=1e6):
+    """An AVG protocol after a short run, its exit statistics replaced by ``n_eff`` exits per source
+    at the rates ``rates_`` (uniform widths); returns the widths one reallocation sends."""
+    ids = ["s%d" % i for i in range(len(rates_))]
+    spec = {"seed": 1, "duration": 200, "queries": [{"id": "a", "kind": "avg", "sources": "all", "precision": 4.0}],
+            "sources": {"generator": "random_walk", "count": len(ids), "start": [90, 110], "step": [0.1, 0.1]}}
+    sim = engine.Simulation(dict(spec, protocol="adaptive"))
+    sim.run()
+    p, coord = sim.protocol, sim.coord
+    coord.clock = t
+    for k, r in zip(ids, rates_):
+        st = p._source(coord, k)
+        st.accrue(t)
+        st.n, st.n2, st.sat, st.jumps, st.fresh, st.mt = float(n_eff), float(n_eff), 0.0, [], n_eff, None
+        st.e = [n_eff / r * st.eff(st.w) ** -a for a in estimate.ALPHAS]    # exposure ∫W^−α dt of n_eff exits at r
+        st.lw = n_eff * math.log(st.eff(st.w))
+    p.since, p.seen, p.count, p.narrowing, p.target, p.credit = 0.0, p.memory * len(ids), 0, set(), {}, []
+    p.static, p.spent, p.floor, p.loan, p.until = 0.0, 0.0, -8.0, 8.0, -math.inf
+    moves = p.stats["moves"]
+    p._reallocate(coord, t)
+    return p.stats["moves"] - moves
+
+
+def test_a_move_is_made_only_when_its_saving_stands_clear_of_the_noise_in_the_measured_rates():
+    # one source exits 3× as often as the other: moving width to it saves reports in expectation. On 400 exits
+    # a source the saving is many standard errors (Poisson: r/√n) clear of zero and the narrowing is sent; on
+    # 8 exits a source it is within one standard error, and the rule keeps the uniform widths.
+    rates_ = [1e-3, 3e-3]
+    assert _decide(400, rates_) == 1        # the narrowing goes first; the widening follows its acknowledgement
+    assert _decide(8, rates_) == 0

@@ -27,15 +27,19 @@ only when a measured saving pays for the messages:
   ``hysteresis`` away from their target (and with about 8 reports' worth of evidence, counted again
   from a source's last move, so a width is seen at work before it is judged) move if the
   reports saved over a horizon pay for the messages: a widening costs one downlink, a narrowing a
-  downlink and its acknowledging report. The horizon is the estimate's span (``memory`` reports per
-  source), at most the time the run has lasted so far (ski-rental: short runs move little). Narrowings
-  go first; the slack they free is granted once the devices have confirmed them.
+  downlink and its acknowledging report. The saving counted is one standard error below its estimate
+  (a rate measured from n exits is known to about r/√n, the prior's pseudo-exits included), so a move
+  whose saving is within the noise of the measured rates is not made. The horizon is the estimate's
+  span (``memory`` reports per source), at most the time the run has lasted so far (ski-rental: short
+  runs move little). Narrowings go first; the slack they free is granted once the devices have
+  confirmed them.
 - **No regret.** Every report of the group is counted against an online estimate of what uniform
   deadband would have sent: an exit at width W is worth (W/U_i)^α exits at the uniform width U_i, but
   never more than the readings since the source's last report (deadband reports at most once per
   reading), any other report one. The rule borrows a loan of ``guard`` messages (default: the number of
   queried sources, at least 8): the messages of a reallocation are charged up front (it happens only if
-  the estimated saving less its messages stays above the floor) and written off over the horizon they
+  the estimated saving less its messages stays above the floor) and the messages it really sends (a
+  widening the confirmed widths leave no room for is not sent) are written off over the horizon they
   were priced to pay back in. The floor starts at −loan and rises with the saving, never above 0:
   once the saving has repaid the loan, the rule never falls behind its deadband estimate. When the
   saving (plus the moves still paying back) falls below the floor, every source goes back to U_i for a
@@ -135,7 +139,7 @@ class Estimated(Adaptive):
         self.static = 0.0               # estimate of uniform deadband's messages
         self.loan = None                # messages the current try may lose (``guard``), halved at each back-off
         self.floor = None               # the guard fires when the estimated saving falls below this
-        self.credit = []                # (time, messages, horizon) of moves still paying back
+        self.credit = []                # [time, messages sent, horizon] of moves still paying back
         self.until = -INF               # backing off to uniform widths until then
         self.backoff = 0.0
         self.stats.update({"reallocations": 0, "moves": 0, "backoffs": 0})
@@ -246,7 +250,7 @@ class Estimated(Adaptive):
             return True
         saved = self.static - self.spent
         # moves paid up front are written off over the horizon they were priced to pay back in
-        self.credit = [c for c in self.credit if t < c[0] + c[2]]
+        self.credit = [c for c in self.credit if t < c[0] + c[2] and c[1] > 0]
         if saved + math.fsum(m * (1.0 - (t - t0) / h) for t0, m, h in self.credit) >= self.floor:
             # the loan is repaid from the saving: once it exceeds the loan, never fall behind deadband
             self.floor = max(self.floor, min(0.0, saved - self.loan))
@@ -290,7 +294,7 @@ class Estimated(Adaptive):
         want = self._snap(want, weight, alpha)
         self.stats["reallocations"] += 1
         band = 1.0 + self.hysteresis
-        gain = msgs = 0.0
+        gain = var = msgs = 0.0
         narrow, widen = [], []
         for k in keys:
             s, st = src[k], self.src[k]
@@ -304,17 +308,21 @@ class Estimated(Adaptive):
             if w1 > w and saving <= 0:
                 continue                # a widening that saves nothing is not worth its message
             gain += saving
+            # the rate behind it is measured from n²/n2 decayed exits (plus the prior's pseudo-exits)
+            var += saving * saving / (st.n * st.n / st.n2 + prior) if st.n > 0 else 0.0
             msgs += self.cost(k) * (2.0 if w1 < w else 1.0)
             (narrow if w1 < w else widen).append(k)
         # the estimate's span (memory reports per source), but no longer than the run so far: a run
         # is expected to last about as long again as it has lasted (short runs move little)
         horizon = min(self.memory * len(keys) / self.seen, 1.0) * (t - self.since)
-        if not (narrow or widen) or gain * horizon < msgs or self.static - self.spent - msgs < self.floor:
+        if (not (narrow or widen) or (gain - math.sqrt(var)) * horizon < msgs
+                or self.static - self.spent - msgs < self.floor):
             return                      # the messages are charged up front: within the loan or not at all
-        self.credit.append((t, msgs, horizon))
+        self.credit.append([t, 0.0, horizon])   # credited with the messages this move really sends
         self.target = {k: want[k] for k in widen}
         for k in narrow:
             self._send(coord, k, want[k])
+            self.credit[-1][1] += 2.0 * self.cost(k)       # the downlink and its acknowledging report
             self.narrowing.add(k)
             self.target[k] = want[k]
         if not self.narrowing:
@@ -359,6 +367,7 @@ class Estimated(Adaptive):
             for j, c in rows.of[k]:
                 slack[j] -= c * dw
             self._send(coord, k, w + dw)
+            self.credit[-1][1] += self.cost(k)
         self.target = {}
 
 
