@@ -324,19 +324,22 @@ class Coordinator(Resync, Uplink):
 
     def _release(self, now):
         """Apply every uplink and tick due by ``now`` (time ``t`` is due at ``t + λ``)."""
-        queue, cache = self.queue, self.cache
+        queue, cache, latency = self.queue, self.cache, self.latency
         while True:
             tick_t = self.tick_time(self.tick)
             head = queue[0][0] if queue else math.inf
-            due = cache.next_due()
+            due = cache.next_due() if cache.due else math.inf
             if due < head:
                 head = due
-            if tick_t < head and self.idle():
-                self._skip(min(head, now - self.latency))
-                tick_t = self.tick_time(self.tick)
             t = head if head <= tick_t else tick_t
-            if t + self.latency > now:      # the same expression as next_deadline, so timers land
-                break
+            if t + latency > now:       # the same expression as next_deadline, so timers land; nothing
+                break                   # is due, so no idle tick before now − λ either (a tick is ≥ 1 ms on)
+            if tick_t < head and self.idle():
+                self._skip(min(head, now - latency))
+                tick_t = self.tick_time(self.tick)
+                t = head if head <= tick_t else tick_t
+                if t + latency > now:
+                    break
             self.clock = self.cache.now = t
             while self.queue and self.queue[0][0] == t:
                 _, _, _, device, kind, m = heapq.heappop(self.queue)
