@@ -291,7 +291,7 @@ class Coordinator(Resync, Uplink):
                 and not self.dirty_src and self.protocol.quiet(self))
 
     def next_deadline(self):
-        head = min(self.queue[0][0] if self.queue else math.inf, self.cache.next_due())
+        head = min(self.queue[0][0] if self.queue else math.inf, self.cache.next_due() if self.cache.due else math.inf)
         t = head if self.idle() else min(head, self.tick_time(self.tick))
         return min(t + self.latency, self.integrity.next_deadline())
 
@@ -370,16 +370,18 @@ class Coordinator(Resync, Uplink):
         return q.meets(self.models.off_since) or q.meets(self.integrity.unsure)
 
     def _answers(self, t):
-        self.cache.now = t
+        cache = self.cache
+        cache.now = t
         if not self.dirty_src and not self.dirty:
             return
+        running = self.running
         for key in self.dirty_src:
             qids = self.by_source.get(key)
             if qids:
-                bound = self.cache.known(key)
+                bound = cache.known(key)
                 self.segments.touched(key, t, bound)
                 for qid in qids:
-                    r = self.running.get(qid)
+                    r = running.get(qid)
                     if r is not None:
                         r.update(key, bound)
                 self.dirty.update(qids)     # qids is an ordered set too
