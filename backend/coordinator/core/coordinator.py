@@ -344,7 +344,7 @@ class Coordinator(Resync, Uplink):
             while self.queue and self.queue[0][0] == t:
                 _, _, _, device, kind, m = heapq.heappop(self.queue)
                 self._apply(device, kind, m)
-            for key in self.cache.refreshes(t):     # lines move: restate them
+            for key in cache.refreshes(t) if cache.due else ():     # lines move: restate them
                 self._touch(key)
             if tick_t == t:
                 self.tick += 1
