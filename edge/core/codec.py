@@ -134,16 +134,17 @@ def _pack(code, plan, rec):
     (``_put`` then says which, or packs what it accepts beyond these: a bool or an int as a double)."""
     fmt, names, types, _ = plan
     vals = []
-    for i in range(len(types)):
-        t = types[i]
+    i = 0
+    for t in types:
         v = rec.get(names[i])
+        i += 1
         if t == "d":
             if type(v) is not float or v != v:
                 return None
         elif t == "T":
             if type(v) is int and -(1 << 53) < v < 1 << 53:     # integer ms: their exact double's bits
                 v = _time_bits(v)
-                fmt = fmt[:i + 1] + "Q" + fmt[i + 2:]
+                fmt = fmt[:i] + "Q" + fmt[i + 1:]
             elif type(v) is not float or v != v:
                 return None
         elif type(v) is not int or not (-(1 << 63) <= v < 1 << 63 if t == "q" else 0 <= v < _LIMIT[t]):

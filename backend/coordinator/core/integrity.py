@@ -250,8 +250,8 @@ class Integrity:
 
     def answered(self, device, what, token):
         """An answer to ``what`` (``expect``); True when it ends the device's "control lost" suspicion."""
-        waits = self.waits.get(device, {})
-        w = waits.get(what)
+        waits = self.waits.get(device)
+        w = waits.get(what) if waits else None
         if w is None or (w[0] != token if type(what) is tuple else epoch_newer(w[0], token)):
             return False
         del waits[what]
