@@ -291,7 +291,7 @@ class Coordinator(Resync, Uplink):
                 and not self.dirty_src and self.protocol.quiet(self))
 
     def next_deadline(self):
-        head = min(self.queue[0][0] if self.queue else math.inf, self.cache.next_due() if self.cache.due else math.inf)
+        head = min(self.queue[0][0] if self.queue else math.inf, self.cache.next_due())
         t = head if self.idle() else min(head, self.tick_time(self.tick))
         return min(t + self.latency, self.integrity.next_deadline())
 
@@ -331,15 +331,12 @@ class Coordinator(Resync, Uplink):
             due = cache.next_due() if cache.due else math.inf
             if due < head:
                 head = due
-            t = head if head <= tick_t else tick_t
-            if t + latency > now:       # the same expression as next_deadline, so timers land; nothing
-                break                   # is due, so no idle tick before now − λ either (a tick is ≥ 1 ms on)
-            if tick_t < head and self.idle():
+            if tick_t < head and tick_t + latency <= now and self.idle():   # (a tick not due yet: none to skip)
                 self._skip(min(head, now - latency))
                 tick_t = self.tick_time(self.tick)
-                t = head if head <= tick_t else tick_t
-                if t + latency > now:
-                    break
+            t = head if head <= tick_t else tick_t
+            if t + latency > now:       # the same expression as next_deadline, so timers land
+                break
             self.clock = self.cache.now = t
             while self.queue and self.queue[0][0] == t:
                 _, _, _, device, kind, m = heapq.heappop(self.queue)
@@ -370,18 +367,16 @@ class Coordinator(Resync, Uplink):
         return q.meets(self.models.off_since) or q.meets(self.integrity.unsure)
 
     def _answers(self, t):
-        cache = self.cache
-        cache.now = t
+        self.cache.now = t
         if not self.dirty_src and not self.dirty:
             return
-        running = self.running
         for key in self.dirty_src:
             qids = self.by_source.get(key)
             if qids:
-                bound = cache.known(key)
+                bound = self.cache.known(key)
                 self.segments.touched(key, t, bound)
                 for qid in qids:
-                    r = running.get(qid)
+                    r = self.running.get(qid)
                     if r is not None:
                         r.update(key, bound)
                 self.dirty.update(qids)     # qids is an ordered set too
