@@ -110,6 +110,48 @@ NAMES = {}
 for _name in SCHEMAS:
     NAMES[SCHEMAS[_name][0]] = _name
 
+# The fast path of kinds whose fields all have a fixed size (no string, blob or list): kind -> (one struct
+# format for every field, a T as a double; names; types; the payload's size), built on first use (a few
+# small entries on a device's heap), or False for the other kinds.
+_FIXED = {}
+_LIMIT = {"B": 1 << 8, "H": 1 << 16, "I": 1 << 32}
+
+
+def _fixed(kind, spec):
+    p = _FIXED.get(kind)
+    if p is None:
+        types = spec[2]
+        p = False
+        if "*" not in types and "s" not in types and "y" not in types:
+            fmt = "<" + types.replace("T", "d")
+            p = (fmt, spec[3].split(), types, 2 + struct.calcsize(fmt))
+        _FIXED[kind] = p
+    return p
+
+
+def _pack(code, plan, rec):
+    """A fixed-size kind's payload in one ``struct.pack``, or None when a field is not plainly valid
+    (``_put`` then says which, or packs what it accepts beyond these: a bool or an int as a double)."""
+    fmt, names, types, _ = plan
+    vals = []
+    i = 0
+    for t in types:
+        v = rec.get(names[i])
+        i += 1
+        if t == "d":
+            if type(v) is not float or v != v:
+                return None
+        elif t == "T":
+            if type(v) is int and -(1 << 53) < v < 1 << 53:     # integer ms: their exact double's bits
+                v = _time_bits(v)
+                fmt = fmt[:i] + "Q" + fmt[i + 1:]
+            elif type(v) is not float or v != v:
+                return None
+        elif type(v) is not int or not (-(1 << 63) <= v < 1 << 63 if t == "q" else 0 <= v < _LIMIT[t]):
+            return None
+        vals.append(v)
+    return bytes((VERSION, code)) + struct.pack(fmt, *vals)
+
 
 def _put(out, types, names, rec):
     for i in range(len(types)):
@@ -156,9 +198,12 @@ def encode(kind, fields):
     spec = SCHEMAS.get(kind) if isinstance(kind, str) else None
     if spec is None:
         raise CodecError("unknown message kind %r" % (kind,))
-    out = [bytes((VERSION, spec[0]))]
-    _put(out, spec[2], spec[3].split(), fields)
-    data = b"".join(out)
+    plan = _fixed(kind, spec) if type(fields) is dict else False
+    data = _pack(spec[0], plan, fields) if plan else None
+    if data is None:
+        out = [bytes((VERSION, spec[0]))]
+        _put(out, spec[2], spec[3].split(), fields)
+        data = b"".join(out)
     if len(data) > MAX_PAYLOAD:
         raise CodecError("message of %d bytes exceeds %d" % (len(data), MAX_PAYLOAD))
     return data
@@ -210,6 +255,14 @@ def decode(payload):
     if kind is None:
         raise CodecError("unknown message kind code %d" % payload[1])
     spec = SCHEMAS[kind]
+    plan = _fixed(kind, spec)
+    if plan and len(payload) == plan[3]:
+        vals = struct.unpack_from(plan[0], payload, 2)
+        for v in vals:
+            if v != v:
+                break       # NaN: ``_take`` says which field
+        else:
+            return kind, dict(zip(plan[1], vals))
     fields = {}
     pos = _take(payload, 2, spec[2], spec[3].split(), fields)
     if pos != len(payload):

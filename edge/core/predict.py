@@ -52,7 +52,7 @@ class LineFilter(IntervalFilter):
         if c is None or self.width == INF:
             self.lo, self.hi = -INF, INF
         else:
-            h = self.half()
+            h = self.half() if self.slope else self.width / 2     # (``band`` of a constant)
             if h < 0:
                 h = 0.0
             self.lo, self.hi = self._r(c - h), self._r(c + h)

@@ -173,18 +173,21 @@ class Running:
     def update(self, s, new):
         """Source ``s`` now has bound ``new`` (a (lo, hi) pair)."""
         old = self.bounds[s]
-        new = self._bound(s, new)
+        if self.member is not None:
+            new = self._bound(s, new)
         if old == new:
             return
         self.bounds[s] = new
         k = self.q.kind
-        if k in ("sum", "avg"):
-            a0, c0 = self._terms(s, old)
-            a1, c1 = self._terms(s, new)
-            if math.isinf(a0) or math.isinf(c0):
+        if k == "sum" or k == "avg":
+            w = self.q.weights[s]
+            a0, c0 = weighted(w, old[0], old[1])
+            a1, c1 = weighted(w, new[0], new[1])
+            isinf = math.isinf
+            if isinf(a0) or isinf(c0):
                 self.inf -= 1
                 a0 = c0 = 0.0
-            if math.isinf(a1) or math.isinf(c1):
+            if isinf(a1) or isinf(c1):
                 self.inf += 1
                 a1 = c1 = 0.0
             add_exact(self.lo, -a0, a1)

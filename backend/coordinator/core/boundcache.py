@@ -135,7 +135,7 @@ class BoundCache:
         s = self.sources[key]
         if s.old and epoch == s.filt.epoch:
             s.old = []                      # the device has confirmed the newest assignment
-        for f in [s.filt] + s.old:
+        for f in [s.filt] + s.old if s.old else (s.filt,):
             if line is None:
                 f.recenter(v)
             else:

@@ -324,24 +324,24 @@ class Coordinator(Resync, Uplink):
 
     def _release(self, now):
         """Apply every uplink and tick due by ``now`` (time ``t`` is due at ``t + λ``)."""
-        queue, cache = self.queue, self.cache
+        queue, cache, latency = self.queue, self.cache, self.latency
         while True:
             tick_t = self.tick_time(self.tick)
             head = queue[0][0] if queue else math.inf
-            due = cache.next_due()
+            due = cache.next_due() if cache.due else math.inf
             if due < head:
                 head = due
-            if tick_t < head and self.idle():
-                self._skip(min(head, now - self.latency))
+            if tick_t < head and tick_t + latency <= now and self.idle():   # (a tick not due yet: none to skip)
+                self._skip(min(head, now - latency))
                 tick_t = self.tick_time(self.tick)
             t = head if head <= tick_t else tick_t
-            if t + self.latency > now:      # the same expression as next_deadline, so timers land
+            if t + latency > now:       # the same expression as next_deadline, so timers land
                 break
             self.clock = self.cache.now = t
             while self.queue and self.queue[0][0] == t:
                 _, _, _, device, kind, m = heapq.heappop(self.queue)
                 self._apply(device, kind, m)
-            for key in self.cache.refreshes(t):     # lines move: restate them
+            for key in cache.refreshes(t) if cache.due else ():     # lines move: restate them
                 self._touch(key)
             if tick_t == t:
                 self.tick += 1

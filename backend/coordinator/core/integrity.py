@@ -113,10 +113,11 @@ class Integrity:
         else:
             ahead = (seq - d["high"]) & 0xFFFFFFFF
             if 0 < ahead < _HALF:
-                after = self.event(d["high_t"])       # what is missing was sent after this
-                for k in range(max(1, ahead - WINDOW), ahead):
-                    d["missing"][(d["high"] + k) & 0xFFFFFFFF] = (now, after)
-                    self.stats["gaps"] += 1
+                if ahead > 1:
+                    after = self.event(d["high_t"])       # what is missing was sent after this
+                    for k in range(max(1, ahead - WINDOW), ahead):
+                        d["missing"][(d["high"] + k) & 0xFFFFFFFF] = (now, after)
+                        self.stats["gaps"] += 1
                 d["high"], d["high_t"] = seq, t
                 if len(d["missing"]) > WINDOW:
                     for s in [s for s in d["missing"] if (d["high"] - s) & 0xFFFFFFFF > WINDOW]:
@@ -249,8 +250,8 @@ class Integrity:
 
     def answered(self, device, what, token):
         """An answer to ``what`` (``expect``); True when it ends the device's "control lost" suspicion."""
-        waits = self.waits.get(device, {})
-        w = waits.get(what)
+        waits = self.waits.get(device)
+        w = waits.get(what) if waits else None
         if w is None or (w[0] != token if type(what) is tuple else epoch_newer(w[0], token)):
             return False
         del waits[what]

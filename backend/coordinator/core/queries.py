@@ -32,7 +32,7 @@ class Query:
 
     def meets(self, keys):
         """Whether any source in ``keys`` is one of the query's."""
-        return any(True for _ in self.among(keys))
+        return bool(keys) and any(True for _ in self.among(keys))
 
     def spec(self):
         d = {"id": self.id, "kind": self.kind, "sources": list(self.sources), "precision": self.precision}

@@ -116,6 +116,8 @@ class Resync:
     def _integrity(self, now):
         """Degrade devices with a lost uplink or silence; ask suspects for a birth; send again what
         was not answered."""
+        if self.integrity.next_deadline() > now:
+            return
         new, ask, missed = self.integrity.due(now)
         for device, _, since in new:
             self._suspect(device, since)

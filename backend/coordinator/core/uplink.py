@@ -67,11 +67,12 @@ class Uplink:
             self.integrity.dropped(device, m["seq"])
             self._ask_birth(device, now, early=True)
             return self._advance(now)
-        if kind == "line" and self.unit.get(device) == 1000:
+        ms = self.unit.get(device) == 1000
+        if kind == "line" and ms:
             m["td"], m["gap"] = int(m["t"]), int(m["gap"])  # integer ms, as the device computed with them
         elif kind == "line":
             m["td"] = m["t"]            # the line's origin in device units
-        if self.unit.get(device) == 1000:
+        if ms:
             m["t"] = m["t"] / 1000
         t = self._admit(now, device, kind, m, rx)
         if t is None:
