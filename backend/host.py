@@ -348,13 +348,16 @@ class Host:
 
     def _born(self, now):
         """New sources: waiting specs may now register, and ``"all"`` queries take them in (the
-        query is registered again over the grown fleet, at the event time of the birth's release)."""
+        query is replaced by one over the grown fleet, at the event time of the birth's release)."""
         out = []
         everyone = self._everyone()
         for qid, spec in sorted(self.specs.items()):
             if spec.get("sources", "all") == "all" and len(self.coord.queries[qid].sources) != everyone:
-                out += self._remove(now, qid)
-                out += self._add(now, qid, spec)
+                try:
+                    out += self.coord.replace_query(spec, self.event_time(now))
+                except QueryError as e:
+                    self.specs.pop(qid)
+                    out += self._bad(qid, str(e))
         for qid, spec in sorted(self.pending.items()):
             if not self._waits(qid):
                 del self.pending[qid], self._left[qid]

@@ -61,9 +61,9 @@ def test_specs_for_unborn_sources_wait_and_all_follows_births():
     assert h.coord.queries["tot"].sources == ["a", "b"] and list(h.pending) == ["two"]
     _, birth = born("d2", ["c"], [10.0], 3.0)
     out = answers(h.record(3.0, "d2", "state", birth))
-    assert sorted(a["query"] for a in out) == ["tot", "two"] and not h.pending
+    assert [a["query"] for a in out] == ["two"] and not h.pending      # tot's answer is unchanged: not sent again
     assert h.coord.queries["tot"].sources == ["a", "b", "c"]          # "all" took the newcomer in
-    assert all(a["lo"] <= 13.0 <= a["hi"] for a in out if a["query"] == "tot")
+    assert h.coord.last["tot"]["lo"] <= 13.0 <= h.coord.last["tot"]["hi"]
     assert h.stats["bad_specs"] == 0 and h.records == 2
 
 
@@ -94,6 +94,89 @@ def test_a_waiting_spec_over_many_sources_registers_at_its_last_birth_at_linear_
     assert h.coord.queries["big"].sources == names and answers(out)[0]["lo"] <= sum(range(n)) <= answers(out)[0]["hi"]
     # each source is looked for until it is born, not once per birth (that was n²/2 = 45,000 here)
     assert _Counted.tests <= 12 * n, _Counted.tests
+
+
+def _pump(h, agents, now, out):
+    """Deliver the Host's downlinks to the agents and their replies back, until quiet; every output."""
+    seen, queue = list(out), list(out)
+    while queue:
+        act = queue.pop(0)
+        if act[0] == "down" and act[1] in agents:
+            for _, payload in agents[act[1]].handle_message(now, act[2]):
+                more = h.record(now, act[1], "up", payload)
+                seen += more
+                queue += more
+    return seen
+
+
+@pytest.mark.parametrize("protocol", ["deadband", "adaptive"])
+def test_an_all_query_takes_each_newborn_in_without_a_message_to_the_other_devices(protocol):
+    # dynamic "all" re-registered the query at every birth: a removal (every source to no query, width ∞)
+    # and an addition (every source back), two downlinks to every device per birth and a pending mirror
+    # each, O(n²) messages and O(n³) work over a fleet's births. Oracle: after every birth the query holds
+    # exactly the born sources, every filter has the uniform width, and no device but the newborn hears.
+    n = 40
+    h = Host(protocol=protocol, t0=0.0)
+    h.spec(0.5, "tot", {"kind": "avg", "sources": "all", "precision": 2.0})
+    agents, values = {}, {}
+    for k in range(n):
+        dev, now = "d%d" % k, 1.0 + k
+        agents[dev], birth = born(dev, ["s%d" % k], [float(k % 7)], now)
+        values["s%d" % k] = float(k % 7)
+        out = _pump(h, agents, now, h.record(now, dev, "state", birth))
+        assert {a[1] for a in out if a[0] == "down"} == {dev}
+        assert h.coord.queries["tot"].sources == ["s%d" % i for i in range(k + 1)]
+        assert all(s.filt.width == 2.0 and not s.old for s in h.coord.cache.sources.values())
+        got = [a[1] for a in out if a[0] == "answer"][-1]
+        truth = sum(values.values()) / len(values)
+        assert got["lo"] <= truth <= got["hi"] and got["hi"] - got["lo"] <= 2.0 + 1e-9
+
+
+class _Summed(dict):
+    """A weights dict counting how often its values are walked (a uniform width sums them)."""
+    walks = 0
+
+    def values(self):
+        _Summed.walks += 1
+        return dict.values(self)
+
+
+@pytest.mark.parametrize("protocol", ["deadband", "adaptive"])
+def test_births_into_a_registered_query_cost_their_own_rows_not_the_fleet(protocol, monkeypatch):
+    # a birth settled every width of the fleet (adaptive) or summed the query's weights again (deadband's
+    # uniform width): O(n) per birth, O(n²) over a fleet. Oracle: the widths a full settle gives, after
+    # every birth; the work counted (widths looked at, weight sums) stays linear in n.
+    from backend.coordinator.precision import adaptive
+    n = 120
+    names = ["s%d" % i for i in range(n)]
+    h = Host(protocol=protocol, declared=names, t0=0.0)
+    h.spec(0.5, "big", {"kind": "avg", "sources": names, "precision": 2.0})
+    h.spec(0.5, "few", {"kind": "sum", "sources": names[:5], "weights": [1, 2, 1, 1, 3], "precision": 3.0})
+    q = h.coord.queries["big"]
+    q.weights = _Summed(q.weights)
+    looked = [0]
+    width = adaptive.Adaptive._width
+
+    def counted(self, s):
+        looked[0] += 1
+        return width(self, s)
+    monkeypatch.setattr(adaptive.Adaptive, "_width", counted)
+    _Summed.walks = 0
+    for k, name in enumerate(names):
+        _, birth = born("d-" + name, [name], [float(k)], 1.0 + k)
+        h.record(1.0 + k, "d-" + name, "state", birth)
+        src = h.coord.cache.sources
+        if protocol == "adaptive":          # brute force: the widths a settle of the whole fleet keeps
+            p = h.coord.protocol
+            want = {key: width(p, s) for key, s in src.items()}
+            want = p.rows.fit({key: (w if w < math.inf else p.rows.uniform(key)) for key, w in want.items()})
+            assert {key: s.filt.width for key, s in src.items()} == want
+        else:
+            for key, s in src.items():
+                assert s.filt.width == min(2.0 if key in q.weights else math.inf,
+                                           3.0 / 8 if key in names[:5] else math.inf)
+    assert _Summed.walks <= 2
+    assert looked[0] <= 12 * n, looked[0]
 
 
 def test_bad_specs_are_refused_with_a_reason_and_removal_retracts():

@@ -93,9 +93,9 @@ def uniform_width(q):
     if k in ("min", "max"):
         return q.precision
     if k == "avg":
-        return q.precision * len(q.sources) / math.fsum(abs(w) for w in q.weights.values())
+        return q.precision * len(q.sources) / q.norm()
     if k == "sum":
-        return q.precision / math.fsum(abs(w) for w in q.weights.values())
+        return q.precision / q.norm()
     return math.inf   # count: membership is tracked exactly by a range constraint instead
 
 

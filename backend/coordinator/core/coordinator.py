@@ -91,17 +91,35 @@ class Coordinator(Resync, Uplink):
     # -- queries ----------------------------------------------------------------
     def add_query(self, spec, now=None):
         """Register a query; a ``QueryError`` (from the spec or the protocol) leaves nothing behind."""
+        return self._register(spec, now, None)
+
+    def replace_query(self, spec, now=None):
+        """Register ``spec`` in place of the query with its id (an ``"all"`` query taking newborn sources
+        in): one protocol update over both source sets, so a source whose filter stays the same gets no
+        message (a removal and an addition sent two to every source). A ``QueryError`` removes it."""
+        return self._register(spec, now, self.queries.get(spec.get("id")) if isinstance(spec, dict) else None)
+
+    def _register(self, spec, now, old):
         self._catch_up(now)
-        q = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
-        if q.id in self.queries:
-            raise QueryError("query %s is registered already" % q.id)
-        self.segments.check(self, q)
+        try:
+            q = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
+            if q.id in self.queries and old is None:
+                raise QueryError("query %s is registered already" % q.id)
+            self.segments.check(self, q)
+        except QueryError:
+            if old is not None:
+                self.remove_query(old.id, now)
+            raise
+        if old is not None:
+            for s in old.sources:
+                self.by_source[s].pop(q.id, None)
+            self.running.pop(q.id, None)
         self.queries[q.id] = q
         for s in q.sources:
             self.by_source.setdefault(s, {})[q.id] = None
         self.dirty[q.id] = None
         try:
-            self._changed(q, now)
+            self._changed(q, now, old)
         except QueryError:
             self.remove_query(q.id, now)
             raise
@@ -131,8 +149,8 @@ class Coordinator(Resync, Uplink):
 
     changed = None      # while a query changes: its sources (a local protocol revisits only them)
 
-    def _changed(self, q, now):
-        self.changed = q.sources
+    def _changed(self, q, now, old=None):
+        self.changed = q.sources if old is None else q.sources + [s for s in old.sources if s not in q.weights]
         try:
             self.protocol.queries_changed(self, self._now(now))
         finally:

@@ -12,7 +12,7 @@ class QueryError(ValueError):
 
 
 class Query:
-    __slots__ = ("id", "kind", "sources", "weights", "precision", "range", "extra")
+    __slots__ = ("id", "kind", "sources", "weights", "precision", "range", "extra", "_norm")
 
     def __init__(self, qid, kind, sources, weights, precision, rng=None, extra=None):
         self.id = qid
@@ -22,6 +22,14 @@ class Query:
         self.precision = precision      # δ: maximum answer width
         self.range = rng                # (a, b) for count-in-range, else None
         self.extra = extra or {}        # protocol-specific fields (tolerances, k, point, ...)
+        self._norm = None
+
+    def norm(self):
+        """Σ|K| over the query's sources, summed once (uniform widths ask for it at every birth)."""
+        n = getattr(self, "_norm", None)
+        if n is None:
+            n = self._norm = math.fsum(abs(w) for w in self.weights.values())
+        return n
 
     def among(self, keys):
         """The query's sources in ``keys`` (a set or dict), looked up from the smaller side: in the

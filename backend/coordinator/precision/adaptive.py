@@ -180,6 +180,7 @@ class Adaptive(Protocol):
         self.eps = eps
         self.lam = 0.0                      # λ, known once the coordinator asks for its queue delay
         self.rows = Rows({})
+        self.use = {}                       # row j -> an upper bound on Σ|K_ij|·W_i over its born sources
         self.prec = {}                      # query id -> precision last allocated for
         self.targets = None
         self.pre = {}                       # padding: key -> width before the last shrink
@@ -225,11 +226,18 @@ class Adaptive(Protocol):
         s = coord.cache.sources[key]
         cons = self._constraints(coord, key)
         if cons != s.filt.cons:
+            self._moved(key)
             coord.assign_filter(key, width, cons)
         elif width != s.filt.width:
             if width < s.filt.width:
                 self.stats["narrow"] += 1
+            self._moved(key)
             coord.assign_width(key, width)
+
+    def _moved(self, key):
+        """``key``'s width changes: the rows it is in are summed afresh when next needed."""
+        for j, _ in self.rows.of.get(key, ()):
+            self.use.pop(j, None)
 
     def _settle(self, coord, fresh=(), rows=None):
         """Give new/unqueried sources their widths and make every (selected) row fit."""
@@ -244,10 +252,40 @@ class Adaptive(Protocol):
             self._install(coord, key, widths.get(key, INF))
 
     def source_added(self, coord, key):
-        self._settle(coord, fresh=(key,))
+        """A new source takes its uniform width. Every width settles again only when that might overfill
+        one of its rows (or §3.4 lets a precision change wait), so a birth costs its own rows, not the fleet."""
+        u = self.rows.uniform(key) if key in self.rows.of else INF
+        use = self._room(coord, key, u) if self.immediate else None
+        if use is None:
+            self._settle(coord, fresh=(key,))
+        else:
+            self._install(coord, key, u)
+            self.use.update(use)
+
+    def _room(self, coord, key, u):
+        """The use of each of ``key``'s rows with ``key`` at width ``u`` ({row: use}), or None when one
+        might not fit. A row's use is summed as ``_settle`` counts it (unbounded widths at their uniform
+        share) the first time it is needed, and kept as an upper bound: births add to it, every other
+        change of a width re-sums it, and confirmations and departures only lower the truth."""
+        src, rows = coord.cache.sources, self.rows
+
+        def counted(s):
+            w = self._width(src[s])
+            return w if w < INF else rows.uniform(s)
+        out = {}
+        for j, k in rows.of.get(key, ()):
+            use = self.use.get(j)
+            if use is None:
+                use = math.fsum(c * counted(s) for s, c in rows.coef[j].items() if s in src and s != key)
+            use += k * u
+            if not use <= rows.budget[j] * (1 - _MARGIN):
+                return None
+            out[j] = use
+        return out
 
     def resync(self, coord, key, want):
         width, cons = want
+        self._moved(key)
         if cons:
             coord.assign_filter(key, width, cons)
         else:
@@ -255,6 +293,7 @@ class Adaptive(Protocol):
 
     def queries_changed(self, coord, now):
         self.rows = Rows(coord.queries, self.phi)
+        self.use = {}
         self.targets = None
         rows = None
         if not self.immediate:
@@ -336,6 +375,7 @@ class Adaptive(Protocol):
                 break
         for key, w in grown.items():
             self.stats["growth"] += 1
+            self._moved(key)
             coord.assign_width(key, w)
         self.held = {k: s.filt.width for k, s in src.items() if k in rows.of}
 
