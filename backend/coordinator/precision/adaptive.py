@@ -239,14 +239,18 @@ class Adaptive(Protocol):
         for j, _ in self.rows.of.get(key, ()):
             self.use.pop(j, None)
 
+    def _counted(self, s, key):
+        """The width source ``s`` (``key``) takes up in its rows: the widest mirror in force (unconfirmed
+        older mirrors included), or its uniform share while that is unbounded."""
+        w = self._width(s)
+        return w if w < INF else self.rows.uniform(key)
+
     def _settle(self, coord, fresh=(), rows=None):
         """Give new/unqueried sources their widths and make every (selected) row fit."""
         widths = {}
         for key, s in coord.cache.sources.items():
-            if key not in self.rows.of:
-                continue
-            w = self._width(s)      # includes unconfirmed older mirrors, which may still be unbounded
-            widths[key] = self.rows.uniform(key) if (w == INF or key in fresh) else w
+            if key in self.rows.of:
+                widths[key] = self.rows.uniform(key) if key in fresh else self._counted(s, key)
         self.rows.fit(widths, rows)
         for key in coord.cache.sources:
             self._install(coord, key, widths.get(key, INF))
@@ -264,19 +268,16 @@ class Adaptive(Protocol):
 
     def _room(self, coord, key, u):
         """The use of each of ``key``'s rows with ``key`` at width ``u`` ({row: use}), or None when one
-        might not fit. A row's use is summed as ``_settle`` counts it (unbounded widths at their uniform
-        share) the first time it is needed, and kept as an upper bound: births add to it, every other
-        change of a width re-sums it, and confirmations and departures only lower the truth."""
+        might not fit. A row's use is summed as ``_settle`` counts it (``_counted``) the first time it is
+        needed, and kept as an upper bound: births add to it, every other change of a width re-sums it,
+        and confirmations and departures only lower the truth."""
         src, rows = coord.cache.sources, self.rows
-
-        def counted(s):
-            w = self._width(src[s])
-            return w if w < INF else rows.uniform(s)
         out = {}
         for j, k in rows.of.get(key, ()):
             use = self.use.get(j)
             if use is None:
-                use = math.fsum(c * counted(s) for s, c in rows.coef[j].items() if s in src and s != key)
+                use = math.fsum(c * self._counted(src[s], s) for s, c in rows.coef[j].items()
+                                if s in src and s != key)
             use += k * u
             if not use <= rows.budget[j] * (1 - _MARGIN):
                 return None
