@@ -7,7 +7,8 @@ broker's ACL grants the gateway exactly its sensors' topics, ``backend/broker.py
 translates. With ``relay`` set, every sample the sensors log also enters an
 ``edge.core.relay.RelayNode`` (hCount sketch, forecast and correct bodies) that publishes as the
 gateway's own device, so relay queries run on the live coordinator. ``truth`` names a folder for
-each sensor's ground truth (``time,source,value`` in value units, from the device's sample frames).
+each sensor's ground truth (``time,source,value`` in value units, from the device's sample frames,
+each logged once the frame after it is read: ``_log``).
 
 ``python -m edge.runtime.gateway.gateway CONFIG.json``; SIGINT/SIGTERM stop it cleanly (each sensor
 publishes its offline state); it prints ``{"stats": ...}`` on exit.
@@ -40,6 +41,7 @@ class Sensor:
         self.buf = b""
         self.online = True
         self.truth = None
+        self.held = None                # the latest sample, logged once the board's next frame is read
         if gw.truth:
             self.truth = open(os.path.join(gw.truth, "truth-%s.csv" % self.name), "a", buffering=1)
         self.prefix = topics.device_prefix(gw.fleet, self.name)
@@ -99,14 +101,35 @@ class Gateway:
                 sensor.client.publish(sensor.prefix + a[0], a[1], qos=1, retain=a[0] == "state")
                 sensor.online = True
             elif a[0] == "sample":
-                if sensor.truth is not None:
-                    sensor.truth.write("%r,%s,%r\n" % (a[1], sensor.bridge.source, a[2] / SCALE))
+                sensor.held = a
                 if self.relay is not None:
                     self.relay_out(self.relay.handle_item(now, self._item(a[2]), a[1]))
             elif a[0] == "noise":
                 self.stats["noise"] += 1
                 if len(self.stats["lines"]) < 20:
                     self.stats["lines"].append(a[1].decode(errors="replace").strip())
+
+    def read(self, s, now):
+        """What sensor ``s``'s serial line holds: each whole frame through its bridge."""
+        s.buf += s.port.read(4096)
+        if not s.synced and b"\n" in s.buf:
+            s.buf = s.buf.split(b"\n", 1)[1]
+            s.synced = True
+        while s.synced and b"\n" in s.buf:
+            line, s.buf = s.buf.split(b"\n", 1)
+            self._log(s)
+            self.act(s, now, s.bridge.from_device(now, line))
+        if len(s.buf) > 512:
+            s.buf = b""
+
+    @staticmethod
+    def _log(sensor):
+        """Write the held sample to the ground truth. A board sends a sample's report right after the
+        sample, so once its next frame is read that report (if any) has been handled; the sample held
+        when the gateway stops is never logged, as its report may still be on the wire."""
+        a, sensor.held = sensor.held, None
+        if a is not None and sensor.truth is not None:
+            sensor.truth.write("%r,%s,%r\n" % (a[1], sensor.bridge.source, a[2] / SCALE))
 
     def _item(self, v):
         return min(max(v >> self.shift, self.relay.lo), self.relay.hi)
@@ -130,16 +153,7 @@ class Gateway:
             ready, _, _ = select.select(list(fds), [], [], wait)
             now = time.time()
             for fd in ready:
-                s = fds[fd]
-                s.buf += s.port.read(4096)
-                if not s.synced and b"\n" in s.buf:
-                    s.buf = s.buf.split(b"\n", 1)[1]
-                    s.synced = True
-                while s.synced and b"\n" in s.buf:
-                    line, s.buf = s.buf.split(b"\n", 1)
-                    self.act(s, now, s.bridge.from_device(now, line))
-                if len(s.buf) > 512:
-                    s.buf = b""
+                self.read(fds[fd], now)
             while True:
                 try:
                     s, payload = self.inbox.get_nowait()
