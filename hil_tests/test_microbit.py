@@ -110,4 +110,4 @@ def test_exit_shrink_shutdown_resume_probe_reconnect_and_heap(board):
     assert stats["stale"] >= 1, stats
     assert stats["device_samples"] > 100 and 0 < stats["min_free"] <= stats["free"] < 9200, stats
     rows = open(d / "truth-hil.csv").read().splitlines()
-    assert len(rows) >= stats["samples"] > 100
+    assert len(rows) + stats["unlogged"] >= stats["samples"] > 100   # the sample held at the stop is not logged

@@ -190,7 +190,7 @@ class Gateway:
             s.port.close()
             if s.truth is not None:
                 s.truth.close()
-            out[s.name] = dict(s.bridge.stats)
+            out[s.name] = dict(s.bridge.stats, unlogged=int(s.held is not None))   # see _log
         if self.relay is not None:
             self.own.publish(self.prefix + "state", codec.encode("gone", {"boot": self.relay.boot}), qos=1,
                              retain=True).wait_for_publish(2)
