@@ -1,7 +1,7 @@
 """``quietfleet query add|list|remove``: continuous queries as retained specs on ``qf/<fleet>/q/<id>/spec`` (DESIGN.md §3).
 
 A spec is the JSON of a workload query without its ``id`` (the topic names it), e.g.
-``quietfleet query add mean --broker-dir broker '{"kind": "avg", "sources": ["t0", "t1"], "precision": 0.5}'``.
+``quietfleet query add mean '{"kind": "avg", "sources": ["t0", "t1"], "precision": 0.5}' --broker-dir broker``.
 ``remove`` publishes the empty retained spec; the backend drops the query and clears its answer.
 ``list`` shows every retained spec with its latest retained answer.
 """

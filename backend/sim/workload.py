@@ -4,7 +4,7 @@
 (``Workload`` here), a relay topology (``backend.sim.relay``) or a summary-site tree
 (``backend.sim.summary``) — and validates everything up front. Any problem, including a key the
 simulator does not know anywhere in the file, raises ``WorkloadError`` with a message naming the key
-(``network.loss``, ``sources.outages.rate``, ``queries[2].colour``). The helpers ``number``,
+(``network.los``, ``sources.outages.rate``, ``queries[2].colour``). The helpers ``number``,
 ``pair``, ``integer``, ``keys`` and ``read`` are what every kind validates with.
 """
 import inspect
