@@ -357,6 +357,8 @@ class Host:
                     out += self.coord.replace_query(spec, self.event_time(now))
                 except QueryError as e:
                     self.specs.pop(qid)
+                    if qid in self.coord.queries:   # the grown spec was refused: the old query goes too
+                        out += self.coord.remove_query(qid, self.event_time(now))
                     out += self._bad(qid, str(e))
         for qid, spec in sorted(self.pending.items()):
             if not self._waits(qid):

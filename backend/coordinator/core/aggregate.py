@@ -93,7 +93,7 @@ def uniform_width(q):
     if k in ("min", "max"):
         return q.precision
     if k == "avg":
-        return q.precision * len(q.sources) / q.norm()
+        return q.precision * (len(q.sources) / q.norm())   # exactly δ for unit weights, whatever n
     if k == "sum":
         return q.precision / q.norm()
     return math.inf   # count: membership is tracked exactly by a range constraint instead

@@ -90,26 +90,37 @@ class Coordinator(Resync, Uplink):
 
     # -- queries ----------------------------------------------------------------
     def add_query(self, spec, now=None):
-        """Register a query; a ``QueryError`` (from the spec or the protocol) leaves nothing behind."""
-        return self._register(spec, now, None)
+        """Register a query; a ``QueryError`` (from the spec or the protocol) leaves nothing behind
+        (what the protocol queued before refusing goes out with the next output)."""
+        self._catch_up(now)
+        q = self._parse(spec)
+        if q.id in self.queries:
+            raise QueryError("query %s is registered already" % q.id)
+        return self._register(q, now, None)
 
     def replace_query(self, spec, now=None):
         """Register ``spec`` in place of the query with its id (an ``"all"`` query taking newborn sources
-        in): one protocol update over both source sets, so a source whose filter stays the same gets no
-        message (a removal and an addition sent two to every source). A ``QueryError`` removes it."""
-        return self._register(spec, now, self.queries.get(spec.get("id")) if isinstance(spec, dict) else None)
-
-    def _register(self, spec, now, old):
+        in). A protocol that rebuilds its per-query state from the queries (``Protocol.replaces``) gets
+        one update over both source sets, so a source whose filter stays the same hears nothing (a
+        removal and an addition send two messages to every source); any other gets the removal and the
+        addition. A ``QueryError`` from the spec leaves the old query in place; one from the protocol
+        removes it."""
         self._catch_up(now)
-        try:
-            q = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
-            if q.id in self.queries and old is None:
-                raise QueryError("query %s is registered already" % q.id)
-            self.segments.check(self, q)
-        except QueryError:
-            if old is not None:
-                self.remove_query(old.id, now)
-            raise
+        q = self._parse(spec)
+        old = self.queries.get(q.id)
+        if old is None:
+            raise QueryError("query %s is not registered" % q.id)
+        if self.protocol.replaces:
+            return self._register(q, now, old)
+        self._unregister(q.id, now)
+        return self._register(q, now, None)
+
+    def _parse(self, spec):
+        q = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
+        self.segments.check(self, q)
+        return q
+
+    def _register(self, q, now, old):
         if old is not None:
             for s in old.sources:
                 self.by_source[s].pop(q.id, None)
@@ -121,22 +132,27 @@ class Coordinator(Resync, Uplink):
         try:
             self._changed(q, now, old)
         except QueryError:
-            self.remove_query(q.id, now)
+            self._unregister(q.id, now, old)
             raise
         self.segments.queries_changed(self, self._now(now))
         return self._flush(now)
 
     def remove_query(self, qid, now=None):
         self._catch_up(now)
+        self._unregister(qid, now)
+        return self._flush(now)
+
+    def _unregister(self, qid, now, old=None):
+        """Drop query ``qid`` and revisit its sources (and ``old``'s, a query it was replacing); the
+        protocol's messages stay queued for the caller's flush."""
         q = self.queries.pop(qid)
         for s in q.sources:
             self.by_source[s].pop(qid, None)
         self.dirty.pop(qid, None)
         self.last.pop(qid, None)
         self.running.pop(qid, None)
-        self._changed(q, now)
+        self._changed(q, now, old)
         self.segments.queries_changed(self, self._now(now))
-        return self._flush(now)
 
     def set_precision(self, qid, precision, now=None):
         self._catch_up(now)

@@ -12,6 +12,7 @@ class Protocol:
     kinds = AGGREGATES
     shrinks = False                    # whether the coordinator runs periodic shrinking
     local = False                      # a source's target depends only on the queries over it
+    replaces = False                   # queries_changed rebuilds all per-query state: replace in place
 
     def source_added(self, coord, key):
         self.apply(coord, key)

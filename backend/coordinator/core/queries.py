@@ -26,7 +26,7 @@ class Query:
 
     def norm(self):
         """Σ|K| over the query's sources, summed once (uniform widths ask for it at every birth)."""
-        n = getattr(self, "_norm", None)
+        n = self._norm
         if n is None:
             n = self._norm = math.fsum(abs(w) for w in self.weights.values())
         return n

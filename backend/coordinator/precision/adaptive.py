@@ -48,6 +48,7 @@ from backend.coordinator.precision.lsmr import lsmr
 
 INF = math.inf
 _MARGIN = 1e-9          # growth is applied with this relative margin so float sums stay within δ
+_ROUNDING = 1e-12       # a row over its budget by no more than its sum's rounding fits (uniform shares)
 
 
 class _PerKey:
@@ -108,14 +109,16 @@ class Rows:
         return [math.fsum(k * widths.get(s, 0.0) for s, k in c.items()) for c in self.coef]
 
     def fit(self, widths, rows=None):
-        """Scale down the members of every violated row (all rows, or those in ``rows``) to fit."""
+        """Scale down the members of every violated row (all rows, or those in ``rows``) to fit; a
+        member without a width (declared, not born yet) takes up nothing."""
         factor = {}
         for j, u in enumerate(self.used(widths)):
             b = self.budget[j]
-            if (rows is None or j in rows) and u > b:
+            if (rows is None or j in rows) and u > b * (1 + _ROUNDING):
                 f = b / u * (1 - _MARGIN) if u > 0 else 0.0
                 for s in self.coef[j]:
-                    factor[s] = min(factor.get(s, 1.0), f)
+                    if s in widths:
+                        factor[s] = min(factor.get(s, 1.0), f)
         for s, f in factor.items():
             widths[s] = widths[s] * f
         return widths
@@ -154,6 +157,7 @@ class Adaptive(Protocol):
     """Olston's adaptive filters: periodic shrink S every T, burden-driven greedy regrowth."""
     name = "adaptive"
     shrinks = True
+    replaces = True
 
     def __init__(self, cost=1.0, seed=0, immediate=True, rate=None, eps=1e-8, reports=0, memory=50, cap=None,
                  growth_cost=0.0):
@@ -260,10 +264,16 @@ class Adaptive(Protocol):
         one of its rows (or §3.4 lets a precision change wait), so a birth costs its own rows, not the fleet."""
         u = self.rows.uniform(key) if key in self.rows.of else INF
         use = self._room(coord, key, u) if self.immediate else None
+        if use is not None:
+            self._install(coord, key, u)
+            w = self._counted(coord.cache.sources[key], key) if u < INF else u   # a float32 board rounds it
+            if w != u:
+                use = {j: use[j] + k * (w - u) for j, k in self.rows.of[key]}
+                if not all(v <= self.rows.budget[j] * (1 - _MARGIN) for j, v in use.items()):
+                    use = None
         if use is None:
             self._settle(coord, fresh=(key,))
         else:
-            self._install(coord, key, u)
             self.use.update(use)
 
     def _room(self, coord, key, u):

@@ -9,6 +9,7 @@ class Naive(Protocol):
     """Send every reading: width 0 everywhere, so every change is reported."""
     name = "naive"
     local = True
+    replaces = True
 
     def target(self, coord, key):
         return 0.0, []
@@ -18,6 +19,7 @@ class Deadband(Protocol):
     """Static uniform allocation: each source gets the narrowest uniform share of its queries."""
     name = "deadband"
     local = True
+    replaces = True
 
     def target(self, coord, key):
         width = math.inf

@@ -159,6 +159,7 @@ class Estimated(Adaptive):
 
     def queries_changed(self, coord, now):
         self.cuts.reset(coord)
+        self.target, self.narrowing = {}, set()     # the settle re-plans every width
         Adaptive.queries_changed(self, coord, now)
 
     def _constraints(self, coord, key):
@@ -271,7 +272,7 @@ class Estimated(Adaptive):
         if self.floor is None:
             self.loan = self.guard if self.guard is not None else max(8.0, float(len(self.rows.of)))
             self.floor = -self.loan
-        if self.narrowing or self._guard(coord, t):
+        if self._confirming(coord) or self._guard(coord, t):
             return
         src = coord.cache.sources
         keys = [k for k in sorted(self.rows.of) if k in src and not self._silent(coord, k)]
@@ -309,7 +310,8 @@ class Estimated(Adaptive):
                 continue                # a widening that saves nothing is not worth its message
             gain += saving
             # the rate behind it is measured from n²/n2 decayed exits (plus the prior's pseudo-exits)
-            var += saving * saving / (st.n * st.n / st.n2 + prior) if st.n > 0 else 0.0
+            exits = (st.n * st.n / st.n2 if st.n > 0 else 0.0) + prior
+            var += saving * saving / exits if exits > 0 else INF
             msgs += self.cost(k) * (2.0 if w1 < w else 1.0)
             (narrow if w1 < w else widen).append(k)
         # the estimate's span (memory reports per source), but no longer than the run so far: a run
@@ -327,6 +329,18 @@ class Estimated(Adaptive):
             self.target[k] = want[k]
         if not self.narrowing:
             self._widen(coord)
+
+    def _confirming(self, coord):
+        """Whether a move's narrowings still wait for their acknowledgements. An offline source sends
+        none: it is waited for no more (its unconfirmed mirror still counts in ``_width``), and once none
+        is left the move's widenings are granted."""
+        if not self.narrowing:
+            return False
+        src = coord.cache.sources
+        self.narrowing = {k for k in self.narrowing if k in src and src[k].online}
+        if not self.narrowing:
+            self._widen(coord)
+        return True
 
     def _snap(self, want, weight, alpha):
         """On lattice sources, widths at the midpoint of the whole quanta they admit, the leftover

@@ -58,6 +58,7 @@ def solve(rows, var, cost, iters=1000):
 class OptimalStatic(Protocol):
     """Static widths from the App. F optimisation, fixed for as long as the queries are."""
     name = "optimal_static"
+    replaces = True
 
     def __init__(self, steps=None, cost=1.0, iters=1000):
         self.cost = _per_key(cost, "cost")

@@ -117,17 +117,18 @@ class Gateway:
             s.synced = True
         while s.synced and b"\n" in s.buf:
             line, s.buf = s.buf.split(b"\n", 1)
-            self._log(s)
+            held, s.held = s.held, None
             self.act(s, now, s.bridge.from_device(now, line))
+            self._log(s, held)
         if len(s.buf) > 512:
             s.buf = b""
 
     @staticmethod
-    def _log(sensor):
-        """Write the held sample to the ground truth. A board sends a sample's report right after the
-        sample, so once its next frame is read that report (if any) has been handled; the sample held
-        when the gateway stops is never logged, as its report may still be on the wire."""
-        a, sensor.held = sensor.held, None
+    def _log(sensor, a):
+        """Write sample action ``a`` (held since its frame) to the ground truth. A board sends a sample's
+        report right after the sample, so once the next frame has been handled that report (if any) has
+        gone out; the sample held when the gateway stops is never logged, as its report may still be on
+        the wire."""
         if a is not None and sensor.truth is not None:
             sensor.truth.write("%r,%s,%r\n" % (a[1], sensor.bridge.source, a[2] / SCALE))
 
@@ -190,7 +191,7 @@ class Gateway:
             s.port.close()
             if s.truth is not None:
                 s.truth.close()
-            out[s.name] = dict(s.bridge.stats, unlogged=int(s.held is not None))   # see _log
+            out[s.name] = dict(s.bridge.stats, unlogged=int(s.held is not None and s.truth is not None))   # see _log
         if self.relay is not None:
             self.own.publish(self.prefix + "state", codec.encode("gone", {"boot": self.relay.boot}), qos=1,
                              retain=True).wait_for_publish(2)
