@@ -237,8 +237,16 @@ def test_the_guard_credits_only_the_messages_a_move_really_sends(tmp_path, monke
 
 
 def _decide(n_eff, rates_, t=1e6):
+    """The number of moves one reallocation makes (``_primed``)."""
+    p, coord = _primed(n_eff, rates_, t)
+    moves = p.stats["moves"]
+    p._reallocate(coord, t)
+    return p.stats["moves"] - moves
+
+
+def _primed(n_eff, rates_, t):
     """An AVG protocol after a short run, its exit statistics replaced by ``n_eff`` exits per source
-    at the rates ``rates_`` (uniform widths); returns the widths one reallocation sends."""
+    at the rates ``rates_`` (uniform widths), and its coordinator."""
     ids = ["s%d" % i for i in range(len(rates_))]
     spec = {"seed": 1, "duration": 200, "queries": [{"id": "a", "kind": "avg", "sources": "all", "precision": 4.0}],
             "sources": {"generator": "random_walk", "count": len(ids), "start": [90, 110], "step": [0.1, 0.1]}}
@@ -254,9 +262,7 @@ def _decide(n_eff, rates_, t=1e6):
         st.lw = n_eff * math.log(st.eff(st.w))
     p.since, p.seen, p.count, p.narrowing, p.target, p.credit = 0.0, p.memory * len(ids), 0, set(), {}, []
     p.static, p.spent, p.floor, p.loan, p.until = 0.0, 0.0, -8.0, 8.0, -math.inf
-    moves = p.stats["moves"]
-    p._reallocate(coord, t)
-    return p.stats["moves"] - moves
+    return p, coord
 
 
 def test_a_move_is_made_only_when_its_saving_stands_clear_of_the_noise_in_the_measured_rates():
@@ -266,3 +272,20 @@ def test_a_move_is_made_only_when_its_saving_stands_clear_of_the_noise_in_the_me
     rates_ = [1e-3, 3e-3]
     assert _decide(400, rates_) == 1        # the narrowing goes first; the widening follows its acknowledgement
     assert _decide(8, rates_) == 0
+
+
+def test_a_narrowing_that_will_never_be_acknowledged_stops_no_reallocation():
+    # a move waits for its narrowings' acknowledgements before it widens; a source that went offline (or
+    # left every query) sends none, and the group waited for it for good: no reallocation ever again
+    p, coord = _primed(400, [1e-3, 3e-3], 1e6)
+    p._reallocate(coord, 1e6)
+    assert p.narrowing == {"s0"} and set(p.target) == {"s0", "s1"}   # s0 narrows; s1 widens once it is confirmed
+    w1 = coord.cache.sources["s1"].filt.width
+    coord.cache.set_online("s0", False)
+    p._reallocate(coord, 1e6 + 1)
+    assert not p.narrowing and not p.target
+    assert coord.cache.sources["s1"].filt.width == w1                # s0's unconfirmed mirror still counts:
+    assert sum(p._width(s) for s in coord.cache.sources.values()) <= 8.0   # no room to widen s1 into
+    moves = p.stats["reallocations"]
+    p._reallocate(coord, 1e6 + 2)
+    assert p.stats["reallocations"] == moves + 1                     # the group reallocates again
