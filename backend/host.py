@@ -338,7 +338,7 @@ class Host:
         try:
             out = self.coord.add_query(spec, self.event_time(now))
         except QueryError as e:
-            return self._bad(qid, str(e))
+            return self.coord.drain() + self._bad(qid, str(e))
         self.specs[qid] = spec
         return out
 
@@ -359,7 +359,7 @@ class Host:
                     self.specs.pop(qid)
                     if qid in self.coord.queries:   # the grown spec was refused: the old query goes too
                         out += self.coord.remove_query(qid, self.event_time(now))
-                    out += self._bad(qid, str(e))
+                    out += self.coord.drain() + self._bad(qid, str(e))
         for qid, spec in sorted(self.pending.items()):
             if not self._waits(qid):
                 del self.pending[qid], self._left[qid]

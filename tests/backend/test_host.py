@@ -188,6 +188,57 @@ def test_births_into_a_registered_query_cost_their_own_rows_not_the_fleet(protoc
     assert looked[0] <= 12 * n, looked[0]
 
 
+@pytest.mark.parametrize("protocol", ["deadband", "adaptive"])
+def test_float32_boards_in_an_all_query_hear_nothing_when_another_is_born(protocol):
+    # a float32 board's mirror holds its width rounded to float32; a target compared unrounded (δ = 0.1 is
+    # not a float32) always differed, and every birth narrowed every board: O(n²) messages
+    from edge.core.float32 import f32
+    h = Host(protocol=protocol, t0=0.0)
+    h.spec(0.5, "tot", {"kind": "avg", "sources": "all", "precision": 0.1})
+    agents = {}
+    for k in range(12):
+        dev, now = "d%d" % k, 1.0 + k
+        agents[dev] = Agent(dev, ["s%d" % k], boot=1, rnd=f32)
+        agents[dev].handle_sample(now, 0, float(k))
+        out = _pump(h, agents, now, h.record(now, dev, "state", agents[dev].start(now)[0][1]))
+        assert {a[1] for a in out if a[0] == "down"} == {dev}, (k, out)
+        assert all(s.filt.width == f32(0.1) for s in h.coord.cache.sources.values())
+
+
+def test_a_lag_query_under_a_remove_and_add_protocol_keeps_its_devices_in_segment_mode_across_births():
+    # brownian keeps per-query state, so an "all" query takes newborns in by a removal and an addition; the
+    # removal alone took every device out of segment mode (and the addition put it back), restarting the
+    # query's final answers at every birth. Oracle: only the newborn is told its segment mode.
+    h = Host(protocol="brownian", latency=0.5, t0=0.0)
+    h.spec(0.5, "q", {"kind": "sum", "sources": "all", "precision": 2.0, "lag": 2.0})
+    agents, start = {}, None
+    for k in range(6):
+        dev, now = "d%d" % k, 1.0 + k
+        agents[dev], birth = born(dev, ["s%d" % k], [float(k)], now)
+        out = h.record(now, dev, "state", birth) + h.record(now + 0.6, None, "tick", b"")   # births wait λ
+        told = [a[1] for a in out if a[0] == "down" and codec.decode(a[2])[0] == "segment"]
+        assert told == [dev], (k, told)
+        start = h.coord.segments.start["q"] if start is None else start
+        assert h.coord.segments.start["q"] == start                    # its final answers go on from there
+        _pump(h, agents, now + 0.6, out)
+
+
+def test_a_relay_join_a_birth_makes_invalid_is_dropped_by_the_relays_at_once():
+    # a join needs two sources; a third relay born into a join over "all" makes the protocol refuse it,
+    # and the removal's moq (op 0) to the first two was left queued with nothing due to send it
+    from edge.core.relay import RelayNode
+    h = Host(protocol="relay", declared=["r0", "r1"], t0=0.0)
+    h.spec(0.5, "j", {"kind": "join", "sources": "all", "span": 5, "window": [0, 100]})
+    moq = []
+    for k in range(3):
+        dev, now = "r%d" % k, 1.0 + k
+        out = h.record(now, dev, "state", RelayNode(dev, boot=k + 1).start(now)[0][1])
+        moq = [(a[1], codec.decode(a[2])[1]["op"]) for a in out if a[0] == "down" and codec.decode(a[2])[0] == "moq"]
+    assert "j" not in h.coord.queries and ("error", "j") in [a[:2] for a in out]
+    assert {"r0", "r1"} <= {d for d, op in moq if op == 0}, moq           # the two that ran the join
+    assert h.coord.drain() == []
+
+
 def test_a_birth_that_would_overfill_a_row_settles_the_fleet():
     # adaptive's fast path gives a newborn its share only when its rows have room; when moved widths
     # filled a row, the birth settles every width (oracle: Rows.fit of the widths with the newborn at its

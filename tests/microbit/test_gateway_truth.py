@@ -20,9 +20,11 @@ def test_a_sample_is_in_the_ground_truth_only_once_its_report_has_reached_the_br
            "sensors": [{"name": "b0", "port": os.ttyname(slave)}]}
     gw = Gateway(cfg)
     s = gw.sensors[0]
-    fed, from_device = set(), s.bridge.from_device
-    s.bridge.from_device = lambda now, line: fed.add(line) or from_device(now, line)
+    fed, acted, cur, from_device, act = set(), set(), [None], s.bridge.from_device, gw.act
+    s.bridge.from_device = lambda now, line: fed.add(line) or cur.__setitem__(0, line) or from_device(now, line)
+    gw.act = lambda sensor, now, actions: act(sensor, now, actions) or acted.add(cur[0])   # a frame's actions done
     board = Board(seed=5)
+    s.truth = _Checked(s.truth, board, acted)
     board.a.h = 600                             # a half-width the walk (steps up to 400) leaves often
     rng = random.Random(5)
     wire = b"junk\n"                            # the gateway drops the first line read (it may be partial)
@@ -50,10 +52,30 @@ def test_a_sample_is_in_the_ground_truth_only_once_its_report_has_reached_the_br
     s.truth.close()
     with open(os.path.join(str(tmp_path), "truth-b0.csv")) as f:
         logged = len(f.readlines())
-    # each sample frame in order, with the report frame the board sent right after it (None: no report)
-    pairs = [(line, board.lines[i + 1] if i + 1 < len(board.lines) and board.lines[i + 1].startswith(b"R ")
-              else None) for i, line in enumerate(board.lines) if line.startswith(b"V ")]
+    pairs = _pairs(board.lines)
+    assert s.truth.ok == [True] * logged                    # each sample logged once its report had gone out
     assert logged == len(pairs) - 1 and sum(1 for _, r in pairs[:logged] if r is not None) > 20
     assert all(v in fed and (r is None or r in fed) for v, r in pairs[:logged])
     os.close(master)
     os.close(slave)
+
+
+def _pairs(lines):
+    """Each sample frame in order, with the report frame the board sent right after it (None: no report)."""
+    return [(line, lines[i + 1] if i + 1 < len(lines) and lines[i + 1].startswith(b"R ") else None)
+            for i, line in enumerate(lines) if line.startswith(b"V ")]
+
+
+class _Checked:
+    """A truth file noting, at each sample written, whether that sample's report frame had been acted on."""
+
+    def __init__(self, f, board, acted):
+        self.f, self.board, self.acted, self.ok = f, board, acted, []
+
+    def write(self, text):
+        _, report = _pairs(self.board.lines)[len(self.ok)]
+        self.ok.append(report is None or report in self.acted)
+        return self.f.write(text)
+
+    def close(self):
+        self.f.close()

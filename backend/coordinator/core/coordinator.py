@@ -112,7 +112,7 @@ class Coordinator(Resync, Uplink):
             raise QueryError("query %s is not registered" % q.id)
         if self.protocol.replaces:
             return self._register(q, now, old)
-        self._unregister(q.id, now)
+        self._unregister(q.id, now, segments=False)    # the segment mirror changes once, with the addition
         return self._register(q, now, None)
 
     def _parse(self, spec):
@@ -142,9 +142,9 @@ class Coordinator(Resync, Uplink):
         self._unregister(qid, now)
         return self._flush(now)
 
-    def _unregister(self, qid, now, old=None):
+    def _unregister(self, qid, now, old=None, segments=True):
         """Drop query ``qid`` and revisit its sources (and ``old``'s, a query it was replacing); the
-        protocol's messages stay queued for the caller's flush."""
+        protocol's messages stay queued for the caller's flush (``drain`` after a refusal)."""
         q = self.queries.pop(qid)
         for s in q.sources:
             self.by_source[s].pop(qid, None)
@@ -152,7 +152,12 @@ class Coordinator(Resync, Uplink):
         self.last.pop(qid, None)
         self.running.pop(qid, None)
         self._changed(q, now, old)
-        self.segments.queries_changed(self, self._now(now))
+        if segments:
+            self.segments.queries_changed(self, self._now(now))
+
+    def drain(self):
+        """The messages queued and not returned yet: a refused query change returns none."""
+        return self._flush(None)
 
     def set_precision(self, qid, precision, now=None):
         self._catch_up(now)

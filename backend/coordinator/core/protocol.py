@@ -64,7 +64,7 @@ class Protocol:
         f = coord.cache.sources[key].filt
         if cons != f.cons or (force and cons):
             coord.assign_filter(key, width, cons)
-        elif width != f.width or force:
+        elif f._r(width) != f.width or force:      # as the mirror stores it (float32 boards)
             coord.assign_width(key, width)
 
 

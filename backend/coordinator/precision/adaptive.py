@@ -232,7 +232,7 @@ class Adaptive(Protocol):
         if cons != s.filt.cons:
             self._moved(key)
             coord.assign_filter(key, width, cons)
-        elif width != s.filt.width:
+        elif s.filt._r(width) != s.filt.width:    # as the mirror stores it (float32 boards)
             if width < s.filt.width:
                 self.stats["narrow"] += 1
             self._moved(key)

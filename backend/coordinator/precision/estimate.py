@@ -262,7 +262,7 @@ class Estimated(Adaptive):
         self.target, self.narrowing, self.credit = {}, set(), []
         for key in sorted(self.rows.of):
             s = coord.cache.sources.get(key)
-            if s is not None and s.filt.width != self.rows.uniform(key) and not self._silent(coord, key):
+            if s is not None and s.filt.width != s.filt._r(self.rows.uniform(key)) and not self._silent(coord, key):
                 self._send(coord, key, self.rows.uniform(key))
         self.loan /= 2.0                # each later try may lose half as much as the one before
         self.floor = self.static - self.spent - self.loan

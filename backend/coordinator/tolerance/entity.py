@@ -202,7 +202,7 @@ class EntityProtocol(Protocol):
     def install(self, coord, key, force=False):
         width, cons = self.target(coord, key)
         f = coord.cache.sources[key].filt
-        if force or cons != f.cons or width != f.width:
+        if force or cons != f.cons or f._r(width) != f.width:
             self.stats["filters"] += 1
             coord.assign_filter(key, width, cons, ack=0)
 
