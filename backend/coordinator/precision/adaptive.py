@@ -80,25 +80,29 @@ class Rows:
     def __init__(self, queries, phi=lambda key: 0.0):
         self.coef = []          # row j -> {key: |K_ij|}
         self.budget = []        # row j -> b_j (never negative)
+        self.share = []         # row j -> the equal width b_j/Σ_i|K_ij|
         self.query = []         # row j -> query id
         for qid in sorted(queries):
             q = queries[qid]
             if q.kind in ("avg", "sum"):
                 c = {s: abs(q.weights[s]) for s in q.sources}
-                b = q.precision * (len(q.sources) if q.kind == "avg" else 1)
-                self._add(qid, c, b - math.fsum(c[s] * phi(s) for s in c))
+                m, norm = (len(q.sources) if q.kind == "avg" else 1), q.norm()
+                pad = math.fsum(c[s] * phi(s) for s in c)
+                # δ·(m/Σ|K|): exactly δ for an AVG of unit weights, whatever n (δ·n/n is an ulp off at
+                # some n, and a share that flips by an ulp between births re-sends every unconfirmed width)
+                self._add(qid, c, q.precision * m - pad, q.precision * (m / norm) - pad / norm)
             elif q.kind in ("min", "max"):
                 for s in q.sources:
-                    self._add(qid, {s: 1.0}, q.precision - phi(s))
-        self.share = [b / math.fsum(c.values()) for b, c in zip(self.budget, self.coef)]   # equal width per row
+                    self._add(qid, {s: 1.0}, q.precision - phi(s), q.precision - phi(s))
         self.of = {}            # key -> [(row, |K|)]
         for j, c in enumerate(self.coef):
             for s, k in c.items():
                 self.of.setdefault(s, []).append((j, k))
 
-    def _add(self, qid, coef, budget):
+    def _add(self, qid, coef, budget, share):
         self.coef.append(coef)
         self.budget.append(max(0.0, budget))
+        self.share.append(max(0.0, share))
         self.query.append(qid)
 
     def uniform(self, key):
