@@ -17,3 +17,13 @@ def test_bench_smoke(tmp_path):
             assert float(r["vs_deadband"]) == 1.0 and float(r["vs_naive"]) < 1.0
     for r in csv.DictReader(open(tmp_path / "clairvoyant.csv")):
         assert int(r["reports"]) >= int(r["clairvoyant_min"]) > 0
+
+
+def test_births_bench_costs_each_newborn_its_own_messages():
+    # backend.bench_births: a birth into an "all" AVG costs its device a setup, width ∞ (before the query
+    # takes it in) and its width; unacknowledged, a narrowing may be sent once more, never anyone else's
+    from backend import bench_births
+    for protocol in ("deadband", "adaptive"):
+        assert bench_births.run(protocol, 60, 0.1, 1)[0] == 3 * 60
+        for lag in (10, 0):
+            assert 3 * 60 <= bench_births.run(protocol, 60, 0.1, lag)[0] <= 4 * 60
