@@ -8,6 +8,7 @@ import pytest
 
 import drivers
 from backend import host
+from backend.bench_births import pump as _pump
 from backend.host import Host
 from backend.spark import job
 from edge.agent import Agent
@@ -97,19 +98,6 @@ def test_a_waiting_spec_over_many_sources_registers_at_its_last_birth_at_linear_
     assert h.coord.queries["big"].sources == names and answers(out)[0]["lo"] <= sum(range(n)) <= answers(out)[0]["hi"]
     # each source is looked for until it is born, not once per birth (that was n²/2 = 45,000 here)
     assert _Counted.tests <= 12 * n, _Counted.tests
-
-
-def _pump(h, agents, now, out):
-    """Deliver the Host's downlinks to the agents and their replies back, until quiet; every output."""
-    seen, queue = list(out), list(out)
-    while queue:
-        act = queue.pop(0)
-        if act[0] == "down" and act[1] in agents:
-            for _, payload in agents[act[1]].handle_message(now, act[2]):
-                more = h.record(now, act[1], "up", payload)
-                seen += more
-                queue += more
-    return seen
 
 
 @pytest.mark.parametrize("acked", [True, False])
