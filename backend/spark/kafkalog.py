@@ -114,13 +114,21 @@ class KafkaLog:
 
     def _tail(self, timeout=30.0):
         """The highest log offset already in the topic (-1 if none): the last record of each partition."""
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
         c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "qf-tail", "enable.auto.commit": False,
                       "logger": logging.getLogger("quietfleet.kafka.client")})
         try:
             best = -1
             for p in range(self.partitions):
-                lo, hi = c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)
+                end = time.monotonic() + timeout
+                while True:
+                    try:    # a topic just created may answer "not leader" for a moment
+                        lo, hi = c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)
+                        break
+                    except KafkaException:
+                        if time.monotonic() > end:
+                            raise
+                        time.sleep(0.2)
                 if hi <= lo:
                     continue
                 c.assign([TopicPartition(self.topic, p, hi - 1)])
