@@ -135,7 +135,7 @@ class KafkaBroker:
         if os.path.exists(os.path.join(self.workdir, "data", "meta.properties")):
             return
         cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        p = subprocess.run(self._cmd("kafka.tools.StorageTool", "format", "-t", cluster, "-c", self.config,
+        p = subprocess.run(self._cmd("kafka.tools.StorageTool", "format", "--cluster-id=" + cluster, "--config=" + self.config,
                                      "--ignore-formatted"), capture_output=True, text=True, timeout=120)
         if p.returncode != 0:
             raise KafkaError("formatting the KRaft storage failed: %s" % (p.stderr or p.stdout)[-2000:])

@@ -84,7 +84,7 @@ class KafkaLog:
         self._errors = []
         self._closing = False
         self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                                  "message.timeout.ms": 0, "linger.ms": linger_ms, "message.max.bytes": MAX_MESSAGE,
+                                  "message.timeout.ms": 0, "linger.ms": linger_ms, "reconnect.backoff.max.ms": 1000, "message.max.bytes": MAX_MESSAGE,
                                   "logger": quiet, "error_cb": self._error})
         # records that route to no group (a tick before any query) leave no row: their numbers are kept in
         # DIR/next (not fsynced: after a machine crash numbering resumes at the tail, reusing only numbers
