@@ -1,4 +1,4 @@
-"""A Kafka broker in KRaft mode (no ZooKeeper) on loopback, started by the project (DESIGN.md §6 Ingest).
+"""A Kafka broker in KRaft mode (no ZooKeeper), started by the project (DESIGN.md §6 Ingest).
 
 ``KafkaBroker(workdir).start()`` runs one combined broker + controller process from the Maven Central
 jars that ``scripts/kafka/fetch.sh`` (called by ``scripts/setup.sh``) put in ``.cache/kafka/broker``:
@@ -9,8 +9,9 @@ SIGKILL after ``timeout``); ``kill()`` is SIGKILL (a crash); ``start()`` again r
 ports and data, so clients that know ``bootstrap`` reconnect by themselves. ``create_topic`` makes a
 fleet's topic. The same class serves tests, benchmarks and ``quietfleet backend --ingest kafka``.
 
-On several machines run Kafka as usual (``bin/kafka-server-start.sh`` with the same properties,
-``listeners``/``advertised.listeners`` on the host's address) and give ``--kafka HOST:PORT``.
+On several machines, ``python -m backend.spark.kafkabroker --dir DIR --host ADDRESS --port 9092`` runs the
+same broker on the Kafka machine's address until SIGTERM (or run any Kafka cluster you have), and
+``quietfleet backend --ingest kafka --kafka ADDRESS:9092`` produces to it.
 """
 import atexit
 import base64
@@ -68,14 +69,16 @@ def _java():
 class KafkaBroker:
     """One KRaft broker+controller on 127.0.0.1 with its data under ``workdir``."""
 
-    def __init__(self, workdir, partitions=2, heap="512m", timeout=90.0, port=None):
+    def __init__(self, workdir, partitions=2, heap="512m", timeout=90.0, port=None, host="127.0.0.1",
+                 controller_port=None):
         self.workdir = os.path.abspath(workdir)
+        self.host = host                      # the address it listens on and advertises
         self.partitions = partitions          # default partitions of a new topic
         self.heap = heap
         self.timeout = timeout
         self.port = port or free_port()
-        self.controller_port = free_port()
-        self.bootstrap = "127.0.0.1:%d" % self.port
+        self.controller_port = controller_port or free_port()
+        self.bootstrap = "%s:%d" % (host, self.port)
         self.proc = None
         self.log_path = os.path.join(self.workdir, "server.log")
 
@@ -86,8 +89,8 @@ class KafkaBroker:
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": "1@127.0.0.1:%d" % self.controller_port,
-            "listeners": "PLAINTEXT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d" % (self.port, self.controller_port),
-            "advertised.listeners": "PLAINTEXT://127.0.0.1:%d" % self.port,
+            "listeners": "PLAINTEXT://%s:%d,CONTROLLER://127.0.0.1:%d" % (self.host, self.port, self.controller_port),
+            "advertised.listeners": "PLAINTEXT://%s:%d" % (self.host, self.port),
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
@@ -229,3 +232,35 @@ def create_topic(admin, topic, partitions, config=None, timeout=60.0):
         if time.monotonic() > end:
             raise KafkaError("topic %s has no leaders after %.0f s" % (topic, timeout))
         time.sleep(0.1)
+
+
+def main(argv=None):
+    """``python -m backend.spark.kafkabroker --dir DIR [--host ADDRESS] [--port 9092]``: run a broker until SIGTERM."""
+    import argparse
+    import threading
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--dir", required=True, help="data, logs and server.properties (kept across restarts)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on and advertise to clients")
+    ap.add_argument("--port", type=int, default=9092)
+    ap.add_argument("--controller-port", type=int, default=9093, help="KRaft controller port (on loopback)")
+    ap.add_argument("--partitions", type=int, default=2, help="partitions of a new topic")
+    args = ap.parse_args(argv)
+    ensure_jars()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    b = KafkaBroker(args.dir, args.partitions, port=args.port, host=args.host,
+                    controller_port=args.controller_port).start()
+    print("kafka: KRaft broker at %s, data in %s" % (b.bootstrap, b.workdir), flush=True)
+    try:
+        while not stop.wait(1.0):
+            if b.proc is None or b.proc.poll() is not None:
+                print("kafka: the broker exited; see %s" % b.log_path)
+                return 1
+    finally:
+        b.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

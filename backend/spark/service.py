@@ -60,8 +60,9 @@ class Backend:
             return spool, spool.path
         from backend.spark import kafkabroker, kafkalog
         if self.kafka is None:
-            self.broker = kafkabroker.KafkaBroker(os.path.join(self.directory, "kafka"),
-                                                  partitions=self.kafka_partitions, port=self._kafka_port()).start()
+            port, controller = self._kafka_ports()
+            self.broker = kafkabroker.KafkaBroker(os.path.join(self.directory, "kafka"), partitions=self.kafka_partitions,
+                                                  port=port, controller_port=controller).start()
             bootstrap = self.broker.bootstrap
         else:
             bootstrap = self.kafka
@@ -70,19 +71,20 @@ class Backend:
                                 groups=os.path.join(self.directory, "groups") if self.groups else None)
         return log, kafkalog.Topic(bootstrap, topic)
 
-    def _kafka_port(self):
-        """The port of our broker's last run (so a restarted job's checkpoint finds its topic), else a free one."""
-        path = os.path.join(self.directory, "kafka", "port")
+    def _kafka_ports(self):
+        """The ports of our broker's last run (the restarted job's checkpoint names its bootstrap), else free ones."""
+        path = os.path.join(self.directory, "kafka", "ports")
         try:
             with open(path) as f:
-                return int(f.read())
+                port, controller = map(int, f.read().split())
+            return port, controller
         except (OSError, ValueError):
             from backend.spark.kafkabroker import free_port
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            port = free_port()
+            port, controller = free_port(), free_port()
             with open(path, "w") as f:
-                f.write("%d\n" % port)
-            return port
+                f.write("%d %d\n" % (port, controller))
+            return port, controller
 
     def start(self):
         os.makedirs(self.directory, exist_ok=True)
