@@ -80,7 +80,7 @@ def test_job_on_kafka_on_two_workers_one_killed_mid_run(tmp_path, kafka_broker):
     of two one-core workers; one worker (and its executor) is SIGKILLed mid-run, its tasks and state
     move to the other: the answers equal the in-process reference's, every record applied once."""
     from backend.spark.kafkalog import KafkaLog
-    records, ref = record(SETTINGS, duration=15.0, seed=3)
+    records, ref = record(SETTINGS, duration=10.0, seed=3)
     out, topic = str(tmp_path / "out"), "qf.rec.cluster"
     cuts = [len(records) // 3, 2 * len(records) // 3, len(records)]
     with Standalone(str(tmp_path / "cluster"), workers=2, cores=1, memory="1g") as cluster, \
