@@ -2,7 +2,7 @@
 
 Plan of one micro-batch::
 
-    qfspool source (offset range)  ->  key = query group  ->  transformWithStateInPandas(CoordinatorProcessor,
+    qfspool source (offset range) or Spark's Kafka source (kafkalog.Topic)  ->  key = query group  ->  transformWithStateInPandas(CoordinatorProcessor,
     RocksDB state store)  ->  foreachBatch(Sink): ctl downlinks (QoS 1), answers (retained QoS 0),
     Parquet answer table, status.json
 
@@ -30,6 +30,12 @@ components of devices, sources and queries, a device wholly in one group since i
 and downlink need a single owner), one ``Host`` per group, so independent groups run in parallel on
 every core and executor; a merge retires the younger group's key and its devices re-birth into the
 older one. Rows are ordered by the spool offset of the record that caused them (``at``), then group.
+
+Kafka (``--ingest kafka``, ``backend.spark.kafkalog``): the bridge numbers the records as the spool does,
+routes them (by fleet, or by query group with the same ``Router``) and produces each row keyed by its
+group; ``source`` reads them with Spark's Kafka source into the spool source's columns, and everything
+after it is shared. Spark's checkpoint holds the Kafka offsets of every planned batch, so a replayed
+batch reads the same rows: exactly once as on the spool.
 """
 import json
 import math

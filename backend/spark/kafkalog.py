@@ -13,9 +13,11 @@ partitions, as a spool offset) and becomes one Kafka record per row it routes to
   rows), journalled in ``DIR/journal`` so a restarted bridge has the same table.
 
 A row's Kafka key is its group and its partition ``crc32(group) mod partitions``, so a group's rows stay
-in order in one partition whatever the topic's size. The value is JSON ``{"o": offset, "s": sub, "a":
-arrival, "d": device, "c": channel, "r": retained, "p": base64 payload}`` (readable with any Kafka tool;
-Spark decodes it with ``from_json``, no Python).
+in order in one partition whatever the topic's size. The value is the MQTT payload itself, untouched (as
+the MQTT brokers' Kafka bridges produce it); one record header ``qf`` carries the rest as text,
+``offset NUL sub NUL arrival NUL device NUL channel NUL retained`` (device and channel empty for the
+log's own records: a QuietFleet topic never has an empty level), which Spark splits with SQL functions,
+no Python (``read``).
 
 Delivery: an idempotent producer (``enable.idempotence``: acks from all in-sync replicas, retries
 without duplicates or reordering) with no delivery time-out, and ``append`` returns only once Kafka
@@ -28,8 +30,6 @@ Reader: ``read(spark, bootstrap, topic)`` is the streaming DataFrame the job con
 own Kafka source (``spark-sql-kafka-0-10``, jars from ``.cache/kafka/spark``, checkpointed offsets),
 with the spool source's columns: ``grp, offset, sub, arrival, device, channel, payload, retained``.
 """
-import base64
-import json
 import logging
 import math
 import os
@@ -41,7 +41,7 @@ from backend.spark.source import parse_topic, route, RETAINED
 
 log = logging.getLogger("quietfleet.kafka")
 
-VALUE_SCHEMA = "o long, s int, a double, d string, c string, r boolean, p string"
+HEADER = "qf"
 
 
 def topic_name(fleet):
@@ -53,15 +53,15 @@ def partition_of(group, partitions):
     return zlib.crc32(group.encode()) % partitions
 
 
-def encode(offset, sub, arrival, device, channel, payload, retained):
-    return json.dumps({"o": offset, "s": sub, "a": arrival, "d": device, "c": channel, "r": bool(retained),
-                       "p": base64.b64encode(bytes(payload)).decode() if payload is not None else None},
-                      separators=(",", ":")).encode()
+def header(offset, sub, arrival, device, channel, retained):
+    """The ``qf`` header of a row (``repr`` of the arrival: Spark's cast to double reads it back exactly)."""
+    return ("%d\0%d\0%r\0%s\0%s\0%d" % (offset, sub, arrival, device or "", channel or "", 1 if retained else 0)).encode()
 
 
-def decode(value):
-    v = json.loads(value)
-    return (v["o"], v["s"], v["a"], v["d"], v["c"], None if v["p"] is None else base64.b64decode(v["p"]), v["r"])
+def decode(value, headers):
+    """``(offset, sub, arrival, device, channel, payload, retained)`` of a Kafka record."""
+    meta = dict(headers or ())[HEADER].decode().split("\0")
+    return (int(meta[0]), int(meta[1]), float(meta[2]), meta[3] or None, meta[4] or None, value, meta[5] == "1")
 
 
 class KafkaLogError(OSError):
@@ -71,7 +71,7 @@ class KafkaLogError(OSError):
 class KafkaLog:
     """Producer of a fleet's log records to ``topic`` (created with ``partitions`` if missing)."""
 
-    def __init__(self, bootstrap, topic, fleet, groups=None, partitions=2, linger_ms=1):
+    def __init__(self, bootstrap, topic, fleet, groups=None, partitions=2, linger_ms=5):
         from confluent_kafka import Producer
         from confluent_kafka.admin import AdminClient
         from backend.spark.kafkabroker import MAX_MESSAGE, create_topic
@@ -136,7 +136,7 @@ class KafkaLog:
                 while True:
                     m = c.poll(1.0)
                     if m is not None and not m.error():
-                        best = max(best, decode(m.value())[0])
+                        best = max(best, decode(m.value(), m.headers())[0])
                         break
                     if time.monotonic() > end:
                         raise KafkaLogError("could not read the tail of %s partition %d" % (self.topic, p))
@@ -165,12 +165,13 @@ class KafkaLog:
         def delivered(err, msg):
             if err is not None:
                 failed.append(err)
+        produce, topic, partitions = self.producer.produce, self.topic, self.partitions
         for grp, sub, offset, arrival, _topic, device, channel, payload, retained in rows:
-            value = encode(offset, sub, arrival, device, channel, payload, retained)
+            meta = [(HEADER, header(offset, sub, arrival, device, channel, retained))]
             while True:
                 try:
-                    self.producer.produce(self.topic, value, grp.encode(), partition=partition_of(grp, self.partitions),
-                                          on_delivery=delivered)
+                    produce(topic, payload, grp, partition=partition_of(grp, partitions), headers=meta,
+                            on_delivery=delivered)
                     break
                 except BufferError:         # the local queue is full: let deliveries drain it
                     self.producer.poll(0.05)
@@ -223,8 +224,10 @@ def read(spark, bootstrap, topic, options=None):
               .option("subscribe", topic).option("startingOffsets", "earliest").option("failOnDataLoss", "true"))
     for k, v in (options or {}).items():
         reader = reader.option(k, str(v))
-    v = F.from_json(F.col("value").cast("string"), VALUE_SCHEMA)
-    return (reader.load().select(F.col("key").cast("string").alias("grp"), v.alias("v"))
-            .select("grp", F.col("v.o").alias("offset"), F.col("v.s").alias("sub"), F.col("v.a").alias("arrival"),
-                    F.col("v.d").alias("device"), F.col("v.c").alias("channel"),
-                    F.unbase64(F.col("v.p")).alias("payload"), F.col("v.r").alias("retained")))
+    reader = reader.option("includeHeaders", "true")
+    meta = F.split(F.element_at("headers", 1).getField("value").cast("string"), "\u0000")
+    return (reader.load().select(F.col("key").cast("string").alias("grp"), meta.alias("m"), F.col("value"))
+            .select("grp", F.col("m")[0].cast("long").alias("offset"), F.col("m")[1].cast("int").alias("sub"),
+                    F.col("m")[2].cast("double").alias("arrival"), F.expr("nullif(m[3], '')").alias("device"),
+                    F.expr("nullif(m[4], '')").alias("channel"), F.col("value").alias("payload"),
+                    (F.col("m")[5] == "1").alias("retained")))

@@ -51,7 +51,7 @@ def test_the_kafka_log_keeps_a_groups_rows_in_one_partition_in_order(kafka_broke
             got += 1
             grp = m.key().decode()
             assert kafkalog.partition_of(grp, 2) == p
-            seen.setdefault(grp, []).append(kafkalog.decode(m.value())[:2])
+            seen.setdefault(grp, []).append(kafkalog.decode(m.value(), m.headers())[:2])
     c.close()
     assert len(seen) >= 3
     assert all(rows == sorted(rows) for rows in seen.values())

@@ -43,7 +43,7 @@ def _topic_records(bootstrap, topic):
             while lo < hi:
                 m = c.poll(5.0)
                 assert m is not None and not m.error()
-                rows.append(kafkalog.decode(m.value()))
+                rows.append(kafkalog.decode(m.value(), m.headers()))
                 lo += 1
     finally:
         c.close()
