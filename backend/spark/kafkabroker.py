@@ -61,6 +61,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+def _die_with_parent():
+    """In the child before exec: SIGTERM when the thread that started the broker ends, the process too
+    even by SIGKILL (Linux ``PR_SET_PDEATHSIG``), so no broker is left holding the ports: start it from a
+    thread that lives as long as it should (the main thread)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
 def _java():
     home = os.environ.get("JAVA_HOME")
     return os.path.join(home, "bin", "java") if home else "java"
@@ -150,7 +161,8 @@ class KafkaBroker:
         self._format()
         out = open(os.path.join(self.workdir, "stdout.log"), "ab")
         self.proc = subprocess.Popen(self._cmd("kafka.Kafka", self.config), stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.workdir)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.workdir,
+                                     preexec_fn=_die_with_parent)
         out.close()
         atexit.register(self.stop)
         self._wait_ready()
