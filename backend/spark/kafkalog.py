@@ -83,9 +83,10 @@ class KafkaLog:
         self.router = self.journal.router(math.inf) if groups else None
         self._errors = []
         self._closing = False
-        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                                  "message.timeout.ms": 0, "linger.ms": linger_ms, "reconnect.backoff.max.ms": 1000, "message.max.bytes": MAX_MESSAGE,
-                                  "logger": quiet, "error_cb": self._error})
+        self._config = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                        "message.timeout.ms": 0, "linger.ms": linger_ms, "reconnect.backoff.max.ms": 1000,
+                        "message.max.bytes": MAX_MESSAGE, "logger": quiet, "error_cb": self._error}
+        self.producer = Producer(self._config)
         # records that route to no group (a tick before any query) leave no row: their numbers are kept in
         # DIR/next (not fsynced: after a machine crash numbering resumes at the tail, reusing only numbers
         # that no row carries)
@@ -178,9 +179,16 @@ class KafkaLog:
         while len(self.producer) > 0:
             self.producer.flush(0.2)
             if self._errors or self._closing:
-                raise KafkaLogError("kafka producer: %s" % (self._errors or "closing"))
-        if failed:
-            raise KafkaLogError("kafka refused %d rows: %s" % (len(failed), failed[0]))
+                break
+        if self._errors or failed or self._closing:
+            # a fatal error ends the idempotent producer's session: start a new one, and let the caller
+            # (the bridge) append the batch again; rows the old session did deliver are then in the log
+            # twice, under new numbers (at least once: the coordinator drops an uplink it has seen)
+            errors, self._errors = self._errors or failed or ["closing"], []
+            if not self._closing:
+                from confluent_kafka import Producer
+                self.producer = Producer(self._config)
+            raise KafkaLogError("kafka producer: %s" % errors[0])
         if self.journal is not None:
             self.journal.append(entries)
             with open(self._next_path + ".tmp", "w") as f:
