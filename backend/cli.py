@@ -62,11 +62,11 @@ def _abs_trace(w):
 
 def cmd_demo(args):
     if not args.sim:
-        from backend.demo import main as live_demo
+        from backend.live.demo import main as live_demo
         return live_demo(args)
     import shutil
     import tempfile
-    from backend import demo
+    from backend.live import demo
     from backend.coordinator.protocols import PROTOCOLS
     from backend.sim.engine import run
     bad = 0
@@ -118,7 +118,7 @@ def cmd_agent(args):
 
 
 def cmd_broker(args):
-    from backend.broker import broker_main
+    from backend.live.broker import broker_main
     devices = args.devices
     if devices.isdigit():
         devices = int(devices)
@@ -134,7 +134,7 @@ def cmd_backend(args):
 
 
 def cmd_query(args):
-    from backend.queryctl import query_main
+    from backend.live.queryctl import query_main
     return query_main(args)
 
 
@@ -175,7 +175,7 @@ def cmd_experiment(args):
 
 
 def cmd_bench(args):
-    from backend.bench import main as bench_main
+    from backend.bench.report import main as bench_main
     return bench_main(args.out, quick=args.quick, smoke=args.smoke)
 
 
@@ -185,7 +185,7 @@ def _experiments():
     return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
 
 
-# -- devices: flash boards / Pis, emulated fleets, live coordinator (firmware/, backend/fleet.py, backend/live.py)
+# -- devices: flash boards / Pis, emulated fleets, live coordinator (firmware/, backend/live/fleet.py, backend/live/coordinator.py)
 def _add_device_commands(sub):
     f = sub.add_parser("flash", help="deploy the agent to a MicroPython board (mpremote) or a Raspberry Pi (systemd)")
     f.add_argument("--port", help="serial port of the board, e.g. /dev/ttyUSB0 (default: the only one present)")
@@ -207,19 +207,19 @@ def _add_device_commands(sub):
     g.add_argument("--dir", default="fleet", help="folder for broker, configs, logs and ground truth")
     g.add_argument("--fleet", default="demo")
     g.add_argument("--port", type=int, default=None, help="broker port (default: free port)")
-    g.add_argument("--heap", default="96k", help="MicroPython heap per agent (-X heapsize, default 96k = backend.fleet.HEAP)")
+    g.add_argument("--heap", default="96k", help="MicroPython heap per agent (-X heapsize, default 96k = backend.live.fleet.HEAP)")
     g.add_argument("--period", type=float, default=1.0, help="sample period (s)")
     g.add_argument("--trace", help="CSV trace (time,source,value) with sources s_<device> instead of random walks")
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--duration", type=float, default=0, help="stop after this many seconds (default: Ctrl-C)")
     g.add_argument("--out", help="write the result (agents, messages up/down, violations) as JSON here")
-    g.set_defaults(fn=lambda a: __import__("backend.fleet", fromlist=["fleet_main"]).fleet_main(a))
+    g.set_defaults(fn=lambda a: __import__("backend.live.fleet", fromlist=["fleet_main"]).fleet_main(a))
     c = sub.add_parser("coordinator", help="run the live coordinator against a broker (answers on MQTT)")
     c.add_argument("--credentials", required=True, help="credentials.json written by `quietfleet broker`/`fleet`")
     c.add_argument("--query", action="append", help='query spec as JSON, e.g. \'{"id":"t","kind":"sum",...}\'')
     _coordinator_options(c)
     c.add_argument("--answers", help="also append answers here as JSON lines")
-    c.set_defaults(fn=lambda a: __import__("backend.live", fromlist=["coordinator_main"]).coordinator_main(a))
+    c.set_defaults(fn=lambda a: __import__("backend.live.coordinator", fromlist=["coordinator_main"]).coordinator_main(a))
 
 
 def parser():

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from backend.broker import Broker
+from backend.live.broker import Broker
 from edge.core import codec
 from firmware import flash
 from hilboard import ROOT, reports_during

@@ -5,7 +5,8 @@ import pickle
 import numpy as np
 import pytest
 
-from backend import bench, traces
+from backend.bench import report as bench
+from backend.bench import suite as traces
 from backend.coordinator import protocols
 from backend.coordinator.core.queries import parse_query
 from backend.coordinator.precision import estimate, optimal, rates

@@ -8,7 +8,7 @@ import pytest
 
 import drivers
 from backend import host
-from backend.bench_births import pump as _pump
+from backend.bench.births import pump as _pump
 from backend.host import Host
 from backend.spark import job
 from edge.agent import Agent
@@ -362,7 +362,7 @@ def test_guarantee_vocabulary_and_strict_json():
 
 def _live(settings, records, tmp_path):
     """The JSON lines the live adapter writes for ``records`` (``(now, topic, payload)``)."""
-    from backend.live import LiveCoordinator
+    from backend.live.coordinator import LiveCoordinator
     path = tmp_path / "answers.jsonl"
     live = LiveCoordinator(Host(settings), FLEET, "127.0.0.1", 9, "unused", answers_path=str(path))
     for now, topic, payload in records:
@@ -422,7 +422,7 @@ def test_link_loss_degrades_answers_alike_in_the_live_and_spark_paths(tmp_path):
     """The live client's disconnect and the bridge's ``link`` records take one path (``Host``): answers
     degrade at the loss (twice lost is one loss), time moves on, and the restore asks every device
     for a fresh birth, once."""
-    from backend.live import LiveCoordinator
+    from backend.live.coordinator import LiveCoordinator
     settings = host.settings(protocol="deadband", period=10.0, latency=0.5)
     base = [r for r in _fleet_records()[:-1] if "/r/" not in r[1]]      # births, sum query s, a tick
     link = topics.spool(FLEET, "link")

@@ -1,6 +1,6 @@
-"""The live demo's checker (``backend.demo.violations``) against a gateway's ground truth, where a backlog of
+"""The live demo's checker (``backend.live.demo.violations``) against a gateway's ground truth, where a backlog of
 board frames read at once is stamped with one time: the last sample at a time is the value from then on."""
-from backend import demo
+from backend.live import demo
 from edge.runtime.gateway import bridge as br
 
 QUERY = {"id": "q", "kind": "avg", "sources": ["s_b0"], "precision": 1.0}

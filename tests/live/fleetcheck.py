@@ -2,10 +2,10 @@
 import os
 import time
 
-from backend import demo
+from backend.live import demo
 from backend.host import Host
-from backend.fleet import write_trace
-from backend.live import LiveCoordinator
+from backend.live.fleet import write_trace
+from backend.live.coordinator import LiveCoordinator
 from backend.sim.engine import run as sim_run
 
 PERIOD = 2.0            # coordinator adjustment period T (s)

@@ -7,7 +7,7 @@ import os
 import random
 import sys
 
-from backend import demo
+from backend.live import demo
 from backend.host import Host
 from edge.runtime.gateway import bridge as br
 

@@ -18,7 +18,7 @@ import time
 import paho.mqtt.client as mqtt
 
 from backend import host as hostmod
-from backend.broker import BACKEND_USER
+from backend.live.broker import BACKEND_USER
 from edge.core import topics
 
 log = logging.getLogger("quietfleet.live")

@@ -319,7 +319,7 @@ def main(argv=None):
     cat = convert(args.out, args.names or None, log=print)
     print(catalogue_md(cat))
     if args.bench:
-        from backend.bench_traces import section
+        from backend.bench.traces import section
         os.makedirs(args.bench, exist_ok=True)
         lines, viol = section(args.bench, quick=args.quick, trace_dir=args.out)
         with open(os.path.join(args.bench, "TRACES.md"), "w") as fh:

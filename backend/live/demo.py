@@ -17,11 +17,11 @@ import tempfile
 import time
 
 from backend import host
-from backend.broker import Broker, BrokerError, find_mosquitto
+from backend.live.broker import Broker, BrokerError, find_mosquitto
 from backend.coordinator.core import aggregate
 from backend.coordinator.protocols import PROTOCOLS
 from backend.coordinator.core.queries import parse_query
-from backend.fleet import HEAP, Fleet, micropython_available
+from backend.live.fleet import HEAP, Fleet, micropython_available
 from backend.sim import truth as truth_mod
 from edge.core.interval import IntervalFilter
 from edge.core import topics

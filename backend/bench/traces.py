@@ -1,6 +1,6 @@
 """``quietfleet bench`` section: the real-trace suite (issue #18 item 6), each split (dev, held-out, ...) apart.
 
-For every trace of ``backend.traces`` with its default AVG query: messages (up + down) of each protocol
+For every trace of ``backend.bench.suite`` with its default AVG query: messages (up + down) of each protocol
 column in ``COLUMNS``, the clairvoyant piecewise-constant and piecewise-linear minima per source at
 the deadband width, ratios to deadband, their geometric means, simulator samples/s, and plots.
 Each simulation runs in a child process under a wall-clock limit, so a run that stalls shows as a
@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import time
 
-from backend import traces
+from backend.bench import suite as traces
 from backend.coordinator.core import aggregate
 from backend.coordinator.core.queries import parse_query
 from backend.coordinator.protocols import PROTOCOLS
