@@ -308,7 +308,7 @@ def fleet_main(args):
     ground truth."""
     from backend.live.broker import Broker, BrokerError
     from backend.host import LIVE_LATENCY, Host
-    from backend.live.demo import violations
+    from backend.live.checker import violations
     from backend.live.coordinator import LiveCoordinator
     counts = {"micropython": args.micropython, "cpython": args.cpython, "arm64": args.arm64,
               "microbit": getattr(args, "microbit", 0)}

@@ -23,7 +23,7 @@ import random
 from backend.coordinator.swat.asr import weights_for
 from backend.sim.loop import Loop
 from backend.sim.sites import SYSTEMS
-from backend.sim.workload import Base, WorkloadError, integer, keys, number, protocol_params
+from backend.sim.spec import Base, WorkloadError, integer, keys, number, protocol_params, read
 
 TYPES = ("point", "range", "inner")
 WEIGHTS = ("linear", "exponential", "uniform")
@@ -110,8 +110,8 @@ class SummarySimulation(Loop):
     ORDER = {DATA: 0, QUERY_EVENT: 1, PHASE: 2}
 
     def __init__(self, workload):
-        from backend.sim.workload import load
-        self.w = w = workload if isinstance(workload, SummaryWorkload) else load(workload)
+        self.w = w = workload if isinstance(workload, SummaryWorkload) else \
+            SummaryWorkload(workload if isinstance(workload, dict) else read(workload))
         Loop.__init__(self)
         self.handlers.update({DATA: self.data, QUERY_EVENT: self.query, PHASE: self.phase_end})
         self.system = SYSTEMS[w.protocol](w.window, sites=w.clients + 1, **w.params)
