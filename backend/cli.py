@@ -1,4 +1,4 @@
-"""The ``quietfleet`` command: simulator, demo and (as they land) live agents, broker and backend."""
+"""The ``quietfleet`` command: simulator, demos, devices and fleets, broker, Spark backend, queries, experiments, benchmarks."""
 import argparse
 import json
 import os

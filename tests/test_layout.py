@@ -1,5 +1,5 @@
-"""The house rules of the layout (DESIGN.md §2): no import cycle among project modules, every module says
-first what it is.
+"""The house rules of the layout (DESIGN.md §2): no import cycle among project modules, no file over 400 lines,
+every module says first what it is.
 
 Imports are read from the source (module-level and those inside functions alike: a lazy import still ties
 two modules together), so nothing is imported here.
@@ -103,6 +103,18 @@ def test_no_import_cycle():
     graph = {m: imports(m, p, mods) for m, p in mods.items()}
     assert graph["backend.live.fleet"] >= {"backend.live.checker"}     # lazy imports count
     assert cycles(graph) == []
+
+
+def test_no_file_over_400_lines():
+    long = []
+    for path in _files(LIMITED):
+        rel = os.path.relpath(path, ROOT)
+        if not rel.startswith(VENDORED):
+            with open(path) as fh:
+                n = sum(1 for _ in fh)
+            if n > MAX_LINES:
+                long.append("%s: %d lines" % (rel, n))
+    assert long == []
 
 
 def test_every_module_says_what_it_is():

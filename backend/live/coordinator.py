@@ -18,6 +18,7 @@ import time
 import paho.mqtt.client as mqtt
 
 from backend import host as hostmod
+from backend.answers import answer_json, error_record
 from backend.live.broker import BACKEND_USER
 from edge.core import topics
 
@@ -45,11 +46,11 @@ class MqttSink:
         live.stats["answers"] += 1
         if live.answers is not None:
             live.answers.append(change)
-        self._publish(change["query"], hostmod.answer_json(change))
+        self._publish(change["query"], answer_json(change))
 
     def error(self, qid, message):
         log.error("query %s: %s", qid, message)
-        self._publish(qid, hostmod.answer_json(hostmod.error_record(qid, message, self.live.host.now)))
+        self._publish(qid, answer_json(error_record(qid, message, self.live.host.now)))
 
     def retract(self, qid):
         self.live.client.publish(topics.query(self.live.fleet, qid, "answer"), b"", qos=0, retain=True)

@@ -14,7 +14,8 @@ import math
 from backend.coordinator.swat.asr import (Site, aps_narrow, aps_snap, aps_widen, combine, dc_event, divergence_width,
                                           need_of, resolve)
 from edge.core import codec
-from edge.core.swat import Swat, TAG, pack_segments
+from edge.core.swat import Swat
+from edge.core.swat_asr import TAG, pack_segments
 
 
 def parent(site):

@@ -52,7 +52,8 @@ import math
 
 from edge.core import codec
 from backend.coordinator.core.protocol import range_constraints
-from backend.coordinator.precision.adaptive import INF, _MARGIN, Adaptive
+from backend.coordinator.precision.adaptive import Adaptive
+from backend.coordinator.precision.rows import INF, _MARGIN
 from backend.coordinator.precision.extremes import REACH, Cuts
 from backend.coordinator.precision.rates import ALPHAS, Source, shrinkage
 

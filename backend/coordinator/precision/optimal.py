@@ -13,7 +13,7 @@ import numpy as np
 from scipy.optimize import minimize
 
 from backend.coordinator.core.protocol import Protocol, range_constraints
-from backend.coordinator.precision.adaptive import Rows, _per_key
+from backend.coordinator.precision.rows import Rows, _per_key
 
 
 def step_variance(keys, times, sources, values):
