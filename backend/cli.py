@@ -1,6 +1,5 @@
 """The ``quietfleet`` command: simulator, demos, devices and fleets, broker, Spark backend, queries, experiments, benchmarks."""
 import argparse
-import json
 import os
 import sys
 
@@ -26,6 +25,20 @@ SIM_DEMO = [
 ]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a usage error on one line (``quietfleet agent: the following arguments are required:
+    --config (see quietfleet agent --help)``), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, "%s: %s (see %s --help)\n" % (self.prog, message, self.prog))
+
+
+def fail(command, error):
+    """A refused input: one line on stderr naming the command, exit status 2."""
+    print("quietfleet %s: %s" % (command, error), file=sys.stderr)
+    return 2
+
+
 def _progress(i, n):
     print("  ... %d/%d samples (%d%%)" % (i, n, 100 * i // max(n, 1)), file=sys.stderr)
 
@@ -45,10 +58,12 @@ def cmd_sim(args):
             if w.kind == "fleet":
                 raw["sources"] = _abs_trace(w)
             w = load(raw)
-    except WorkloadError as e:
-        print("quietfleet sim: %s" % e, file=sys.stderr)
-        return 2
-    res = engine.run(w, out=args.out, answers=args.answers, progress=None if args.quiet else _progress)
+        for path in (args.out, args.answers):     # refuse an unwritable output before the run, not after
+            if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+                raise WorkloadError("cannot write %s: no folder %s" % (path, os.path.dirname(os.path.abspath(path))))
+        res = engine.run(w, out=args.out, answers=args.answers, progress=None if args.quiet else _progress)
+    except (WorkloadError, OSError) as e:         # a query the protocol refuses while running is a WorkloadError
+        return fail("sim", e)
     print(result.headline(res))
     return 0 if res["violations"] == 0 and not res.get("theorem_misses") else 1
 
@@ -224,7 +239,7 @@ def _add_device_commands(sub):
 
 def parser():
     """The ``quietfleet`` command line."""
-    p = argparse.ArgumentParser(prog="quietfleet", description="Quiet sensor fleets with guaranteed answers.")
+    p = Parser(prog="quietfleet", description="Quiet sensor fleets with guaranteed answers.")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sim", help="run a workload in the discrete-event simulator")
     s.add_argument("workload", help="workload file (JSON or YAML)")

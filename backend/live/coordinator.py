@@ -210,11 +210,20 @@ def coordinator_main(args):
     try:
         with open(args.credentials) as f:
             cred = json.load(f)
-        specs = [json.loads(q) for q in args.query or []]
+        specs = []
+        for q in args.query or []:
+            try:
+                specs.append(json.loads(q))
+            except ValueError as e:
+                raise ValueError("--query %s is not JSON: %s" % (q, e))
         host = hostmod.Host(hostmod.from_args(args), t0=time.time())
         live = LiveCoordinator(host, cred["fleet"], cred["host"], cred["port"], cred["users"][BACKEND_USER],
                                queries=specs, answers_path=args.answers)
-    except (OSError, ValueError, KeyError) as e:
+    except KeyError as e:
+        print("quietfleet coordinator: %s lacks %s (write it with quietfleet broker)" % (args.credentials, e),
+              file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as e:
         print("quietfleet coordinator: %s" % e, file=sys.stderr)
         return 2
     # Ctrl-C and SIGTERM stop the loop at its next turn (at most MAX_WAIT): a KeyboardInterrupt raised

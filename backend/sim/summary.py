@@ -102,7 +102,14 @@ class SummaryWorkload(Base):
         params = raw.get("params", {})
         if not isinstance(params, dict):
             raise WorkloadError("params must be an object")
+        for k in ("window", "sites"):
+            if k in params:
+                raise WorkloadError("params.%s: the workload's window and clients set it" % k)
         self.params = protocol_params(SYSTEMS[self.protocol], params)
+        try:
+            SYSTEMS[self.protocol](win, sites=self.clients + 1, **self.params)
+        except ValueError as e:
+            raise WorkloadError("params: %s" % e)
 
 
 class SummarySimulation(Loop):

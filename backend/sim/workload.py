@@ -75,6 +75,7 @@ class Workload(Base):
             raise WorkloadError("params.shrink must be < 1")
         self.beat = number(params, "heartbeat", 0.0, "params", lo=0.0)
         self.protocol_params = protocol_params(self.protocol_class(), params, skip=SETTINGS)
+        self._check_protocol(params)
         net = raw.get("network", {})
         if isinstance(net, (int, float)) and not isinstance(net, bool):
             net = {"delay": net}
@@ -114,6 +115,20 @@ class Workload(Base):
         if getattr(cls, "topology", None) == "relay":
             raise WorkloadError("protocol %s runs on a relay topology: give the workload a relays key" % self.protocol)
         return cls
+
+    def _check_protocol(self, params):
+        """Make the protocol and check the filter models as the simulation will, so a bad parameter is
+        refused here, naming it, and not half way through a run."""
+        from backend.coordinator.protocols import make
+        from backend.host import MODELS
+        if params.get("models") is not None and params["models"] not in MODELS:
+            raise WorkloadError("params.models must be one of %s, got %r" % (", ".join(MODELS), params["models"]))
+        if self.period < 0.001:
+            raise WorkloadError("params.period must be at least 0.001 s, got %r" % self.period)
+        try:
+            make(self.protocol, **self.protocol_params)
+        except ValueError as e:
+            raise WorkloadError("params: %s" % e)
 
     def query_kinds(self):
         return self.protocol_class().kinds

@@ -68,6 +68,8 @@ class Adaptive(Protocol):
         self.growth_cost = float(growth_cost)
         self.hist = {}                      # key -> [(reports, T/W²)] per period, newest last
         self.held = {}                      # key -> width in force since the last adjustment
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError("seed must be an integer, got %r" % (seed,))
         self.rng = random.Random(seed)
         if not isinstance(immediate, bool):
             raise ValueError("immediate must be true or false, got %r" % (immediate,))

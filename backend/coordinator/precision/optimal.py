@@ -69,7 +69,7 @@ class OptimalStatic(Protocol):
             get = _per_key(steps, "steps")
             self.var = {k: get(k) ** 2 for k in steps}
         self.measure = steps is None
-        if not isinstance(iters, int) or iters < 1:
+        if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
             raise ValueError("iters must be a positive integer, got %r" % (iters,))
         self.iters = iters
         self.widths = {}

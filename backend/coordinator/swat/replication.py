@@ -103,6 +103,8 @@ class SwatReplication(Protocol):
             raise ValueError("protocol %s: k must be a power of two in 1..128, got %r" % (self.name, k))
         if not finite(phase) or phase <= 0:
             raise ValueError("protocol %s: phase must be a positive number of seconds" % self.name)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError("protocol %s: seed must be an integer, got %r" % (self.name, seed))
         self.window, self.k, self.phase = window, k, float(phase)
         self.nseg = window.bit_length() - 1
         self.src = {}
