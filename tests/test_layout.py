@@ -131,3 +131,13 @@ def test_every_module_says_what_it_is():
         if not (ast.get_docstring(ast.parse(text)) or first.startswith("#")):
             silent.append(rel)
     assert silent == []
+
+
+def test_test_modules_have_unique_names():
+    """pytest imports test files by their base name (rootdir-relative packages are not used here)."""
+    seen = {}
+    for path in _files(("tests", "hil_tests")):
+        name = os.path.basename(path)
+        if name != "conftest.py":
+            seen.setdefault(name, []).append(os.path.relpath(path, ROOT))
+    assert {n: p for n, p in seen.items() if len(p) > 1} == {}

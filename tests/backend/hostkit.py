@@ -1,4 +1,4 @@
-"""Helpers of the ``Host`` tests (test_host, test_births, test_answers): a device's birth, actions by kind, a
+"""Helpers of the ``Host`` tests (test_host, test_births, test_guarantees): a device's birth, actions by kind, a
 small fleet's records."""
 import drivers
 from edge.agent import Agent

@@ -1,6 +1,6 @@
 """backend/host.py, the adapter every driver shares: the spec rule (event time, waiting specs, removal),
 robustness against bad specs and settings, backend runs (incarnations) and birth requests. Births into
-registered queries are test_births.py, the answers every path writes test_answers.py."""
+registered queries are test_births.py, the answers every path writes test_guarantees.py."""
 import math
 
 import pytest
