@@ -88,7 +88,11 @@ def query_main(args):
             for qid, d in sorted(collect(host, port, password, args.fleet).items()):
                 if "spec" in d:
                     print("%s  %s\n    answer: %s" % (qid, json.dumps(d["spec"]), json.dumps(d.get("answer"))))
-    except (QueryError, ValueError, OSError, KeyError) as e:
+    except KeyError as e:           # from the broker's credentials.json
+        print("quietfleet query: %s/credentials.json lacks %s (write it with quietfleet broker)"
+              % (args.broker_dir, e), file=sys.stderr)
+        return 2
+    except (QueryError, ValueError, OSError) as e:
         print("quietfleet query: %s" % e, file=sys.stderr)
         return 2
     return 0

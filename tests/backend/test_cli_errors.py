@@ -67,6 +67,7 @@ OTHER = [
      "object"),
     ("query add without an id", ["query", "add", "--fleet", "f", "--port", "1", "--password", "x"], None, "id"),
     ("query without a broker", ["query", "list", "--fleet", "f"], None, "--port"),
+    ("query credentials lack a key", ["query", "list", "--broker-dir", "{d}"], None, "lacks 'host'"),
     ("agent without --config", ["agent"], None, "--config"),
     ("agent config missing", ["agent", "--config", "{d}/absent.toml"], None, "absent.toml"),
     ("agent config not TOML", ["agent", "--config", "{w}"], "fleet = ", "TOML"),
@@ -99,6 +100,7 @@ CASES = [(name, ["sim", "{w}", "--quiet"], w, why) for name, w, why in SIM] + OT
 
 def run(tmp_path, argv, content):
     path = tmp_path / ("input.toml" if argv[0] == "agent" else "input.json")
+    (tmp_path / "credentials.json").write_text('{"fleet": "f"}')     # a broker folder missing its keys
     if content is not None:
         path.write_text(content if isinstance(content, str) else json.dumps(content))
     argv = [a.replace("{w}", str(path)).replace("{d}", str(tmp_path)) for a in argv]
