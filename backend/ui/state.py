@@ -344,10 +344,10 @@ class DashboardState:
         return out
 
     def state(self, now, since=None, offset=0, limit=PAGE, q="", status="", provided=None, devices=True):
-        """The ``/api/state`` document. ``devices``: include one page of devices (a live event carries
+        """The ``/api/state`` document; ``since``: as ``query_rows`` (None: no histories). ``devices``: include one page of devices (a live event carries
         only the counts and ``devices_version``: the page fetches its rows when they changed)."""
         doc = {"fleet": self.fleet, "now": now, "version": self.version,
-               "queries": self.query_rows(since if since is not None else {}),
+               "queries": self.query_rows(since),
                "device_counts": self.device_counts(), "totals": self.totals(provided)}
         if devices:
             page = self.devices_page(offset, limit, q, status)

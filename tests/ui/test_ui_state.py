@@ -96,7 +96,7 @@ def test_answers_specs_history_and_errors():
     s.message(T0 + 3, "qf/t/q/avg/answer", answer("avg", T0 + 2.5, 1.0, 1.5, final=True))
     s.message(T0 + 3, "qf/t/q/bad/answer", json.dumps({"query": "bad", "error": "unknown kind median",
                                                        "time": T0 + 3}).encode())
-    st = s.state(T0 + 4)
+    st = s.state(T0 + 4, since={})
     q = {r["id"]: r for r in st["queries"]}
     assert list(q) == ["avg", "bad", "tot"]
     tot = q["tot"]
