@@ -245,7 +245,8 @@ def microbits_available():
 
 
 def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, latency=host.LIVE_LATENCY, period=5.0, shrink=0.05,
-        trigger=0.25, master="local[*]", workdir=None, spark=None, out=print, show_every=5.0, settle=5.0):
+        trigger=0.25, master="local[*]", workdir=None, spark=None, out=print, show_every=5.0, settle=5.0,
+        ui=None):
     """Run the live demo; returns a result dict (messages, violations, answers, the work folder). Messages
     are counted from when the queries' filters have reached the devices (at least ``settle`` s after the
     queries were registered, every query answered, no control message for ``QUIET`` s): the registration transient (every reading reported until then) is the same for any
@@ -264,6 +265,7 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
     bits = ["b%d" % i for i in range(microbit)]
     gateways = {"g0": bits} if bits else {}
     devices, backend, broker, observer, fleet = [], None, None, None, None
+    dash = None         # --ui: the dashboard (backend/ui), on [HOST:]PORT ``ui``
     from backend.spark.service import Backend
     from backend.spark import job
     try:
@@ -272,6 +274,8 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         out("broker: mosquitto on %s:%d, %d device accounts, ACL per device (a gateway: its sensors' topics)"
             % (broker.host, broker.port, len(plan) + len(gateways)))
         observer = Observer(broker)
+        from backend.ui import hooks as ui_hooks                                # --ui
+        dash = ui_hooks.demo(ui, broker, observer, devices, out)                # --ui
         settings = host.settings(protocol=protocol, period=period, shrink=shrink, latency=latency, beat=host.LIVE_BEAT)
         out("backend: bridge -> spool -> Spark Structured Streaming (%s, transformWithStateInPandas, RocksDB), "
             "protocol %s, latency tolerance %.2fs, trigger %.2fs" % (master, protocol, latency, trigger))
@@ -319,6 +323,8 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
                 break
         settle = time.monotonic() - registered
         t_reg = time.time()
+        if dash is not None:                    # --ui: totals from here on, as the closing table counts
+            dash.provider.start(t_reg, queries)     # --ui
         observer.counts = dict.fromkeys(observer.counts, 0)   # compare from the installed filters on
         start = time.monotonic()
         next_show = start + show_every
@@ -355,6 +361,8 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         _table(result, out)
         return result
     finally:
+        if dash is not None:        # --ui
+            dash.stop()             # --ui
         if fleet is not None:
             fleet.stop_all()
         if observer is not None:
@@ -409,7 +417,7 @@ def main(args):
     try:
         r = run(duration=args.duration, cpython=args.cpython, micropython=args.micropython,
                 protocol=args.protocol, latency=host.LIVE_LATENCY if args.latency is None else args.latency,
-                master=args.master,
+                master=args.master, ui=getattr(args, "ui", None),      # --ui
                 out=lambda line: console.write(line + "\n"))
         code = 0 if r["violations"] == 0 else 1
     except BrokerError as e:

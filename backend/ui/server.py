@@ -203,14 +203,21 @@ class Dashboard:
         self.stop()
 
 
+class UIError(RuntimeError, ValueError):
+    """``--ui`` cannot be served (a bad value, a port in use); the drivers report it and stop."""
+
+
 def start_for(ui, fleet, broker_host, broker_port, password, out=print, **kw):
     """Start a dashboard for a driver's ``--ui [HOST:]PORT`` (None: none); prints its address."""
     if ui is None:
         return None
-    host, port = parse_ui(ui)
-    d = Dashboard(fleet, broker_host, broker_port, password, port=port, address=host, **kw).start()
+    try:
+        host, port = parse_ui(ui)
+        d = Dashboard(fleet, broker_host, broker_port, password, port=port, address=host, **kw).start()
+    except (OSError, ValueError, RuntimeError) as e:
+        raise UIError("--ui %s: cannot serve the dashboard: %s" % (ui, e))
     out("dashboard: %s" % d.url)
     return d
 
 
-__all__ = ["Dashboard", "parse_ui", "start_for", "PAGE"]
+__all__ = ["Dashboard", "UIError", "parse_ui", "start_for", "PAGE"]

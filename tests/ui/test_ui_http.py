@@ -197,3 +197,37 @@ def test_paging_at_50000_devices(broker, capsys):
             print("[dashboard] %-26s %6.1f / %6.1f / %6.1f ms, %5d bytes" % (label, cold * 1e3, born * 1e3,
                                                                                same * 1e3, size))
     assert uiserver.PAGE == 50
+
+
+def test_coordinator_command_serves_the_dashboard(broker, tmp_path):
+    """``quietfleet coordinator --ui 127.0.0.1:0``: the page comes up with the --query spec, and stops with the
+    command (SIGINT), leaving its port closed."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    spec = json.dumps({"id": "tot", "kind": "sum", "sources": ["a0"], "precision": 1.0})
+    p = subprocess.Popen([sys.executable, "-m", "backend.cli", "coordinator", "--credentials", broker.credentials_file,
+                          "--query", spec, "--ui", "127.0.0.1:0"], cwd=root, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        m = re.match(r"dashboard: (http://127\.0\.0\.1:(\d+)/)", line)
+        assert m, (line, p.stderr.read() if p.poll() is not None else "")
+        url, port = m.group(1), int(m.group(2))
+        doc = json.loads(get(url + "api/state")[2])
+        assert doc["queries"][0]["id"] == "tot" and doc["queries"][0]["kind"] == "sum"
+        assert doc["totals"]["driver"] is None or "coordinator" in doc["totals"]["driver"]
+        until(lambda: json.loads(get(url + "api/state")[2])["totals"]["driver"], what="coordinator totals")
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=15)
+        assert p.returncode == 0, err
+        assert '{"stats"' in out
+        assert refused(port)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
