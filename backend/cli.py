@@ -234,6 +234,7 @@ def _add_device_commands(sub):
     c.add_argument("--query", action="append", help='query spec as JSON, e.g. \'{"id":"t","kind":"sum",...}\'')
     _coordinator_options(c)
     c.add_argument("--answers", help="also append answers here as JSON lines")
+    __import__("backend.ui.hooks", fromlist=["add_option"]).add_option(c)      # --ui: the dashboard (backend/ui)
     c.set_defaults(fn=lambda a: __import__("backend.live.coordinator", fromlist=["coordinator_main"]).coordinator_main(a))
 
 
@@ -258,6 +259,7 @@ def parser():
     d.add_argument("--protocol", help="coordinator protocol (default: adaptive when available, else deadband)")
     d.add_argument("--latency", type=float, help="latency tolerance λ in seconds (default %g)" % LIVE_LATENCY)
     d.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    __import__("backend.ui.hooks", fromlist=["add_option"]).add_option(d)      # --ui: the dashboard (backend/ui)
     d.set_defaults(fn=cmd_demo)
     k = sub.add_parser("backend", help="run the Spark Structured Streaming backend (bridge + job) for a fleet")
     _broker_options(k)
@@ -268,6 +270,7 @@ def parser():
     k.add_argument("--master", default="local[*]", help="Spark master URL, e.g. spark://host:7077")
     k.add_argument("--groups", action="store_true",
                    help="one state key per query group, so independent groups use every core (new --dir only)")
+    __import__("backend.ui.hooks", fromlist=["add_option"]).add_option(k)      # --ui: the dashboard (backend/ui)
     k.set_defaults(fn=cmd_backend)
     qy = sub.add_parser("query", help="add, list or remove continuous queries (retained specs)")
     qy.add_argument("action", choices=["add", "list", "remove"])

@@ -2,13 +2,16 @@
 
 ``violations`` replays the readings every agent logged through the simulator's ``Truth`` and checks each
 answer change of each query at every instant, honouring revoked windows as the simulator does;
-``explain`` prints the first violating instants with the readings and answers around them. Used by
+``explain`` prints the first violating instants with the readings and answers around them;
+``deadband_reports`` replays the same readings through plain deadband (what the demo and the dashboard compare with). Used by
 ``quietfleet fleet`` (``fleet.py``) and ``quietfleet demo`` (``demo.py``).
 """
 import math
 
+from backend.coordinator.core import aggregate
 from backend.coordinator.core.queries import parse_query
 from backend.sim import truth as truth_mod
+from edge.core.interval import IntervalFilter
 
 
 def time_of(row):
@@ -65,3 +68,31 @@ def explain(queries, readings, answers, wrong, out, show=3, around=0.3):
             for a in mine:
                 if held <= a["time"] <= t + around or abs(a["time"] - t) <= around:
                     out("    answer  %.3f %s" % (a["time"], {k: v for k, v in a.items() if k not in ("query", "time")}))
+
+
+def deadband_reports(queries, readings, start=None):
+    """(reports, control messages) plain deadband would send for the same readings: each source keeps
+    the narrowest uniform share of its queries (and their count ranges), replayed through the edge
+    filter; a control message goes to a source whenever registering the next query changes its filter.
+    With ``start``: from that instant on, every filter installed and centred on its source's last
+    reading before it (so no control messages, and no report for the registration transient)."""
+    sources = sorted({s for _, s, _ in readings})
+    width, cons = {s: math.inf for s in sources}, {s: [] for s in sources}
+    control = 0
+    for q in queries:
+        q = parse_query(q, set(sources))
+        for s in q.sources:
+            w, c = min(width[s], aggregate.uniform_width(q)), list(cons[s])
+            if q.kind == "count" and q.range is not None and q.range not in c:
+                c.append(q.range)
+            control += (w, c) != (width[s], cons[s])
+            width[s], cons[s] = w, c
+    filt = {s: IntervalFilter(width[s], cons[s]) for s in sources}
+    n = 0
+    for t, s, v in sorted(readings, key=time_of):
+        if start is not None and t < start:
+            filt[s].recenter(v)
+        elif filt[s].check(v):
+            filt[s].recenter(v)
+            n += 1
+    return n, (0 if start is not None else control)

@@ -219,6 +219,9 @@ def coordinator_main(args):
         host = hostmod.Host(hostmod.from_args(args), t0=time.time())
         live = LiveCoordinator(host, cred["fleet"], cred["host"], cred["port"], cred["users"][BACKEND_USER],
                                queries=specs, answers_path=args.answers)
+        from backend.ui import hooks as ui_hooks        # --ui: the dashboard (backend/ui)
+        ui = ui_hooks.coordinator(args, live, cred["fleet"], cred["host"], cred["port"],       # --ui
+                                  cred["users"][BACKEND_USER], specs)                          # --ui
     except KeyError as e:
         print("quietfleet coordinator: %s lacks %s (write it with quietfleet broker)" % (args.credentials, e),
               file=sys.stderr)
@@ -233,5 +236,7 @@ def coordinator_main(args):
     print("coordinator for fleet %s on %s:%d (%s); answers on %s" % (cred["fleet"], cred["host"], cred["port"],
           host.settings["protocol"], topics.query(cred["fleet"], "<id>", "answer")), flush=True)
     stats = live.run()
+    if ui is not None:      # --ui
+        ui.stop()           # --ui
     print(json.dumps({"stats": stats}))
     return 0

@@ -18,12 +18,9 @@ import time
 
 from backend import host
 from backend.live.broker import Broker, BrokerError, find_mosquitto
-from backend.coordinator.core import aggregate
 from backend.coordinator.protocols import PROTOCOLS
-from backend.coordinator.core.queries import parse_query
-from backend.live.checker import explain, time_of, violations
+from backend.live.checker import deadband_reports, explain, time_of, violations
 from backend.live.fleet import HEAP, Fleet, micropython_available
-from edge.core.interval import IntervalFilter
 from edge.core import topics
 
 FLEET = "demo"
@@ -151,34 +148,6 @@ def _fmt(a):
     return "%s %s" % ({k: v for k, v in a.items() if k not in ("query", "time", "guarantee")}, g)
 
 
-def deadband_reports(queries, readings, start=None):
-    """(reports, control messages) plain deadband would send for the same readings: each source keeps
-    the narrowest uniform share of its queries (and their count ranges), replayed through the edge
-    filter; a control message goes to a source whenever registering the next query changes its filter.
-    With ``start``: from that instant on, every filter installed and centred on its source's last
-    reading before it (so no control messages, and no report for the registration transient)."""
-    sources = sorted({s for _, s, _ in readings})
-    width, cons = {s: math.inf for s in sources}, {s: [] for s in sources}
-    control = 0
-    for q in queries:
-        q = parse_query(q, set(sources))
-        for s in q.sources:
-            w, c = min(width[s], aggregate.uniform_width(q)), list(cons[s])
-            if q.kind == "count" and q.range is not None and q.range not in c:
-                c.append(q.range)
-            control += (w, c) != (width[s], cons[s])
-            width[s], cons[s] = w, c
-    filt = {s: IntervalFilter(width[s], cons[s]) for s in sources}
-    n = 0
-    for t, s, v in sorted(readings, key=time_of):
-        if start is not None and t < start:
-            filt[s].recenter(v)
-        elif filt[s].check(v):
-            filt[s].recenter(v)
-            n += 1
-    return n, (0 if start is not None else control)
-
-
 def microbits_available():
     """True when QEMU and the micro:bit firmware are installed (the demo then adds micro:bits)."""
     from firmware.microbit import build, qemu
@@ -190,7 +159,8 @@ def microbits_available():
 
 
 def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, latency=host.LIVE_LATENCY, period=5.0, shrink=0.05,
-        trigger=0.25, master="local[*]", workdir=None, spark=None, out=print, show_every=5.0, settle=5.0):
+        trigger=0.25, master="local[*]", workdir=None, spark=None, out=print, show_every=5.0, settle=5.0,
+        ui=None):
     """Run the live demo; returns a result dict (messages, violations, answers, the work folder). Messages
     are counted from when the queries' filters have reached the devices (at least ``settle`` s after the
     queries were registered, every query answered, no control message for ``QUIET`` s): the registration transient (every reading reported until then) is the same for any
@@ -209,6 +179,7 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
     bits = ["b%d" % i for i in range(microbit)]
     gateways = {"g0": bits} if bits else {}
     devices, backend, broker, observer, fleet = [], None, None, None, None
+    dash = None         # --ui: the dashboard (backend/ui), on [HOST:]PORT ``ui``
     from backend.spark.service import Backend
     from backend.spark import job
     try:
@@ -217,6 +188,8 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         out("broker: mosquitto on %s:%d, %d device accounts, ACL per device (a gateway: its sensors' topics)"
             % (broker.host, broker.port, len(plan) + len(gateways)))
         observer = Observer(broker)
+        from backend.ui import hooks as ui_hooks                                # --ui
+        dash = ui_hooks.demo(ui, broker, observer, devices, out)                # --ui
         settings = host.settings(protocol=protocol, period=period, shrink=shrink, latency=latency, beat=host.LIVE_BEAT)
         out("backend: bridge -> spool -> Spark Structured Streaming (%s, transformWithStateInPandas, RocksDB), "
             "protocol %s, latency tolerance %.2fs, trigger %.2fs" % (master, protocol, latency, trigger))
@@ -264,6 +237,8 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
                 break
         settle = time.monotonic() - registered
         t_reg = time.time()
+        if dash is not None:                    # --ui: totals from here on, as the closing table counts
+            dash.provider.start(t_reg, queries)     # --ui
         observer.counts = dict.fromkeys(observer.counts, 0)   # compare from the installed filters on
         start = time.monotonic()
         next_show = start + show_every
@@ -300,6 +275,8 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         _table(result, out)
         return result
     finally:
+        if dash is not None:        # --ui
+            dash.stop()             # --ui
         if fleet is not None:
             fleet.stop_all()
         if observer is not None:
@@ -354,7 +331,7 @@ def main(args):
     try:
         r = run(duration=args.duration, cpython=args.cpython, micropython=args.micropython,
                 protocol=args.protocol, latency=host.LIVE_LATENCY if args.latency is None else args.latency,
-                master=args.master,
+                master=args.master, ui=getattr(args, "ui", None),      # --ui
                 out=lambda line: console.write(line + "\n"))
         code = 0 if r["violations"] == 0 else 1
     except BrokerError as e:

@@ -159,13 +159,13 @@ def test_the_live_demos_site_beats_plain_deadband_including_control(tmp_path):
 
 
 def test_the_demos_deadband_replay_from_installed_filters():
-    from backend.live import demo
+    from backend.live import checker
     q = [{"id": "m", "kind": "avg", "sources": ["a"], "precision": 2.0}]      # deadband width 2: ±1
     vals = [0.0, 5.0, 5.5, 6.2, 6.9, 7.4, 4.0]
     readings = [(float(t), "a", v) for t, v in enumerate(vals)]
-    assert demo.deadband_reports(q, readings) == (5, 1)      # 0.0 first, 5.0, 6.2, 7.4, 4.0; one filter installed
+    assert checker.deadband_reports(q, readings) == (5, 1)      # 0.0 first, 5.0, 6.2, 7.4, 4.0; one filter installed
     # from t = 2 on: centred on 5.0 (the reading at t = 1), no control: 6.2 (> 6), 7.4 (> 7.2), 4.0
-    assert demo.deadband_reports(q, readings, start=2.0) == (3, 0)
+    assert checker.deadband_reports(q, readings, start=2.0) == (3, 0)
 
 
 def test_cuts_follow_an_extreme_held_by_a_source_of_an_avg(tmp_path):
