@@ -1,6 +1,5 @@
-"""The ``quietfleet`` command: simulator, demo and (as they land) live agents, broker and backend."""
+"""The ``quietfleet`` command: simulator, demos, devices and fleets, broker, Spark backend, queries, experiments, benchmarks."""
 import argparse
-import json
 import os
 import sys
 
@@ -26,6 +25,20 @@ SIM_DEMO = [
 ]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a usage error on one line (``quietfleet agent: the following arguments are required:
+    --config (see quietfleet agent --help)``), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, "%s: %s (see %s --help)\n" % (self.prog, message, self.prog))
+
+
+def fail(command, error):
+    """A refused input: one line on stderr naming the command, exit status 2."""
+    print("quietfleet %s: %s" % (command, error), file=sys.stderr)
+    return 2
+
+
 def _progress(i, n):
     print("  ... %d/%d samples (%d%%)" % (i, n, 100 * i // max(n, 1)), file=sys.stderr)
 
@@ -45,10 +58,12 @@ def cmd_sim(args):
             if w.kind == "fleet":
                 raw["sources"] = _abs_trace(w)
             w = load(raw)
-    except WorkloadError as e:
-        print("quietfleet sim: %s" % e, file=sys.stderr)
-        return 2
-    res = engine.run(w, out=args.out, answers=args.answers, progress=None if args.quiet else _progress)
+        for path in (args.out, args.answers):     # refuse an unwritable output before the run, not after
+            if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+                raise WorkloadError("cannot write %s: no folder %s" % (path, os.path.dirname(os.path.abspath(path))))
+        res = engine.run(w, out=args.out, answers=args.answers, progress=None if args.quiet else _progress)
+    except (WorkloadError, OSError) as e:         # a query the protocol refuses while running is a WorkloadError
+        return fail("sim", e)
     print(result.headline(res))
     return 0 if res["violations"] == 0 and not res.get("theorem_misses") else 1
 
@@ -62,11 +77,11 @@ def _abs_trace(w):
 
 def cmd_demo(args):
     if not args.sim:
-        from backend.demo import main as live_demo
+        from backend.live.demo import main as live_demo
         return live_demo(args)
     import shutil
     import tempfile
-    from backend import demo
+    from backend.live import demo
     from backend.coordinator.protocols import PROTOCOLS
     from backend.sim.engine import run
     bad = 0
@@ -118,7 +133,7 @@ def cmd_agent(args):
 
 
 def cmd_broker(args):
-    from backend.broker import broker_main
+    from backend.live.broker import broker_main
     devices = args.devices
     if devices.isdigit():
         devices = int(devices)
@@ -134,7 +149,7 @@ def cmd_backend(args):
 
 
 def cmd_query(args):
-    from backend.queryctl import query_main
+    from backend.live.queryctl import query_main
     return query_main(args)
 
 
@@ -175,7 +190,7 @@ def cmd_experiment(args):
 
 
 def cmd_bench(args):
-    from backend.bench import main as bench_main
+    from backend.bench.report import main as bench_main
     return bench_main(args.out, quick=args.quick, smoke=args.smoke)
 
 
@@ -185,7 +200,7 @@ def _experiments():
     return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
 
 
-# -- devices: flash boards / Pis, emulated fleets, live coordinator (firmware/, backend/fleet.py, backend/live.py)
+# -- devices: flash boards / Pis, emulated fleets, live coordinator (firmware/, backend/live/fleet.py, backend/live/coordinator.py)
 def _add_device_commands(sub):
     f = sub.add_parser("flash", help="deploy the agent to a MicroPython board (mpremote) or a Raspberry Pi (systemd)")
     f.add_argument("--port", help="serial port of the board, e.g. /dev/ttyUSB0 (default: the only one present)")
@@ -207,24 +222,25 @@ def _add_device_commands(sub):
     g.add_argument("--dir", default="fleet", help="folder for broker, configs, logs and ground truth")
     g.add_argument("--fleet", default="demo")
     g.add_argument("--port", type=int, default=None, help="broker port (default: free port)")
-    g.add_argument("--heap", default="96k", help="MicroPython heap per agent (-X heapsize, default 96k = backend.fleet.HEAP)")
+    g.add_argument("--heap", default="96k", help="MicroPython heap per agent (-X heapsize, default 96k = backend.live.fleet.HEAP)")
     g.add_argument("--period", type=float, default=1.0, help="sample period (s)")
     g.add_argument("--trace", help="CSV trace (time,source,value) with sources s_<device> instead of random walks")
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--duration", type=float, default=0, help="stop after this many seconds (default: Ctrl-C)")
     g.add_argument("--out", help="write the result (agents, messages up/down, violations) as JSON here")
-    g.set_defaults(fn=lambda a: __import__("backend.fleet", fromlist=["fleet_main"]).fleet_main(a))
+    g.set_defaults(fn=lambda a: __import__("backend.live.fleet", fromlist=["fleet_main"]).fleet_main(a))
     c = sub.add_parser("coordinator", help="run the live coordinator against a broker (answers on MQTT)")
     c.add_argument("--credentials", required=True, help="credentials.json written by `quietfleet broker`/`fleet`")
     c.add_argument("--query", action="append", help='query spec as JSON, e.g. \'{"id":"t","kind":"sum",...}\'')
     _coordinator_options(c)
     c.add_argument("--answers", help="also append answers here as JSON lines")
-    c.set_defaults(fn=lambda a: __import__("backend.live", fromlist=["coordinator_main"]).coordinator_main(a))
+    __import__("backend.ui.hooks", fromlist=["add_option"]).add_option(c)      # --ui: the dashboard (backend/ui)
+    c.set_defaults(fn=lambda a: __import__("backend.live.coordinator", fromlist=["coordinator_main"]).coordinator_main(a))
 
 
 def parser():
     """The ``quietfleet`` command line."""
-    p = argparse.ArgumentParser(prog="quietfleet", description="Quiet sensor fleets with guaranteed answers.")
+    p = Parser(prog="quietfleet", description="Quiet sensor fleets with guaranteed answers.")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sim", help="run a workload in the discrete-event simulator")
     s.add_argument("workload", help="workload file (JSON or YAML)")
@@ -243,6 +259,7 @@ def parser():
     d.add_argument("--protocol", help="coordinator protocol (default: adaptive when available, else deadband)")
     d.add_argument("--latency", type=float, help="latency tolerance λ in seconds (default %g)" % LIVE_LATENCY)
     d.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    __import__("backend.ui.hooks", fromlist=["add_option"]).add_option(d)      # --ui: the dashboard (backend/ui)
     d.set_defaults(fn=cmd_demo)
     k = sub.add_parser("backend", help="run the Spark Structured Streaming backend (bridge + job) for a fleet")
     _broker_options(k)
@@ -258,6 +275,7 @@ def parser():
                         "Spark's Kafka source; a KRaft broker is started under --dir unless --kafka is given)")
     k.add_argument("--kafka", help="bootstrap HOST:PORT of an existing Kafka cluster (with --ingest kafka)")
     k.add_argument("--kafka-partitions", type=int, default=None, help="partitions of a new fleet topic (default 2, 8 with --groups)")
+    __import__("backend.ui.hooks", fromlist=["add_option"]).add_option(k)      # --ui: the dashboard (backend/ui)
     k.set_defaults(fn=cmd_backend)
     qy = sub.add_parser("query", help="add, list or remove continuous queries (retained specs)")
     qy.add_argument("action", choices=["add", "list", "remove"])

@@ -96,7 +96,7 @@ class Agent:
         self.beat = 0           # heartbeat period in clock units; 0 disables
         self.period = 0         # number of shrinks applied (the backend's period count)
         self.last_up = None
-        self.summaries = None   # source index -> swat.Replicator, allocated by the first summary control
+        self.summaries = None   # source index -> swat_asr.Replicator, allocated by the first summary control
         self.alt = None         # per source edge.core.predict.Chooser, once the backend allows lines
         self.allow = 1          # filter models allowed (edge.core.predict bits), from the ``setup`` control
         self.segs = None        # source index -> segment.Segmenter (segment mode), allocated by the first segment control
@@ -202,8 +202,8 @@ class Agent:
         elif f.check(value):
             out.append(self._report(now, i, codec.WHY_EXIT))
         if self.summaries is not None and i in self.summaries:
-            from edge.core import swat      # loaded only on devices that summarise
-            out += swat.ship(self, now, i, self.summaries[i].sample(now, value))
+            from edge.core import swat_asr      # loaded only on devices that summarise
+            out += swat_asr.ship(self, now, i, self.summaries[i].sample(now, value))
         return out
 
     def handle_message(self, now, payload):
@@ -250,11 +250,11 @@ class Agent:
             return segment.configure(self, now, i, m)
         if kind == "summary":
             try:
-                from edge.core import swat
+                from edge.core import swat_asr
             except ImportError:         # a board built without SWAT: say so, keep running
                 self.stats["unsupported"] += 1
                 return []
-            return swat.configure(self, now, i, m)
+            return swat_asr.configure(self, now, i, m)
         f = self.filters[i]
         if kind == "probe":
             self.stats["probes"] += 1

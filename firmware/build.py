@@ -4,7 +4,7 @@
 writes a folder laid out like a board's filesystem: ``boot.py``, ``main.py``, ``lib/`` with the
 agent as ``.mpy`` (bytecode loads without the compiler's heap spike, DESIGN.md §9), and
 ``qf.json`` when a config is given. The same module list (``MODULES``, everything the agent can
-import, the optional SWAT core included) feeds ``manifest.py`` (freezing), the emulated fleets and
+import, the optional SWAT modules included) feeds ``manifest.py`` (freezing), the emulated fleets and
 the live tests.
 """
 import argparse
@@ -21,7 +21,7 @@ MP_RUNTIME = os.path.join(ROOT, "edge", "runtime", "micropython")
 MODULES = [(p, os.path.join(ROOT, p)) for p in (
     "edge/__init__.py", "edge/agent.py", "edge/core/__init__.py", "edge/core/codec.py",
     "edge/core/interval.py", "edge/core/predict.py", "edge/core/segment.py", "edge/core/swat.py",
-    "edge/core/topics.py", "edge/runtime/__init__.py",
+    "edge/core/swat_asr.py", "edge/core/topics.py", "edge/runtime/__init__.py",
     "edge/runtime/clock.py", "edge/runtime/outbox.py", "edge/runtime/pump.py", "edge/runtime/sensors.py")] + [
     (p, os.path.join(MP_RUNTIME, p)) for p in (
     "link.py", "qfagent.py", "umqtt/simple.py")] + [("qfboard.py", os.path.join(FIRMWARE, "qfboard.py"))]

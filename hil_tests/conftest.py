@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from backend.broker import Broker, BrokerError, find_mosquitto
+from backend.live.broker import Broker, BrokerError, find_mosquitto
 from firmware import boardconfig, build, flash
 from hilboard import HEAP, REAL, ROOT, target
 

@@ -3,7 +3,7 @@
 # ESP32/RP2-class board on this machine (4-byte objects, float32 arithmetic). Builds two binaries into
 # build/mp32/: micropython-f32 (loads the agent as .mpy, like a board's filesystem) and
 # micropython-f32-frozen (the agent frozen into the image, like firmware/manifest.py on a board).
-# `python -m backend.bench_edge` reports the agent's heap on them when they exist.
+# `python -m backend.bench.edge` reports the agent's heap on them when they exist.
 # Usage: scripts/build_mp32.sh [MICROPYTHON_SOURCE_DIR]   (default: clone MICROPYTHON_REF into build/mp32/src)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -11,6 +11,9 @@ command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 command -v qemu-system-arm >/dev/null 2>&1 || need_apt+=(qemu-system-arm)
 [ -f /usr/share/firmware-microbit-micropython/firmware.hex ] || need_apt+=(firmware-microbit-micropython)
+# the dashboard's browser test (tests/ui): Debian's Chromium and its matching chromedriver, never a download
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
+[ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "[setup] installing system packages: ${need_apt[*]}"

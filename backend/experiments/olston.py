@@ -145,7 +145,7 @@ def lattice_gap(seed, delta):
     ratio is a lower bound on how far the model's optimum is from the real one when W is a few steps wide.
     """
     from backend.coordinator.precision import optimal
-    from backend.coordinator.precision.adaptive import Rows
+    from backend.coordinator.precision.rows import Rows
     from backend.coordinator.core.queries import parse_query
     from backend.sim.sources import samples
     from backend.sim.workload import load

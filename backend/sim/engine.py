@@ -17,6 +17,7 @@ import random
 
 
 from backend import host as host_mod
+from backend.answers import answer_json
 from backend.coordinator.core.queries import parse_query
 from backend.sim import result as result_mod, truth as truth_mod
 from backend.sim.forced import Forced
@@ -319,5 +320,5 @@ def run(workload, out=None, answers=None, progress=None):
     if answers:
         with open(answers, "w") as fh:
             for a in sim.answers:
-                fh.write(host_mod.answer_json(a) + "\n")
+                fh.write(answer_json(a) + "\n")
     return res

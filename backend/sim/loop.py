@@ -18,7 +18,7 @@ import math
 import time as _time
 
 from backend import host as host_mod
-from backend.sim.workload import WorkloadError
+from backend.sim.spec import WorkloadError
 
 UP, DOWN, TIMER, COORD = "up", "down", "timer", "coord"   # the kinds every topology has
 

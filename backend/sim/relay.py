@@ -18,7 +18,7 @@ from backend.coordinator.core.queries import QueryError, parse_query
 from backend.coordinator.protocols import PROTOCOLS
 from backend.sim.loop import COORD, DOWN, TIMER, UP, Loop
 from backend.sim.network import Network
-from backend.sim.workload import Base, WorkloadError, integer, keys, number, query_keys
+from backend.sim.spec import Base, WorkloadError, integer, keys, number, query_keys, read
 from edge.core import codec
 from edge.core.relay import RelayNode, TAG_RAW, encode_raw
 
@@ -134,8 +134,8 @@ class RelaySimulation(Loop):
     ORDER = {HOP1: 0, TIMER: 1, UP: 2, DOWN: 3, COORD: 4}
 
     def __init__(self, workload):
-        from backend.sim.workload import load
-        self.w = w = workload if isinstance(workload, RelayWorkload) else load(workload)
+        self.w = w = workload if isinstance(workload, RelayWorkload) else \
+            RelayWorkload(workload if isinstance(workload, dict) else read(workload))
         host = host_mod.Host({"protocol": w.protocol, "period": w.duration + 1.0, "shrink": 0.0,
                               "latency": w.delay + w.jitter, "t0": 0.0}, declared=w.relay_ids)
         rng = np.random.default_rng(w.seed + 1)

@@ -11,10 +11,12 @@ client, as the paper's baselines do. ``SYSTEMS`` names them for summary workload
 """
 import math
 
+from backend.coordinator.core.queries import finite
 from backend.coordinator.swat.asr import (Site, aps_narrow, aps_snap, aps_widen, combine, dc_event, divergence_width,
                                           need_of, resolve)
 from edge.core import codec
-from edge.core.swat import Swat, TAG, pack_segments
+from edge.core.swat import Swat
+from edge.core.swat_asr import TAG, pack_segments
 
 
 def parent(site):
@@ -227,6 +229,9 @@ class AdaptivePrecision(_PerItem):
 
     def __init__(self, window, sites=2, alpha=1.0, tau0=2.0, tau_inf=math.inf, width0=1.0):
         _PerItem.__init__(self, window, sites)
+        for name, v in (("alpha", alpha), ("tau0", tau0), ("tau_inf", tau_inf), ("width0", width0)):
+            if not (finite(v) or (name == "tau_inf" and v == math.inf)) or v < 0:
+                raise ValueError("%s must be a number >= 0, got %r" % (name, v))
         self.alpha, self.tau0, self.tau_inf, self.width0 = alpha, tau0, tau_inf, width0
         self.cache = [dict() for _ in range(sites)]     # client -> position -> [lo, hi, width]
 
@@ -259,6 +264,11 @@ class DivergenceCaching(_PerItem):
 
     def __init__(self, window, sites=2, value_range=100.0, unit=1.0, history=23, w=1.0):
         _PerItem.__init__(self, window, sites)
+        if not (finite(value_range) and finite(unit) and value_range > 0 and unit > 0 and finite(w) and w >= 0):
+            raise ValueError("value_range and unit must be numbers > 0 and w a number >= 0, got %r, %r, %r"
+                             % (value_range, unit, w))
+        if not isinstance(history, int) or isinstance(history, bool) or history < 1:
+            raise ValueError("history must be an integer >= 1, got %r" % (history,))
         self.M = max(1, int(math.ceil(value_range / unit)))
         self.unit, self.history, self.w = unit, history, w
         self.state = [dict() for _ in range(sites)]     # client -> position -> [centre, k, events]

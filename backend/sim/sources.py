@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from backend.sim.workload import WorkloadError, number, pair
+from backend.sim.spec import WorkloadError, number, pair
 
 
 def read_trace(path):

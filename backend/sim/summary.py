@@ -23,7 +23,7 @@ import random
 from backend.coordinator.swat.asr import weights_for
 from backend.sim.loop import Loop
 from backend.sim.sites import SYSTEMS
-from backend.sim.workload import Base, WorkloadError, integer, keys, number, protocol_params
+from backend.sim.spec import Base, WorkloadError, integer, keys, number, protocol_params, read
 
 TYPES = ("point", "range", "inner")
 WEIGHTS = ("linear", "exponential", "uniform")
@@ -102,7 +102,14 @@ class SummaryWorkload(Base):
         params = raw.get("params", {})
         if not isinstance(params, dict):
             raise WorkloadError("params must be an object")
+        for k in ("window", "sites"):
+            if k in params:
+                raise WorkloadError("params.%s: the workload's window and clients set it" % k)
         self.params = protocol_params(SYSTEMS[self.protocol], params)
+        try:
+            SYSTEMS[self.protocol](win, sites=self.clients + 1, **self.params)
+        except ValueError as e:
+            raise WorkloadError("params: %s" % e)
 
 
 class SummarySimulation(Loop):
@@ -110,8 +117,8 @@ class SummarySimulation(Loop):
     ORDER = {DATA: 0, QUERY_EVENT: 1, PHASE: 2}
 
     def __init__(self, workload):
-        from backend.sim.workload import load
-        self.w = w = workload if isinstance(workload, SummaryWorkload) else load(workload)
+        self.w = w = workload if isinstance(workload, SummaryWorkload) else \
+            SummaryWorkload(workload if isinstance(workload, dict) else read(workload))
         Loop.__init__(self)
         self.handlers.update({DATA: self.data, QUERY_EVENT: self.query, PHASE: self.phase_end})
         self.system = SYSTEMS[w.protocol](w.window, sites=w.clients + 1, **w.params)

@@ -4,19 +4,13 @@
 (``Workload`` here), a relay topology (``backend.sim.relay``) or a summary-site tree
 (``backend.sim.summary``) — and validates everything up front. Any problem, including a key the
 simulator does not know anywhere in the file, raises ``WorkloadError`` with a message naming the key
-(``network.los``, ``sources.outages.rate``, ``queries[2].colour``). The helpers ``number``,
-``pair``, ``integer``, ``keys`` and ``read`` are what every kind validates with.
+(``network.los``, ``sources.outages.rate``, ``queries[2].colour``). The helpers every kind validates
+with (``number``, ``pair``, ``integer``, ``keys``, ``read``, ``Base``) are in ``spec.py``.
 """
-import inspect
-import json
-import math
 import os
 
-from backend.coordinator.core.queries import ENTITIES, QueryError, parse_query
-
-
-class WorkloadError(ValueError):
-    """A workload that cannot be run; the message names the key at fault."""
+from backend.coordinator.core.queries import QueryError, parse_query
+from backend.sim.spec import Base, WorkloadError, integer, keys, number, pair, protocol_params, query_keys, read
 
 
 GENERATORS = ("random_walk", "uniform", "brownian")
@@ -25,108 +19,7 @@ NETWORK = ("delay", "uplink", "downlink", "jitter", "latency_tolerance",
            "loss", "duplicate", "reorder", "skew", "reboots", "partitions")
 SOURCES = {"generator": ("generator", "count", "start", "step", "range", "interval", "arrival", "steps", "drift",
                          "volatility"), "trace": ("trace",), "dataset": ("dataset",)}
-QUERY = ("id", "kind", "sources", "weights", "precision", "range", "confidence")
-QUERY_EXTRA = {"range": ("k", "point", "rank_tolerance", "fp_tolerance", "fn_tolerance"),
-               "summary": ("type", "window", "value", "radius", "every"),
-               "relay": ("error", "window", "span"),
-               "sum": ("lag", "segment"), "avg": ("lag", "segment")}     # segment mode: backend/coordinator/core/segments.py
 SETTINGS = ("period", "shrink", "heartbeat", "models")   # params the coordinator takes; the rest go to the protocol
-
-
-def number(d, key, default, where, lo=None, positive=False):
-    """``d[key]`` (or ``default``) as a finite float, optionally > 0 or >= ``lo``."""
-    v = d.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise WorkloadError("%s.%s must be a finite number, got %r" % (where, key, v))
-    if positive and v <= 0:
-        raise WorkloadError("%s.%s must be > 0, got %r" % (where, key, v))
-    if lo is not None and v < lo:
-        raise WorkloadError("%s.%s must be >= %s, got %r" % (where, key, lo, v))
-    return float(v)
-
-
-def integer(d, key, default, where, lo=1, hi=None):
-    """``d[key]`` (or ``default``) as an integer in ``lo..hi``."""
-    v = d.get(key, default)
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo or (hi is not None and v > hi):
-        raise WorkloadError("%s.%s must be an integer >= %d%s, got %r" % (
-            where, key, lo, "" if hi is None else " and <= %d" % hi, v))
-    return v
-
-
-def pair(d, key, default, where):
-    """``d[key]`` as ``(lo, hi)``: a number stands for ``[v, v]``."""
-    v = d.get(key, default)
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        v = [v, v]
-    if not isinstance(v, list) or len(v) != 2 or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in v) or v[1] < v[0]:
-        raise WorkloadError("%s.%s must be a number or [lo, hi] with lo <= hi, got %r" % (where, key, v))
-    return float(v[0]), float(v[1])
-
-
-def keys(d, allowed, where):
-    """Refuse every key of object ``d`` that is not in ``allowed``, naming it as ``where.key``."""
-    if not isinstance(d, dict):
-        raise WorkloadError("%s must be an object, got %r" % (where or "a workload", d))
-    unknown = sorted(str(k) for k in d if k not in allowed)
-    if unknown:
-        names = ", ".join((where + "." if where else "") + k for k in unknown)
-        raise WorkloadError("unknown key%s %s (known here: %s)" % (
-            "s" if len(unknown) > 1 else "", names, ", ".join(sorted(allowed))))
-    return d
-
-
-def read(path):
-    """The object in workload file ``path`` (JSON, or YAML by extension)."""
-    if not os.path.exists(path):
-        raise WorkloadError("workload file %s does not exist" % path)
-    with open(path) as fh:
-        text = fh.read()
-    if path.endswith((".yaml", ".yml")):
-        import yaml
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise WorkloadError("%s is not valid YAML: %s" % (path, e))
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        raise WorkloadError("%s is not valid JSON: %s" % (path, e))
-
-
-class Base:
-    """What every kind of workload has: its known top-level ``KEYS``, a name, a seed and the raw dict."""
-    kind = KEYS = None
-    name = "workload"
-
-    def __init__(self, raw):
-        keys(raw, self.KEYS, "")
-        self.raw = raw
-        self.name = str(raw.get("name", self.name))
-        self.seed = integer(raw, "seed", 0, "workload", lo=0)
-
-
-def protocol_params(cls, params, where="params", skip=()):
-    """Check that protocol class ``cls`` takes every key of ``params`` (minus ``skip``); returns them."""
-    accepted, open_ended = set(), True
-    for c in cls.__mro__:
-        init = c.__dict__.get("__init__")
-        if init is None or not open_ended:
-            continue
-        ps = inspect.signature(init).parameters.values()
-        accepted.update(p.name for p in ps if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self")
-        open_ended = any(p.kind == p.VAR_KEYWORD for p in ps)
-    given = {k: v for k, v in params.items() if k not in skip}
-    keys(given, accepted, where)
-    return given
-
-
-def query_keys(spec, where, topology=None):
-    """Refuse a query field that no query of its kind reads."""
-    if isinstance(spec, dict):
-        kind = spec.get("kind")
-        extra = QUERY_EXTRA.get("range" if kind in ENTITIES else kind, ())
-        keys(spec, QUERY + extra + (QUERY_EXTRA["relay"] if topology == "relay" else ()), where)
 
 
 def kind(raw):
@@ -182,6 +75,7 @@ class Workload(Base):
             raise WorkloadError("params.shrink must be < 1")
         self.beat = number(params, "heartbeat", 0.0, "params", lo=0.0)
         self.protocol_params = protocol_params(self.protocol_class(), params, skip=SETTINGS)
+        self._check_protocol(params)
         net = raw.get("network", {})
         if isinstance(net, (int, float)) and not isinstance(net, bool):
             net = {"delay": net}
@@ -221,6 +115,20 @@ class Workload(Base):
         if getattr(cls, "topology", None) == "relay":
             raise WorkloadError("protocol %s runs on a relay topology: give the workload a relays key" % self.protocol)
         return cls
+
+    def _check_protocol(self, params):
+        """Make the protocol and check the filter models as the simulation will, so a bad parameter is
+        refused here, naming it, and not half way through a run."""
+        from backend.coordinator.protocols import make
+        from backend.host import MODELS
+        if params.get("models") is not None and params["models"] not in MODELS:
+            raise WorkloadError("params.models must be one of %s, got %r" % (", ".join(MODELS), params["models"]))
+        if self.period < 0.001:
+            raise WorkloadError("params.period must be at least 0.001 s, got %r" % self.period)
+        try:
+            make(self.protocol, **self.protocol_params)
+        except ValueError as e:
+            raise WorkloadError("params: %s" % e)
 
     def query_kinds(self):
         return self.protocol_class().kinds

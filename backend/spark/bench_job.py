@@ -39,7 +39,7 @@ import tempfile
 import time
 
 from backend import host
-from backend.broker import Broker
+from backend.live.broker import Broker
 from backend.spark import job
 from backend.spark.state import SNAPSHOT_RECORDS
 from backend.spark.spool import Spool

@@ -44,6 +44,7 @@ import sys
 import time
 
 from backend import host as hostmod
+from backend.answers import answer_json, error_record, guarantee, strict
 from backend.spark import state
 from backend.spark.answers import Table, read_answers  # noqa: F401 (read_answers: the job's reader)
 from backend.spark.publish import Publisher  # noqa: F401 (the job's publisher)
@@ -76,7 +77,7 @@ class Rows:
         cols["lo"].append(float(a["lo"]) if a and "lo" in a else None)
         cols["hi"].append(float(a["hi"]) if a and "hi" in a else None)
         cols["degraded"].append(bool(a["degraded"]) if a else None)
-        cols["guarantee"].append(hostmod.guarantee(a) if a else None)
+        cols["guarantee"].append(guarantee(a) if a else None)
         cols["final"].append(bool(a.get("final")) if a else None)
 
     def down(self, device, payload):
@@ -86,7 +87,7 @@ class Rows:
         self.row("answer", change["query"], body=json.dumps(change), a=change)
 
     def error(self, qid, message):
-        self.row("error", qid, body=json.dumps(hostmod.error_record(qid, message, self.host.now)))
+        self.row("error", qid, body=json.dumps(error_record(qid, message, self.host.now)))
 
     def retract(self, qid):
         self.row("retract", qid)
@@ -305,12 +306,12 @@ class Sink:
                 if kind == "down":
                     self.publisher.publish(topics.device(self.fleet, targets[i], "ctl"), payloads[i].as_py(), qos=1)
             for qid, i in sorted(latest.items()):
-                body = b"" if i is None else hostmod.answer_json(json.loads(bodies[i].as_py())).encode()
+                body = b"" if i is None else answer_json(json.loads(bodies[i].as_py())).encode()
                 self.publisher.publish(topics.query(self.fleet, qid, "answer"), body, qos=0, retain=True)
             self.publisher.flush()
         published_at = time.time()
         self._replace(os.path.join(self.out_dir, "status.json"),
-                      json.dumps(hostmod.strict({"batch": batch_id, "published_at": published_at, "groups": status,
+                      json.dumps(strict({"batch": batch_id, "published_at": published_at, "groups": status,
                                                    "retention": self.retention.stats}),
                                  indent=1).encode())
         self._replace(self.marker, b"%d\n" % batch_id)

@@ -205,16 +205,21 @@ def backend_main(args):
     b = Backend(args.dir, args.fleet, host, port, password, settings, master=args.master, trigger=args.trigger,
                 groups=args.groups, ingest=getattr(args, "ingest", "spool"), kafka=getattr(args, "kafka", None),
                 kafka_partitions=getattr(args, "kafka_partitions", None))
+    ui = None                                   # --ui: the dashboard (backend/ui)
     try:
         b.start()
         print("quietfleet backend: fleet %s, protocol %s, Spark %s, ingest %s, state in %s" % (
             args.fleet, settings["protocol"], args.master, b.spool.path, b.directory), flush=True)
+        from backend.ui import hooks as ui_hooks                                    # --ui
+        ui = ui_hooks.backend(args, b, host, port, password)                        # --ui
         while not stop.wait(1.0):
             b.raise_if_failed()
     except (RuntimeError, ValueError) as e:
         print("quietfleet backend: %s" % e, file=sys.stderr)
         return 1
     finally:
+        if ui is not None:                      # --ui
+            ui.stop()                           # --ui
         b.stop()
         if b.spark is not None:
             b.spark.stop()

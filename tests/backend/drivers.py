@@ -5,7 +5,7 @@ coordinator's entry points, every input it gave the coordinator: uplinks, timer 
 additions/removals, each with its time. ``spool_records`` turns them into what the broker (and so the
 bridge's spool) would carry: ``(arrival, topic, payload)`` with births and wills on ``state``, reports
 on ``up``, specs (JSON without the id; empty to remove) on ``q/<id>/spec`` and timer calls as the
-bridge's ``tick``. ``live_answers`` replays those through ``backend.live.LiveCoordinator`` (its message
+bridge's ``tick``. ``live_answers`` replays those through ``backend.live.coordinator.LiveCoordinator`` (its message
 and timer entry points, no broker) and ``feed_answers`` through the Spark job's ``run_batch`` in
 micro-batches with the host pickled between them, exactly as the processor keeps it.
 
@@ -115,7 +115,7 @@ def spool_records(inputs):
 
 def live_answers(case, records):
     """Answers of the live adapter fed ``records`` (no broker: its message and timer entry points)."""
-    from backend.live import LiveCoordinator
+    from backend.live.coordinator import LiveCoordinator
     answers = []
     live = LiveCoordinator(host.Host(settings(case)), FLEET, "127.0.0.1", 9, "unused", answers=answers)
     for now, topic, payload in records:

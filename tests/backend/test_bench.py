@@ -1,7 +1,7 @@
 """A tiny smoke run of ``quietfleet bench``: the report is written and its ratios are self-consistent."""
 import csv
 
-from backend import bench
+from backend.bench import report as bench
 
 
 def test_bench_smoke(tmp_path):
@@ -20,9 +20,9 @@ def test_bench_smoke(tmp_path):
 
 
 def test_births_bench_costs_each_newborn_its_own_messages():
-    # backend.bench_births: a birth into an "all" AVG costs its device a setup, width ∞ (before the query
+    # backend.bench.births: a birth into an "all" AVG costs its device a setup, width ∞ (before the query
     # takes it in) and its width; unacknowledged, a narrowing may be sent once more, never anyone else's
-    from backend import bench_births
+    from backend.bench import births as bench_births
     for protocol in ("deadband", "adaptive"):
         assert bench_births.run(protocol, 60, 0.1, 1)[0] == 3 * 60
         for lag in (10, 0):

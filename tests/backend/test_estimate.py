@@ -5,11 +5,12 @@ import pickle
 import numpy as np
 import pytest
 
-from backend import bench, traces
+from backend.bench import report as bench
+from backend.bench import suite as traces
 from backend.coordinator import protocols
 from backend.coordinator.core.queries import parse_query
 from backend.coordinator.precision import estimate, optimal, rates
-from backend.coordinator.precision.adaptive import Rows, _per_key
+from backend.coordinator.precision.rows import Rows, _per_key
 from backend.sim import engine
 
 

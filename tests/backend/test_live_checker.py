@@ -1,6 +1,6 @@
-"""The live demo's checker (``backend.demo.violations``) against a gateway's ground truth, where a backlog of
+"""The live demo's checker (``backend.live.checker.violations``) against a gateway's ground truth, where a backlog of
 board frames read at once is stamped with one time: the last sample at a time is the value from then on."""
-from backend import demo
+from backend.live import checker
 from edge.runtime.gateway import bridge as br
 
 QUERY = {"id": "q", "kind": "avg", "sources": ["s_b0"], "precision": 1.0}
@@ -33,11 +33,11 @@ def test_samples_a_gateway_stamps_alike_hold_in_log_order():
     assert len(same) >= 3 and len(set(same)) == len(same)
     answers = [_answer(t, v) for t, _, v in rows]                   # the device's value after each sample
     end = times[-1] + 0.1
-    assert demo.violations([QUERY], rows, answers, end)["q"][0] == 0
+    assert checker.violations([QUERY], rows, answers, end)["q"][0] == 0
     for i, (t, _, v) in enumerate(rows[:-1]):
         if t == tied and v != same[-1]:                             # an earlier sample of the tie holding
             wrong = [a for a in answers if a["time"] != tied] + [_answer(tied, v)]
             wrong.sort(key=lambda a: a["time"])
             bad = {}
-            assert demo.violations([QUERY], rows, wrong, end, bad)["q"][0] == 1
+            assert checker.violations([QUERY], rows, wrong, end, bad)["q"][0] == 1
             assert bad == {"q": [(tied, v - 0.5, v + 0.5, same[-1])]}      # where, the answer and the truth

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from backend import host
+from backend.answers import answer_json
 from backend.sim import engine
 from backend.spark import job
 from edge.agent import Agent
@@ -168,7 +169,7 @@ def test_spark_run_batch_gives_the_same_final_and_real_time_answers():
     assert [b for _, b in rows] == rig.answers
     assert sum(f for f, _ in rows) > 10 and any(not f for f, _ in rows)
     assert all(f == bool(b.get("final")) for f, b in rows)
-    assert all(json.loads(host.answer_json(b))["final"] is f for f, b in rows)
+    assert all(json.loads(answer_json(b))["final"] is f for f, b in rows)
 
 
 @pytest.mark.parametrize("fault", [{"network": {"delay": 0.2, "jitter": 0.1, "reboots": 20}},

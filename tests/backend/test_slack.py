@@ -149,7 +149,7 @@ def test_cuts_give_the_same_answers_through_the_spark_feed():
 
 
 def test_the_live_demos_site_beats_plain_deadband_including_control(tmp_path):
-    from backend import demo
+    from backend.live import demo
     spec = demo.site_workload(str(tmp_path))
     _, dead = _run(spec, "deadband")
     sim, ad = _run(spec, "adaptive")
@@ -159,19 +159,19 @@ def test_the_live_demos_site_beats_plain_deadband_including_control(tmp_path):
 
 
 def test_the_demos_deadband_replay_from_installed_filters():
-    from backend import demo
+    from backend.live import checker
     q = [{"id": "m", "kind": "avg", "sources": ["a"], "precision": 2.0}]      # deadband width 2: ±1
     vals = [0.0, 5.0, 5.5, 6.2, 6.9, 7.4, 4.0]
     readings = [(float(t), "a", v) for t, v in enumerate(vals)]
-    assert demo.deadband_reports(q, readings) == (5, 1)      # 0.0 first, 5.0, 6.2, 7.4, 4.0; one filter installed
+    assert checker.deadband_reports(q, readings) == (5, 1)      # 0.0 first, 5.0, 6.2, 7.4, 4.0; one filter installed
     # from t = 2 on: centred on 5.0 (the reading at t = 1), no control: 6.2 (> 6), 7.4 (> 7.2), 4.0
-    assert demo.deadband_reports(q, readings, start=2.0) == (3, 0)
+    assert checker.deadband_reports(q, readings, start=2.0) == (3, 0)
 
 
 def test_cuts_follow_an_extreme_held_by_a_source_of_an_avg(tmp_path):
     """The extreme's holder is also in an AVG (no cut of its own): its reports must still re-cut the
     others as it falls (the bench's changing-rates workload, where it falls by five δ)."""
-    from backend import bench
+    from backend.bench import report as bench
     spec = dict(bench.workloads(1.0, data_dir=str(tmp_path)))["changing-rates"]
     sim, r = _run(spec, "adaptive")
     assert r["violations"] == 0 and r["precision_misses"] == 0

@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from backend import bench_traces, traces
+from backend.bench import traces as bench_traces
+from backend.bench import suite as traces
 from backend.sim.sources import samples
 from backend.sim.workload import load
 

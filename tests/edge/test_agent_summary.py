@@ -5,7 +5,7 @@ is rebuilt from the blobs and checked against the exact window after every readi
 """
 from edge.agent import Agent
 from edge.core import codec
-from edge.core.swat import TAG, unpack_segments
+from edge.core.swat_asr import TAG, unpack_segments
 from portable import Rng, ctl, session
 
 

@@ -4,7 +4,8 @@ Portable: runs under pytest and under MicroPython (tests/edge/mp_runner.py).
 """
 from portable import Rng, raises
 from edge.core import swat
-from edge.core.swat import Swat, haar, pack_segments, unpack_segments
+from edge.core.swat import Swat, haar
+from edge.core.swat_asr import pack_segments, unpack_segments
 
 EPS = 1e-9
 

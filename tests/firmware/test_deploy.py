@@ -61,6 +61,7 @@ def test_board_without_the_optional_module_counts_it_and_keeps_running(deploy, t
     lib = tmp_path / "lib"
     subprocess.run(["cp", "-r", str(deploy / "lib"), str(lib)], check=True)
     os.remove(lib / "edge" / "core" / "swat.mpy")
+    os.remove(lib / "edge" / "core" / "swat_asr.mpy")
     got = _run(lib, tmp_path)
     assert got["stats"]["unsupported"] == 1 and "blob" not in got["kinds"]
     assert got["stats"]["samples"] == 20

@@ -118,7 +118,7 @@ def test_pi_bundle_has_a_systemd_unit_an_install_script_and_the_agent(tmp_path):
 
 
 def test_quietfleet_fleet_and_coordinator_commands(tmp_path):
-    from backend.broker import BrokerError, find_mosquitto
+    from backend.live.broker import BrokerError, find_mosquitto
     try:
         find_mosquitto()
     except BrokerError as e:

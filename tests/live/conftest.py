@@ -1,7 +1,7 @@
 """Fixtures for the live tests: a private Mosquitto per test, precompiled MicroPython agent per session."""
 import pytest
 
-from backend.broker import Broker, BrokerError, find_mosquitto
+from backend.live.broker import Broker, BrokerError, find_mosquitto
 from helpers import precompile
 
 FLEET = "t"

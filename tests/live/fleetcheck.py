@@ -2,10 +2,10 @@
 import os
 import time
 
-from backend import demo
+from backend.live import checker
 from backend.host import Host
-from backend.fleet import write_trace
-from backend.live import LiveCoordinator
+from backend.live.fleet import write_trace
+from backend.live.coordinator import LiveCoordinator
 from backend.sim.engine import run as sim_run
 
 PERIOD = 2.0            # coordinator adjustment period T (s)
@@ -31,7 +31,7 @@ def coordinator(broker, specs, protocol="deadband", t0=None):
 def violations(rows, answers, specs, end):
     """Check every answer against the agents' ground truth (the demo's checker); returns
     {query: (violations, degraded_time, answers checked)}."""
-    checked = demo.violations(specs, [r for r in rows if r[0] <= end], answers, end)   # answers after end are cut
+    checked = checker.violations(specs, [r for r in rows if r[0] <= end], answers, end)   # answers after end are cut
     return {qid: (v, dt, sum(1 for a in answers if a["query"] == qid and a["time"] <= end))
             for qid, (v, _, dt) in checked.items()}
 

@@ -9,7 +9,7 @@ from edge.core import codec, topics
 from helpers import (client, close, connected, expect, read_truth, silent, start_cpython_agent,
                      start_micropython_agent, stop, subscribe)
 
-from backend.fleet import HEAP     # the agent needs about 53k live on the 64-bit port
+from backend.live.fleet import HEAP     # the agent needs about 53k live on the 64-bit port
 WALK = [("t", {"kind": "walk", "step": 0.5, "seed": 3})]
 
 

@@ -1,12 +1,12 @@
-"""backend/broker.py: generated ACL and config, persistence across restarts, TLS, missing Mosquitto."""
+"""backend/live/broker.py: generated ACL and config, persistence across restarts, TLS, missing Mosquitto."""
 import json
 import ssl
 
 import paho.mqtt.client as mqtt
 import pytest
 
-from backend import broker as brokermod
-from backend.broker import Broker, BrokerError
+from backend.live import broker as brokermod
+from backend.live.broker import Broker, BrokerError
 from helpers import client, close, connected, subscribe
 from edge.core import topics
 

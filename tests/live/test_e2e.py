@@ -1,5 +1,5 @@
 """End to end on loopback (DESIGN.md §3, §4, §7): a mixed fleet of real agent processes, Mosquitto and
-the live coordinator (backend/live.py) answering SUM/AVG queries, checked against the agents' own
+the live coordinator (backend/live/coordinator.py) answering SUM/AVG queries, checked against the agents' own
 ground-truth logs, with message counts compared to the simulator replaying those logs, and faults
 (broker restart, agent kill and restart, a frozen agent) that must lose and double-count nothing."""
 import collections
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from backend.broker import Broker
-from backend.fleet import Fleet, FleetError, arm64_root
+from backend.live.broker import Broker
+from backend.live.fleet import Fleet, FleetError, arm64_root
 from edge.core import codec, topics
 import fleetcheck as fc
 from helpers import client, close, connected, subscribe

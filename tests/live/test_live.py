@@ -1,4 +1,4 @@
-"""The live coordinator loop (backend/live.py) against Mosquitto, with a scripted device: retained births
+"""The live coordinator loop (backend/live/coordinator.py) against Mosquitto, with a scripted device: retained births
 trigger a rebirth, query specs arrive on their topic, answers leave retained as JSON, a Last Will
 degrades them, bad specs are answered with an error on the answer topic and bad payloads are counted
 without stopping the loop, and removing a spec clears its retained answer."""
@@ -6,7 +6,7 @@ import json
 import time
 
 from backend.host import Host
-from backend.live import LiveCoordinator
+from backend.live.coordinator import LiveCoordinator
 from edge.agent import Agent
 from edge.core import topics
 from helpers import client, close, connected, expect, silent, subscribe

@@ -3,7 +3,7 @@ logging their ground truth through every fault, and every answer is checked agai
 the demo's checker. A non-degraded answer must contain the truth; the time answers spend degraded is
 printed next to the time the fault lasted.
 
-* a network cut between the agents and Mosquitto (``backend/netfault.py`` proxy: bytes dropped both
+* a network cut between the agents and Mosquitto (``backend/live/netfault.py`` proxy: bytes dropped both
   ways, connections left open) longer than the keepalive and λ, caught by the heartbeat watchdog;
 * Mosquitto SIGKILLed (no clean save) and restarted on the same port: nothing it acknowledged is lost;
 * an agent killed right after the backend sent it a width change, restarted: the control answers a
@@ -17,11 +17,11 @@ import time
 
 import pytest
 
-from backend.broker import Broker
-from backend.fleet import Fleet, walk_source
+from backend.live.broker import Broker
+from backend.live.fleet import Fleet, walk_source
 from backend.host import Host
-from backend.live import LiveCoordinator
-from backend.netfault import Proxy
+from backend.live.coordinator import LiveCoordinator
+from backend.live.netfault import Proxy
 from edge.core import codec, topics
 import fleetcheck as fc
 from helpers import client, close, connected, subscribe
@@ -180,7 +180,7 @@ def _uplinks(c):
 
 
 def test_broker_sigkill_loses_no_acknowledged_report(env):
-    """Mosquitto saves after every change (backend/broker.py), but in its main loop, after the PUBACKs
+    """Mosquitto saves after every change (backend/live/broker.py), but in its main loop, after the PUBACKs
     of that loop went out: only what it acknowledged in its last loop before a SIGKILL can be lost, and
     the coordinator's link loss covers that instant (gone from λ before it) until every device's new
     birth. An observer with a persistent session is away for the last seconds before the kill, so what

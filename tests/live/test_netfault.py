@@ -1,11 +1,11 @@
-"""The fault proxy (backend/netfault.py) against an echo server: pass, cut, heal, delay and reset."""
+"""The fault proxy (backend/live/netfault.py) against an echo server: pass, cut, heal, delay and reset."""
 import socket
 import threading
 import time
 
 import pytest
 
-from backend.netfault import Proxy
+from backend.live.netfault import Proxy
 
 
 @pytest.fixture

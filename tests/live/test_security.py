@@ -97,7 +97,7 @@ def test_wrong_password_unknown_user_and_anonymous_are_refused(broker):
 def test_gateway_has_exactly_its_sensors_topics(tmp_path):
     """A gateway publishes for its own sensors only (and reads only their ctl); not for another gateway's
     sensor nor for a device; sensors behind a gateway have no login of their own."""
-    from backend.broker import Broker
+    from backend.live.broker import Broker
     with Broker(tmp_path / "gwbroker", "t", ["A"], gateways={"G": ["S1", "S2"], "H": ["S3"]}) as b:
         assert "S1" not in b.passwords and "G" in b.passwords
         be = client(b, "backend")

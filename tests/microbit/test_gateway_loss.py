@@ -7,7 +7,7 @@ import os
 import random
 import sys
 
-from backend import demo
+from backend.live import checker
 from backend.host import Host
 from edge.runtime.gateway import bridge as br
 
@@ -95,7 +95,7 @@ def run(drop_at, seconds=30.0, seed=3):
                         to_board.append((now + 0.02, a[1]))
     assert drop_at is None or dropped is not None
     end = max(t for t, _, _ in truth) - 1.0                 # the answers up to here are all out
-    v, _, degraded = demo.violations([QUERY], [r for r in truth if r[0] <= end], answers, end)["q"]
+    v, _, degraded = checker.violations([QUERY], [r for r in truth if r[0] <= end], answers, end)["q"]
     return v, degraded, h.coord.integrity.stats["gaps"], b.stats["gaps"]
 
 

@@ -5,10 +5,10 @@ import argparse
 import json
 import time
 
-from backend.broker import Broker
+from backend.live.broker import Broker
 from backend.host import Host
-from backend.fleet import Fleet, fleet_main
-from backend.live import LiveCoordinator
+from backend.live.fleet import Fleet, fleet_main
+from backend.live.coordinator import LiveCoordinator
 
 
 def test_fleet_command_with_microbits(tmp_path):

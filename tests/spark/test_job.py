@@ -10,6 +10,7 @@ import pytest
 from backend.coordinator.protocols import PROTOCOLS
 from backend.spark import job
 from backend import host as hostmod
+from backend.answers import strict
 from backend.host import Host
 from backend.spark.spool import Spool
 from edge.core import codec
@@ -139,7 +140,7 @@ def compare(out, ref, total):
     with open(os.path.join(out, "status.json")) as f:
         status = json.load(f)["groups"][FLEET]
     assert status["records"] == total
-    assert status["sources"] == hostmod.strict(hostmod.digest(ref["coord"])["sources"])
+    assert status["sources"] == strict(hostmod.digest(ref["coord"])["sources"])
     assert status["stats"] == ref["coord"].stats
 
 

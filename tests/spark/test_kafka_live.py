@@ -14,7 +14,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from backend import host
-from backend.broker import Broker, BrokerError, find_mosquitto
+from backend.live.broker import Broker, BrokerError, find_mosquitto
 from backend.spark import job, kafkalog
 from backend.spark.service import Backend
 from edge.core import codec, topics

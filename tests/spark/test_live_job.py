@@ -9,7 +9,7 @@ import os
 import pytest
 
 from backend import host
-from backend.broker import BrokerError, find_mosquitto
+from backend.live.broker import BrokerError, find_mosquitto
 from backend.spark import job
 from backend.spark.source import RETAINED, parse_topic
 from backend.spark.spool import Spool
@@ -32,7 +32,7 @@ def test_live_fleet_through_spark_equals_a_host_replay_with_zero_violations(job_
         find_mosquitto()
     except BrokerError as e:
         pytest.skip(str(e))
-    from backend import demo
+    from backend.live import demo
     lines = []
     r = demo.run(duration=10.0, cpython=2, micropython=1, workdir=str(tmp_path), spark=job_spark,
                  out=lines.append, show_every=4.0, protocol="deadband")

@@ -30,7 +30,8 @@ class Models:
 
     def __init__(self, k=100, min_obs=10):
         if not isinstance(k, int) or k < 3 or not isinstance(min_obs, int) or min_obs < 3:
-            raise ValueError("models need integers k >= 3 and min_obs >= 3")
+            raise ValueError("k and min_obs (the DBM window and its fewest observations) must be integers >= 3, "
+                             "got k=%r, min_obs=%r" % (k, min_obs))
         self.k = k
         self.min_obs = min_obs
         self.est = {}

@@ -27,7 +27,7 @@ reports than the offline optimum at δ = 5–10.
   that report rarely (most of the §5 network objects) are left to the greedy rule; busy ones spread.
   With c = 0 (growth free, the paper's idealized §3.3 setting) growth always spreads.
 
-Constraints (``Rows``): a weighted AVG query gives Σ_i |K_ij|·W_i ≤ δ_j·|S_j|, a SUM query
+Constraints (``Rows``, ``rows.py``): a weighted AVG query gives Σ_i |K_ij|·W_i ≤ δ_j·|S_j|, a SUM query
 Σ_i |K_ij|·W_i ≤ δ_j, and a MIN/MAX query one single-object row W_i ≤ δ_j per object (App. A);
 COUNT is exact (plain count needs no bounds; count-in-range gets membership constraints).
 
@@ -39,120 +39,10 @@ at the reading that left the bound, up to one interval after the last reading in
 import math
 import random
 
-import numpy as np
-from scipy.sparse import csr_matrix
-
 from backend.coordinator.core import aggregate
 from backend.coordinator.core.protocol import Protocol, range_constraints
-from backend.coordinator.precision.lsmr import lsmr
-
-INF = math.inf
-_MARGIN = 1e-9          # growth is applied with this relative margin so float sums stay within δ
-_ROUNDING = 1e-12       # a row over its budget by no more than its sum's rounding fits (uniform shares)
-
-
-class _PerKey:
-    """A per-source lookup that pickles (the Spark job keeps protocols in its state store)."""
-    __slots__ = ("table", "default")
-
-    def __init__(self, table, default):
-        self.table, self.default = table, default
-
-    def __call__(self, key):
-        return self.table.get(key, self.default)
-
-
-def _per_key(value, what):
-    """A number or {key: number} parameter, validated; returns a lookup function."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError("%s[%r] must be a finite number >= 0, got %r" % (what, k, v))
-        return _PerKey({k: float(v) for k, v in value.items()}, 0.0)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError("%s must be a finite number >= 0 or {source: number}, got %r" % (what, value))
-    return _PerKey({}, float(value))
-
-
-class Rows:
-    """The linear width constraints Σ_i |K_ij|·W_i ≤ b_j that the queries impose (App. A, B, D)."""
-
-    def __init__(self, queries, phi=lambda key: 0.0):
-        self.coef = []          # row j -> {key: |K_ij|}
-        self.budget = []        # row j -> b_j (never negative)
-        self.share = []         # row j -> the equal width b_j/Σ_i|K_ij|
-        self.query = []         # row j -> query id
-        for qid in sorted(queries):
-            q = queries[qid]
-            if q.kind in ("avg", "sum"):
-                c = {s: abs(q.weights[s]) for s in q.sources}
-                m, norm = (len(q.sources) if q.kind == "avg" else 1), q.norm()
-                pad = math.fsum(c[s] * phi(s) for s in c)
-                # δ·(m/Σ|K|): exactly δ for an AVG of unit weights, whatever n (δ·n/n is an ulp off at
-                # some n, and a share that flips by an ulp between births re-sends every unconfirmed width)
-                self._add(qid, c, q.precision * m - pad, q.precision * (m / norm) - pad / norm)
-            elif q.kind in ("min", "max"):
-                for s in q.sources:
-                    self._add(qid, {s: 1.0}, q.precision - phi(s), q.precision - phi(s))
-        self.of = {}            # key -> [(row, |K|)]
-        for j, c in enumerate(self.coef):
-            for s, k in c.items():
-                self.of.setdefault(s, []).append((j, k))
-
-    def _add(self, qid, coef, budget, share):
-        self.coef.append(coef)
-        self.budget.append(max(0.0, budget))
-        self.share.append(max(0.0, share))
-        self.query.append(qid)
-
-    def uniform(self, key):
-        """Uniform allocation (§1.2): the smallest equal share b_j/Σ_i|K_ij| over key's rows."""
-        return min(self.share[j] for j, _ in self.of[key])
-
-    def used(self, widths):
-        return [math.fsum(k * widths.get(s, 0.0) for s, k in c.items()) for c in self.coef]
-
-    def fit(self, widths, rows=None):
-        """Scale down the members of every violated row (all rows, or those in ``rows``) to fit; a
-        member without a width (declared, not born yet) takes up nothing."""
-        factor = {}
-        for j, u in enumerate(self.used(widths)):
-            b = self.budget[j]
-            if (rows is None or j in rows) and u > b * (1 + _ROUNDING):
-                f = b / u * (1 - _MARGIN) if u > 0 else 0.0
-                for s in self.coef[j]:
-                    if s in widths:
-                        factor[s] = min(factor.get(s, 1.0), f)
-        for s, f in factor.items():
-            widths[s] = widths[s] * f
-        return widths
-
-
-def burden_targets(rows, burden, x0=None, eps=1e-8):
-    """Solve App. B's system for the targets T_j with a sparse iterative least-squares solver (LSMR).
-
-    T_j·|S_j| + Σ_{i∈S_j} Σ_{k≠j} (|K_ik|/|K_ij|)·T_k = Σ_{i∈S_j} B_i/|K_ij|, i.e. Kinvᵀ·(K·T − B) = 0
-    with K_ij = |K_ij| and Kinv_ij = 1/|K_ij| on the query sets. ``burden`` maps key -> B_i.
-    LSMR gives the minimum-norm solution when overlapping queries make the system singular; ours
-    (``lsmr.py``) gives the same bits in every process.
-    """
-    keys = sorted(rows.of)
-    pos = {s: i for i, s in enumerate(keys)}
-    r, c, k = [], [], []
-    for j, coef in enumerate(rows.coef):
-        for s, w in coef.items():
-            r.append(pos[s])
-            c.append(j)
-            k.append(w)
-    shape = (len(keys), len(rows.coef))
-    K = csr_matrix((k, (r, c)), shape=shape)
-    Kinv = csr_matrix((1.0 / np.asarray(k), (r, c)), shape=shape)
-    M = (Kinv.T @ K).tocsr()
-    rhs = Kinv.T @ np.asarray([burden[s] for s in keys])
-    if x0 is not None and len(x0) != shape[1]:
-        x0 = None
-    return lsmr(M, rhs, atol=eps, btol=eps, x0=x0, maxiter=max(100, 20 * shape[1]))
-
+# _PerKey is not used here: Spark state pickled before the constraint rows had their own module names it here
+from backend.coordinator.precision.rows import INF, _MARGIN, Rows, _PerKey, _per_key, burden_targets  # noqa: F401
 
 REFINED = {"reports": 20, "memory": 50, "cap": 0.2, "growth_cost": 1.0}
 
@@ -178,6 +68,8 @@ class Adaptive(Protocol):
         self.growth_cost = float(growth_cost)
         self.hist = {}                      # key -> [(reports, T/W²)] per period, newest last
         self.held = {}                      # key -> width in force since the last adjustment
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError("seed must be an integer, got %r" % (seed,))
         self.rng = random.Random(seed)
         if not isinstance(immediate, bool):
             raise ValueError("immediate must be true or false, got %r" % (immediate,))

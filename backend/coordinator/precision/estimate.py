@@ -52,7 +52,8 @@ import math
 
 from edge.core import codec
 from backend.coordinator.core.protocol import range_constraints
-from backend.coordinator.precision.adaptive import INF, _MARGIN, Adaptive
+from backend.coordinator.precision.adaptive import Adaptive
+from backend.coordinator.precision.rows import INF, _MARGIN
 from backend.coordinator.precision.extremes import REACH, Cuts
 from backend.coordinator.precision.rates import ALPHAS, Source, shrinkage
 
@@ -106,6 +107,11 @@ class Estimated(Adaptive):
 
     def __new__(cls, rule="estimate", **params):
         if rule == "shrink":
+            code = Adaptive.__init__.__code__
+            extra = sorted(set(params) - set(code.co_varnames[1:code.co_argcount]))
+            if extra:
+                raise ValueError("%s: only the default rule=estimate takes %s, not rule=shrink (Olston §3.2)"
+                                 % (", ".join(extra), "them" if len(extra) > 1 else "it"))
             return Adaptive(**params)       # Olston §3.2: periodic shrink, burden-driven growth
         if rule != "estimate":
             raise ValueError("rule must be estimate or shrink, got %r" % (rule,))
@@ -114,7 +120,8 @@ class Estimated(Adaptive):
     def __init__(self, rule="estimate", cost=1.0, seed=0, immediate=True, rate=None, eps=1e-8, memory=32,
                  every=None, hysteresis=0.1, guard=None, prior=None, reach=REACH, **shrink_only):
         if shrink_only:
-            raise ValueError("%s: parameters of rule=shrink (Olston §3.2) only" % ", ".join(sorted(shrink_only)))
+            raise ValueError("%s: only rule=shrink (Olston §3.2) takes %s, not the default rule=estimate"
+                             % (", ".join(sorted(shrink_only)), "them" if len(shrink_only) > 1 else "it"))
         Adaptive.__init__(self, cost=cost, seed=seed, immediate=immediate, rate=rate, eps=eps)
         for name, v in (("memory", memory), ("every", every), ("guard", guard)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 1):

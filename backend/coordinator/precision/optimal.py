@@ -13,7 +13,7 @@ import numpy as np
 from scipy.optimize import minimize
 
 from backend.coordinator.core.protocol import Protocol, range_constraints
-from backend.coordinator.precision.adaptive import Rows, _per_key
+from backend.coordinator.precision.rows import Rows, _per_key
 
 
 def step_variance(keys, times, sources, values):
@@ -69,7 +69,7 @@ class OptimalStatic(Protocol):
             get = _per_key(steps, "steps")
             self.var = {k: get(k) ** 2 for k in steps}
         self.measure = steps is None
-        if not isinstance(iters, int) or iters < 1:
+        if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
             raise ValueError("iters must be a positive integer, got %r" % (iters,))
         self.iters = iters
         self.widths = {}

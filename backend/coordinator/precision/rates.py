@@ -7,7 +7,7 @@ report (the value jumped past the bound between two readings, where W^(−α) do
 """
 import math
 
-from backend.coordinator.precision.adaptive import INF
+from backend.coordinator.precision.rows import INF
 
 ALPHAS = (2.0, 1.5, 1.0)        # candidate exponents of r ∝ W^−α; the first is the prior
 QUANTUM_AFTER = 8               # value changes seen before a common quantum is trusted

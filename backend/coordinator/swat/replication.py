@@ -1,6 +1,6 @@
 """SWAT-ASR as a coordinator protocol (Bulut & Singh 2003 §3, Fig. 8) and its §4 baselines on the same device.
 
-Every source named by a ``summary`` query carries a SWAT tree on its own device (edge/core/swat.py
+Every source named by a ``summary`` query carries a SWAT tree on its own device (edge/core/swat_asr.py
 ``Replicator``, allocated by a ``summary`` control). The backend is the client site right below the
 device: it keeps a replica row per subscribed segment (pushed by the device whenever its shipped
 range no longer encloses the new one), answers a read locally when its rows meet the precision, and
@@ -26,7 +26,7 @@ from backend.coordinator.core.protocol import Protocol
 from backend.coordinator.core.queries import finite
 from backend.coordinator.swat.asr import (Site, aps_narrow, aps_widen, combine, dc_event, divergence_width, need_of,
                                           resolve, segment_of, weights_for)
-from edge.core.swat import TAG, unpack_segments
+from edge.core.swat_asr import TAG, unpack_segments
 
 INF = float("inf")
 
@@ -103,6 +103,8 @@ class SwatReplication(Protocol):
             raise ValueError("protocol %s: k must be a power of two in 1..128, got %r" % (self.name, k))
         if not finite(phase) or phase <= 0:
             raise ValueError("protocol %s: phase must be a positive number of seconds" % self.name)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError("protocol %s: seed must be an integer, got %r" % (self.name, seed))
         self.window, self.k, self.phase = window, k, float(phase)
         self.nseg = window.bit_length() - 1
         self.src = {}

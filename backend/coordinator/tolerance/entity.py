@@ -119,6 +119,8 @@ class EntityProtocol(Protocol):
     def __init__(self, choice="boundary", seed=0):
         if choice not in ("boundary", "random"):
             raise ValueError("choice must be boundary (boundary-nearest) or random, got %r" % (choice,))
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError("seed must be an integer, got %r" % (seed,))
         self.choice = choice
         self.rng = random.Random(seed)
         self.states = {}          # query id -> QueryState

@@ -22,26 +22,74 @@ Example::
     step = 0.1
     seed = 7
 """
+import math
 import os
 import tomllib
 
 DEFAULTS = {"period": 1.0, "width": 0.0, "outbox": 1024, "ground_truth": None, "boot": None}
 BROKER_DEFAULTS = {"host": "127.0.0.1", "port": 1883, "tls": False, "ca": None, "keepalive": 30}
+REQUIRED = ("fleet", "device", "password", "sources")
+# what each key may hold: "str", "bool", "int" (with its least value), "num+" (> 0), "num0" (>= 0), "num"
+TOP = {"fleet": "str", "device": "str", "password": "str", "sources": "table", "broker": "table",
+       "period": "num+", "width": "num0", "outbox": ("int", 1), "ground_truth": "str", "boot": ("int", 0)}
+BROKER = {"host": "str", "port": ("int", 1), "tls": "bool", "ca": "str", "keepalive": ("int", 1)}
+# per sensor kind: the keys a source of that kind takes (``required`` first)
+KINDS = {"walk": ((), {"kind": "str", "start": "num", "step": "num0", "seed": ("int", 0), "period": "num+"}),
+         "csv": (("path",), {"kind": "str", "path": "str", "speed": "num+"}),
+         "serial": (("port",), {"kind": "str", "port": "str", "baud": ("int", 1)}),
+         "function": (("call",), {"kind": "str", "call": "str", "period": "num+"})}
+
+
+def _check(path, where, table, schema):
+    """Refuse a key ``schema`` does not know (naming it and the known ones) and a value of the wrong type."""
+    unknown = sorted(k for k in table if k not in schema)
+    if unknown:
+        raise ValueError("%s: unknown key%s %s (known%s: %s)" % (
+            path, "s" if len(unknown) > 1 else "", ", ".join(where + k for k in unknown),
+            " in [%s]" % where[:-1] if where else "", ", ".join(sorted(schema))))
+    for key, value in table.items():
+        want = schema[key]
+        kind, least = want if isinstance(want, tuple) else (want, None)
+        if kind == "str":
+            ok, what = isinstance(value, str), "a string"
+        elif kind == "bool":
+            ok, what = isinstance(value, bool), "true or false"
+        elif kind == "table":
+            ok, what = isinstance(value, dict), "a table"
+        elif kind == "int":
+            ok, what = isinstance(value, int) and not isinstance(value, bool) and value >= least, \
+                "an integer >= %d" % least
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and \
+                (kind == "num" or value > 0 or (kind == "num0" and value == 0))
+            what = {"num": "a number", "num+": "a number > 0", "num0": "a number >= 0"}[kind]
+        if not ok:
+            raise ValueError("%s: %s%s must be %s, got %r" % (path, where, key, what, value))
 
 
 def load(path):
-    """Read and check ``path``; relative file names inside it are resolved against its folder."""
+    """Read and check ``path`` (every problem a ``ValueError`` naming the key; an unreadable file an
+    ``OSError``); relative file names inside it are resolved against its folder."""
     with open(path, "rb") as f:
-        cfg = tomllib.load(f)
-    for key in ("fleet", "device", "password", "sources"):
+        try:
+            cfg = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError("%s is not valid TOML: %s" % (path, e))
+    for key in REQUIRED:
         if key not in cfg:
             raise ValueError("%s: missing %r" % (path, key))
+    if not isinstance(cfg["sources"], dict):
+        raise ValueError("%s: sources must be tables [sources.NAME], got %r" % (path, cfg["sources"]))
+    _check(path, "", cfg, TOP)
     if not cfg["sources"]:
         raise ValueError("%s: no sources" % path)
     for key, value in DEFAULTS.items():
         cfg.setdefault(key, value)
+    _check(path, "broker.", cfg.get("broker", {}), BROKER)
     broker = dict(BROKER_DEFAULTS)
     broker.update(cfg.get("broker", {}))
+    if broker["port"] > 65535:
+        raise ValueError("%s: broker.port must be at most 65535, got %r" % (path, broker["port"]))
     cfg["broker"] = broker
     base = os.path.dirname(os.path.abspath(path))
 
@@ -50,9 +98,23 @@ def load(path):
 
     cfg["ground_truth"] = resolve(cfg["ground_truth"])
     broker["ca"] = resolve(broker["ca"])
+    if broker["tls"] and broker["ca"] is not None and not os.path.exists(broker["ca"]):
+        raise ValueError("%s: broker.ca %s does not exist" % (path, broker["ca"]))
     for name, spec in cfg["sources"].items():
         if not isinstance(spec, dict):
-            raise ValueError("%s: source %r needs a table" % (path, name))
+            raise ValueError("%s: source %r needs a table [sources.%s]" % (path, name, name))
+        kind = spec.get("kind", "walk")
+        if kind not in KINDS:
+            raise ValueError("%s: source %s: unknown kind %r (kinds: %s)" % (path, name, kind, ", ".join(KINDS)))
+        required, schema = KINDS[kind]
+        _check(path, "sources.%s." % name, spec, schema)
+        for key in required:
+            if key not in spec:
+                raise ValueError("%s: source %s (%s) needs %s" % (path, name, kind, key))
+        if kind == "function" and (":" not in spec["call"] or not all(spec["call"].partition(":")[::2])):
+            raise ValueError("%s: sources.%s.call must be \"module:function\", got %r" % (path, name, spec["call"]))
         if "path" in spec:
             spec["path"] = resolve(spec["path"])
+            if not os.path.isfile(spec["path"]):
+                raise ValueError("%s: source %s: CSV file %s does not exist" % (path, name, spec["path"]))
     return cfg

@@ -42,7 +42,10 @@ class Function(sensors.Periodic):
 
     def __init__(self, source, call, t0, period):
         module, _, name = call.partition(":")
-        self.fn = getattr(importlib.import_module(module), name)
+        try:
+            self.fn = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise ValueError("source %s: cannot call %s: %s" % (source, call, e))
         sensors.Periodic.__init__(self, source, t0, period)
 
     def read(self, now):

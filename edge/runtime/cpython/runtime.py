@@ -130,7 +130,11 @@ class Runtime:
 def run_agent(config_path):
     """``quietfleet agent --config device.toml``: run until SIGINT/SIGTERM; returns an exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    rt = Runtime(config.load(config_path))
+    try:
+        rt = Runtime(config.load(config_path))
+    except (ValueError, OSError) as e:     # a bad or unreadable device.toml, a CSV, serial port or CA missing
+        print("quietfleet agent: %s" % e, file=sys.stderr)
+        return 2
     signal.signal(signal.SIGINT, rt.stop)
     signal.signal(signal.SIGTERM, rt.stop)
     rt.run()

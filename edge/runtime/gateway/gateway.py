@@ -3,7 +3,7 @@
 A Raspberry Pi class process (also under QEMU ARM64) that owns one serial line per micro:bit
 (pyserial; a QEMU board's ``-serial pty`` is opened like ``/dev/ttyACM0``) and, per sensor, one MQTT
 session under the gateway's credentials with the sensor's own topics, client id and Last Will (the
-broker's ACL grants the gateway exactly its sensors' topics, ``backend/broker.py``). ``Bridge``
+broker's ACL grants the gateway exactly its sensors' topics, ``backend/live/broker.py``). ``Bridge``
 translates. With ``relay`` set, every sample the sensors log also enters an
 ``edge.core.relay.RelayNode`` (hCount sketch, forecast and correct bodies) that publishes as the
 gateway's own device, so relay queries run on the live coordinator. ``truth`` names a folder for

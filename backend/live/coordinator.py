@@ -18,7 +18,8 @@ import time
 import paho.mqtt.client as mqtt
 
 from backend import host as hostmod
-from backend.broker import BACKEND_USER
+from backend.answers import answer_json, error_record
+from backend.live.broker import BACKEND_USER
 from edge.core import topics
 
 log = logging.getLogger("quietfleet.live")
@@ -45,11 +46,11 @@ class MqttSink:
         live.stats["answers"] += 1
         if live.answers is not None:
             live.answers.append(change)
-        self._publish(change["query"], hostmod.answer_json(change))
+        self._publish(change["query"], answer_json(change))
 
     def error(self, qid, message):
         log.error("query %s: %s", qid, message)
-        self._publish(qid, hostmod.answer_json(hostmod.error_record(qid, message, self.live.host.now)))
+        self._publish(qid, answer_json(error_record(qid, message, self.live.host.now)))
 
     def retract(self, qid):
         self.live.client.publish(topics.query(self.live.fleet, qid, "answer"), b"", qos=0, retain=True)
@@ -209,11 +210,23 @@ def coordinator_main(args):
     try:
         with open(args.credentials) as f:
             cred = json.load(f)
-        specs = [json.loads(q) for q in args.query or []]
+        specs = []
+        for q in args.query or []:
+            try:
+                specs.append(json.loads(q))
+            except ValueError as e:
+                raise ValueError("--query %s is not JSON: %s" % (q, e))
         host = hostmod.Host(hostmod.from_args(args), t0=time.time())
         live = LiveCoordinator(host, cred["fleet"], cred["host"], cred["port"], cred["users"][BACKEND_USER],
                                queries=specs, answers_path=args.answers)
-    except (OSError, ValueError, KeyError) as e:
+        from backend.ui import hooks as ui_hooks        # --ui: the dashboard (backend/ui)
+        ui = ui_hooks.coordinator(args, live, cred["fleet"], cred["host"], cred["port"],       # --ui
+                                  cred["users"][BACKEND_USER], specs)                          # --ui
+    except KeyError as e:
+        print("quietfleet coordinator: %s lacks %s (write it with quietfleet broker)" % (args.credentials, e),
+              file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as e:
         print("quietfleet coordinator: %s" % e, file=sys.stderr)
         return 2
     # Ctrl-C and SIGTERM stop the loop at its next turn (at most MAX_WAIT): a KeyboardInterrupt raised
@@ -223,5 +236,7 @@ def coordinator_main(args):
     print("coordinator for fleet %s on %s:%d (%s); answers on %s" % (cred["fleet"], cred["host"], cred["port"],
           host.settings["protocol"], topics.query(cred["fleet"], "<id>", "answer")), flush=True)
     stats = live.run()
+    if ui is not None:      # --ui
+        ui.stop()           # --ui
     print(json.dumps({"stats": stats}))
     return 0

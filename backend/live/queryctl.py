@@ -12,6 +12,7 @@ import time
 import paho.mqtt.client as mqtt
 
 from backend.coordinator.core.queries import QueryError, parse_query
+from backend.coordinator.protocols import PROTOCOLS
 from edge.core import topics
 
 
@@ -34,8 +35,9 @@ def check_spec(qid, text):
         raise QueryError("spec must be a JSON object")
     spec.pop("id", None)
     srcs = spec.get("sources", "all")
+    kinds = sorted({k for cls in PROTOCOLS.values() for k in cls.kinds})    # which the backend runs decides
     parse_query(dict(spec, id=qid), set(srcs) if isinstance(srcs, list) and all(isinstance(s, str) for s in srcs)
-                else {"x"}, kinds=(spec.get("kind"),))
+                else {"x"}, kinds=kinds)
     return spec
 
 
@@ -86,7 +88,11 @@ def query_main(args):
             for qid, d in sorted(collect(host, port, password, args.fleet).items()):
                 if "spec" in d:
                     print("%s  %s\n    answer: %s" % (qid, json.dumps(d["spec"]), json.dumps(d.get("answer"))))
-    except (QueryError, ValueError, OSError, KeyError) as e:
+    except KeyError as e:           # from the broker's credentials.json
+        print("quietfleet query: %s/credentials.json lacks %s (write it with quietfleet broker)"
+              % (args.broker_dir, e), file=sys.stderr)
+        return 2
+    except (QueryError, ValueError, OSError) as e:
         print("quietfleet query: %s" % e, file=sys.stderr)
         return 2
     return 0

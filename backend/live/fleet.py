@@ -20,11 +20,11 @@ import time
 from firmware.build import MODULES, compile_modules
 
 # MicroPython heap of an emulated agent (-X heapsize). The 64-bit unix port needs about 53 KB live for the
-# agent with every filter model (a 32-bit board about 36 KB, `python -m backend.bench_edge`); 64 KB left
+# agent with every filter model (a 32-bit board about 36 KB, `python -m backend.bench.edge`); 64 KB left
 # too little room for fragmentation, so the emulated boards get 96 KB (an ESP32 has over 100 KB free).
 HEAP = "96k"
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
 KINDS = ("micropython", "cpython", "arm64", "microbit")
 PREFIX = {"micropython": "m", "cpython": "c", "arm64": "a", "microbit": "b"}
@@ -113,7 +113,7 @@ class Device:
 
 
 class Fleet:
-    """Agents for ``broker`` (a started ``backend.broker.Broker``) with files under ``folder``."""
+    """Agents for ``broker`` (a started ``backend.live.broker.Broker``) with files under ``folder``."""
 
     def __init__(self, broker, folder, heap=HEAP, keepalive=5, width=1.0, period=0.1, gateway="cpython"):
         self.broker = broker
@@ -306,10 +306,10 @@ def fleet_main(args):
     With ``--out`` it also runs a live coordinator answering a SUM over every source and an AVG over half of
     them, and writes the result there: agents per kind, messages up/down, violations against the devices'
     ground truth."""
-    from backend.broker import Broker, BrokerError
+    from backend.live.broker import Broker, BrokerError
     from backend.host import LIVE_LATENCY, Host
-    from backend.demo import violations
-    from backend.live import LiveCoordinator
+    from backend.live.checker import violations
+    from backend.live.coordinator import LiveCoordinator
     counts = {"micropython": args.micropython, "cpython": args.cpython, "arm64": args.arm64,
               "microbit": getattr(args, "microbit", 0)}
     names = Fleet.names(**counts)

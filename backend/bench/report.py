@@ -3,7 +3,7 @@
 Every figure is a ratio or sits beside its baseline from the same run, with workload and seed.
 Sections: messages and bytes per protocol on shared workloads; the clairvoyant limit for one
 source; guarantee violations; simulator throughput as the fleet grows; the real-trace suite
-(``backend.bench_traces``); and, where their modules are
+(``backend.bench.traces``); and, where their modules are
 present, edge cost and Spark backend figures. Writes ``REPORT.md``, CSV tables and PNG plots.
 """
 import csv
@@ -17,7 +17,7 @@ import time
 
 from backend.coordinator.protocols import PROTOCOLS
 from backend.sim import engine
-from backend import synthetic
+from backend.bench import synthetic
 from backend.sim.clairvoyant import minimum_reports
 from backend.sim.sources import samples
 from backend.sim.workload import load
@@ -283,9 +283,9 @@ def main(out_dir, quick=False, smoke=False, log=None):
     log("[bench] backend state size")
     state = state_table(sizes, log)
     log("[bench] real traces")
-    from backend.bench_traces import section as traces_section
+    from backend.bench.traces import section as traces_section
     trace_lines, trace_viol = traces_section(out_dir, quick=quick, smoke=smoke, log=log)
-    edge, edge_note = (None, "skipped in smoke runs") if smoke else _optional("backend.bench_edge", "figures", log, quick=quick)
+    edge, edge_note = (None, "skipped in smoke runs") if smoke else _optional("backend.bench.edge", "figures", log, quick=quick)
     spark, spark_note = (None, "skipped in smoke runs") if smoke else _optional("backend.spark.bench_job", "figures", log, quick=quick)
     for name, rows in (("protocols", proto), ("clairvoyant", clair), ("throughput", thr), ("state", state)):
         _write_csv(os.path.join(out_dir, name + ".csv"), rows)

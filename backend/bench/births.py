@@ -1,6 +1,6 @@
 """A fleet booting into an ``"all"`` query (Olston et al. 2003 §1.2 uniform and §3 adaptive widths): downlinks and time.
 
-``python -m backend.bench_births [--n 2000] [--precision 0.1]`` registers one AVG over ``"all"``, then
+``python -m backend.bench.births [--n 2000] [--precision 0.1]`` registers one AVG over ``"all"``, then
 births ``n`` one-source devices 1 ms apart through ``backend.host.Host``; each device is a real
 ``edge.agent.Agent`` whose acknowledgements reach the host at once, after every 10 births, or never
 (a fleet booting faster than its acknowledgements come back, as inside one Spark micro-batch). It
@@ -49,7 +49,7 @@ def pump(h, agents, now, out):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m backend.bench_births", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m backend.bench.births", description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=2000, help="devices born (default 2000)")
     ap.add_argument("--precision", type=float, default=0.1, help="δ of the AVG (default 0.1)")
     ap.add_argument("--protocols", nargs="+", default=["deadband", "adaptive"])

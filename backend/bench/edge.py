@@ -4,7 +4,7 @@ Kinds: CPython, the MicroPython unix port (precompiled .mpy), and CPython on arm
 user-mode emulation (Raspberry Pi class, when scripts/setup_arm64.sh has built the root). The same
 portable timing script runs in each interpreter. Then the smallest MicroPython heap at which the
 agent still runs its live scenario (birth, reports, config/filter/probe control traffic against
-Mosquitto) is found by bisection. ``python -m backend.bench_edge [--quick]`` prints the figures
+Mosquitto) is found by bisection. ``python -m backend.bench.edge [--quick]`` prints the figures
 next to the DESIGN targets.
 
 The unix port is 64-bit: every object there is about twice its size on a board. The 32-bit figure
@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from backend import fleet as fleet_mod
+from backend.live import fleet as fleet_mod
 from edge.core import topics
 from firmware.build import MODULES, compile_modules
 
@@ -161,7 +161,7 @@ def _scenario(broker, folder, heap, mpy, seconds=3.0):
 
 def smallest_heap(mpy, lo=24, hi=96, step=2):
     """Bisect the smallest ``-X heapsize`` (KB, multiple of ``step``) at which the scenario passes."""
-    from backend.broker import Broker
+    from backend.live.broker import Broker
     with tempfile.TemporaryDirectory() as tmp, Broker(os.path.join(tmp, "b"), "bench", ["m0"]) as broker:
         ok = _scenario(broker, os.path.join(tmp, "f%d" % hi), "%dk" % hi, mpy)
         if ok is None:
@@ -240,7 +240,7 @@ def figures(quick=True, arm64=True):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m backend.bench_edge", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m backend.bench.edge", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer samples")
     p.add_argument("--no-arm64", action="store_true", help="skip the QEMU ARM64 interpreter")
     a = p.parse_args(argv)

@@ -1,10 +1,10 @@
 """``quietfleet bench`` section: the real-trace suite (issue #18 item 6), each split (dev, held-out, ...) apart.
 
-For every trace of ``backend.traces`` with its default AVG query: messages (up + down) of each protocol
+For every trace of ``backend.bench.suite`` with its default AVG query: messages (up + down) of each protocol
 column in ``COLUMNS``, the clairvoyant piecewise-constant and piecewise-linear minima per source at
 the deadband width, ratios to deadband, their geometric means, simulator samples/s, and plots.
 Each simulation runs in a child process under a wall-clock limit, so a run that stalls shows as a
-timeout instead of stalling the report.
+timeout instead of stalling the report. ``main`` is ``scripts/traces.py`` (convert, optionally ``--bench``).
 """
 import csv
 import math
@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import time
 
-from backend import traces
+from backend.bench import suite
 from backend.coordinator.core import aggregate
 from backend.coordinator.core.queries import parse_query
 from backend.coordinator.protocols import PROTOCOLS
@@ -37,7 +37,7 @@ COLUMNS = [
 ]
 MINIMA = (("clairvoyant_pc", lambda t, v, w: minimum_reports(v, w)), ("clairvoyant_pl", minimum_segments))
 TITLES = {"dev": "Development traces", "held-out": "Held-out traces (never tuned on)",
-          "held-out-2": "Held-out traces, second set (added 2026-11-24, never tuned on)"}     # one per traces.SPLITS
+          "held-out-2": "Held-out traces, second set (added 2026-11-24, never tuned on)"}     # one per suite.SPLITS
 
 
 def _of(x, c):
@@ -92,15 +92,15 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
     rows, runs = [], []
     for c in cat:
         row = {"trace": c["name"], "split": c["split"], "domain": c["domain"], "sources": c["sources"],
-               "span": traces.human(duration if duration is not None else c["span_s"]),
-               "interval": traces.human(c["interval_s"])}
+               "span": suite.human(duration if duration is not None else c["span_s"]),
+               "interval": suite.human(c["interval_s"])}
         base = None
         for col in columns or COLUMNS:
             label, proto = col["label"], col["protocol"]
             if proto not in PROTOCOLS:
                 continue
             p = dict(_of(col.get("params"), c))
-            spec = traces.workload(c, trace_dir, proto, p, duration)
+            spec = suite.workload(c, trace_dir, proto, p, duration)
             extra = _of(col.get("query"), c)
             spec["queries"] = [dict(q, **extra) for q in spec["queries"]]
             r = run_limited(spec, limit)
@@ -124,7 +124,7 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
                 if label == "deadband":
                     base = m
             runs.append(rec)
-        row.update(minima(traces.workload(c, trace_dir, "deadband", duration=duration)))
+        row.update(minima(suite.workload(c, trace_dir, "deadband", duration=duration)))
         for label in [col["label"] for col in columns or COLUMNS] + [m[0] for m in MINIMA]:
             if isinstance(row.get(label), int) and base:
                 row[label + "/db"] = round(row[label] / base, 4)
@@ -136,7 +136,7 @@ def geomeans(rows):
     """Geometric mean of each ratio column over the traces of each split that have it: [(split, {col: (g, n)})]."""
     out = []
     keys = [k for k in rows[0] if k.endswith("/db")] if rows else []
-    for split in traces.SPLITS:
+    for split in suite.SPLITS:
         got = {}
         for k in keys:
             xs = [r[k] for r in rows if r["split"] == split and r.get(k)]
@@ -161,9 +161,9 @@ def _table(rows, labels, protocols):
 
 
 def split_tables(rows, labels, protocols):
-    """A titled table per split of ``traces.SPLITS`` that has rows, in that order."""
+    """A titled table per split of ``suite.SPLITS`` that has rows, in that order."""
     lines = []
-    for split in traces.SPLITS:
+    for split in suite.SPLITS:
         part = [r for r in rows if r["split"] == split]
         if part:
             lines += ["### " + TITLES[split], ""] + _table(part, labels, protocols) + [""]
@@ -204,9 +204,9 @@ def _plots(out_dir, rows, labels, cat, trace_dir, duration):
     nrow = int(math.ceil(len(rows) / cols))
     fig, axes = plt.subplots(nrow, cols, figsize=(4.5 * cols, 2.6 * nrow), squeeze=False)
     for ax, r, c in zip(axes.ravel(), rows, cat):
-        w = load(traces.workload(c, trace_dir, "deadband", duration=duration))
+        w = load(suite.workload(c, trace_dir, "deadband", duration=duration))
         t, s, v = samples(w)
-        unit, size = next((u, k) for u, k in (("years", traces.YEAR), ("days", traces.DAY), ("hours", 3600.0),
+        unit, size = next((u, k) for u, k in (("years", suite.YEAR), ("days", suite.DAY), ("hours", 3600.0),
                                               ("s", 1.0)) if t[-1] >= 2 * k or u == "s")
         for i in range(min(4, len(w.source_ids))):
             m = s == i
@@ -238,7 +238,7 @@ def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=
     names = ["seismic-rjob"] if smoke else None
     limit = limit or (60.0 if smoke or quick else 300.0)
     t0 = time.time()
-    cat = traces.convert(trace_dir, names, log=log)
+    cat = suite.convert(trace_dir, names, log=log)
     rows, runs = measure(cat, trace_dir, limit, duration=5.0 if smoke else None, log=log)
     _write_csv(os.path.join(out_dir, "traces.csv"), rows)
     _write_csv(os.path.join(out_dir, "traces_runs.csv"), runs)
@@ -257,7 +257,7 @@ def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=
              "reported, a message, a due timer), so it is lowest on traces where most readings are reported. A run "
              "over its wall-clock limit (%g s) would show `> limit`. Violations in these runs: **%d**. "
              "Section took %.0f s on %d cores at a load average of %.1f (other work shares the cores; "
-             "samples/s scale with it)." % (traces.PRECISION_FRACTION, limit, viol, time.time() - t0,
+             "samples/s scale with it)." % (suite.PRECISION_FRACTION, limit, viol, time.time() - t0,
                                            os.cpu_count() or 1, os.getloadavg()[0]), ""]
     lines += split_tables(rows, labels, protocols)
     lines += ["### Geometric mean of the ratio to deadband", "", "| split | " + " | ".join(labels) + " |",
@@ -268,5 +268,27 @@ def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=
     lines += ["", "Every run's figures (samples/s, runtime, up/down, status) are in `traces_runs.csv`.", ""]
     lines += ["![ratios](%s)" % plots[0], "", "![speed](%s)" % plots[1], "", "![traces](%s)" % plots[2], "",
               "### Catalogue", "",
-              traces.catalogue_md(cat)]
+              suite.catalogue_md(cat)]
     return lines, viol
+
+
+def main(argv=None):
+    """``scripts/traces.py``: convert the suite into CSV traces, and with ``--bench DIR`` run this section there."""
+    import argparse
+    ap = argparse.ArgumentParser(description="Convert the real-trace suite into simulator CSV traces.")
+    ap.add_argument("--out", default=os.path.join("results", "traces"))
+    ap.add_argument("names", nargs="*", help="traces to convert (default: all)")
+    ap.add_argument("--bench", metavar="DIR", help="also run the bench's real-trace section into DIR/TRACES.md")
+    ap.add_argument("--quick", action="store_true", help="with --bench: the quick wall-clock limit")
+    args = ap.parse_args(argv)
+    cat = suite.convert(args.out, args.names or None, log=print)
+    print(suite.catalogue_md(cat))
+    if args.bench:
+        os.makedirs(args.bench, exist_ok=True)
+        lines, viol = section(args.bench, quick=args.quick, trace_dir=args.out)
+        with open(os.path.join(args.bench, "TRACES.md"), "w") as fh:
+            fh.write("# QuietFleet real-trace benchmark\n\nCommand: `python scripts/traces.py --bench %s%s`\n\n%s"
+                     % (args.bench, " --quick" if args.quick else "", "\n".join(lines)))
+        print("wrote %s" % os.path.join(args.bench, "TRACES.md"))
+        return 0 if viol == 0 else 1
+    return 0

@@ -306,25 +306,3 @@ def workload(c, trace_dir, protocol, params=None, duration=None):
             "duration": duration if duration is not None else c["span_s"],
             "sources": {"trace": os.path.abspath(os.path.join(trace_dir, c["name"] + ".csv"))},
             "queries": [dict(q) for q in c["queries"]]}
-
-
-def main(argv=None):
-    import argparse
-    ap = argparse.ArgumentParser(description="Convert the real-trace suite into simulator CSV traces.")
-    ap.add_argument("--out", default=os.path.join("results", "traces"))
-    ap.add_argument("names", nargs="*", help="traces to convert (default: all)")
-    ap.add_argument("--bench", metavar="DIR", help="also run the bench's real-trace section into DIR/TRACES.md")
-    ap.add_argument("--quick", action="store_true", help="with --bench: the quick wall-clock limit")
-    args = ap.parse_args(argv)
-    cat = convert(args.out, args.names or None, log=print)
-    print(catalogue_md(cat))
-    if args.bench:
-        from backend.bench_traces import section
-        os.makedirs(args.bench, exist_ok=True)
-        lines, viol = section(args.bench, quick=args.quick, trace_dir=args.out)
-        with open(os.path.join(args.bench, "TRACES.md"), "w") as fh:
-            fh.write("# QuietFleet real-trace benchmark\n\nCommand: `python scripts/traces.py --bench %s%s`\n\n%s"
-                     % (args.bench, " --quick" if args.quick else "", "\n".join(lines)))
-        print("wrote %s" % os.path.join(args.bench, "TRACES.md"))
-        return 0 if viol == 0 else 1
-    return 0

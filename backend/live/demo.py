@@ -17,13 +17,10 @@ import tempfile
 import time
 
 from backend import host
-from backend.broker import Broker, BrokerError, find_mosquitto
-from backend.coordinator.core import aggregate
+from backend.live.broker import Broker, BrokerError, find_mosquitto
 from backend.coordinator.protocols import PROTOCOLS
-from backend.coordinator.core.queries import parse_query
-from backend.fleet import HEAP, Fleet, micropython_available
-from backend.sim import truth as truth_mod
-from edge.core.interval import IntervalFilter
+from backend.live.checker import deadband_reports, explain, time_of, violations
+from backend.live.fleet import HEAP, Fleet, micropython_available
 from edge.core import topics
 
 FLEET = "demo"
@@ -151,89 +148,6 @@ def _fmt(a):
     return "%s %s" % ({k: v for k, v in a.items() if k not in ("query", "time", "guarantee")}, g)
 
 
-def _time(row):
-    return row[0]
-
-
-def violations(queries, readings, answers, end, wrong=None):
-    """Check every answer change against the agents' ground truth, honouring revoked windows as the
-    simulator's checker does; returns {query: (violations, violation seconds, degraded seconds)}. ``readings``: [(t, source, value)] of every agent,
-    each agent's in its log order (a gateway stamps a backlog of board frames with one time: the last sample at
-    a time is the value from then on). ``wrong``: a dict that gets {query: [(t, lo, hi, exact)]} of every
-    violating instant."""
-    sources = sorted({s for _, s, _ in readings})
-    truth = truth_mod.Truth(sources)
-    qs = [parse_query(q, set(sources)) for q in queries]
-    for q in qs:
-        truth.add_query(q, -math.inf)
-    index = truth.index
-    readings = sorted(readings, key=_time)      # stable: samples sharing a stamp keep their log order
-    i = 0
-    while i < len(readings):
-        t = readings[i][0]
-        while i < len(readings) and readings[i][0] == t:
-            truth.update(index[readings[i][1]], readings[i][2])
-            i += 1
-        truth.flush(t)
-    out = {}
-    for q in qs:
-        mine = [(a["time"], a["lo"], a["hi"], a["degraded"]) for a in answers if a["query"] == q.id and a["time"] <= end]
-        revoked = [a["revoked"] for a in answers if a["query"] == q.id and "revoked" in a]
-        mine = truth_mod.revoke(mine, revoked)      # answers withdrawn later count as degraded (issue #20)
-        bad = [] if wrong is not None else None
-        v, vt, _, dt = truth_mod.check(truth.tracks[q.id].timeline, mine, q.precision, end, bad)
-        if bad:
-            wrong[q.id] = bad
-        out[q.id] = (v, vt, dt)
-    return out
-
-
-def _explain(queries, readings, answers, wrong, out, show=3, around=0.3):
-    """Print the first ``show`` violating instants of each query with its sources' readings and its
-    answers from the one in force to ``around`` s after each (what a failed run must leave behind to be diagnosed)."""
-    rows = sorted(readings, key=_time) if wrong else []
-    for q in queries:
-        for t, lo, hi, x in wrong.get(q["id"], [])[:show]:
-            out("VIOLATION %s at %.3f: answer [%r, %r], truth %r" % (q["id"], t, lo, hi, x))
-            srcs = set(q.get("sources") or ())
-            for r in rows:
-                if abs(r[0] - t) <= around and (not srcs or r[1] in srcs):
-                    out("    reading %.3f %s %r" % r)
-            mine = [a for a in answers if a["query"] == q["id"]]
-            held = max((a["time"] for a in mine if a["time"] <= t), default=t)     # the answer in force
-            for a in mine:
-                if held <= a["time"] <= t + around or abs(a["time"] - t) <= around:
-                    out("    answer  %.3f %s" % (a["time"], {k: v for k, v in a.items() if k not in ("query", "time")}))
-
-
-def deadband_reports(queries, readings, start=None):
-    """(reports, control messages) plain deadband would send for the same readings: each source keeps
-    the narrowest uniform share of its queries (and their count ranges), replayed through the edge
-    filter; a control message goes to a source whenever registering the next query changes its filter.
-    With ``start``: from that instant on, every filter installed and centred on its source's last
-    reading before it (so no control messages, and no report for the registration transient)."""
-    sources = sorted({s for _, s, _ in readings})
-    width, cons = {s: math.inf for s in sources}, {s: [] for s in sources}
-    control = 0
-    for q in queries:
-        q = parse_query(q, set(sources))
-        for s in q.sources:
-            w, c = min(width[s], aggregate.uniform_width(q)), list(cons[s])
-            if q.kind == "count" and q.range is not None and q.range not in c:
-                c.append(q.range)
-            control += (w, c) != (width[s], cons[s])
-            width[s], cons[s] = w, c
-    filt = {s: IntervalFilter(width[s], cons[s]) for s in sources}
-    n = 0
-    for t, s, v in sorted(readings, key=_time):
-        if start is not None and t < start:
-            filt[s].recenter(v)
-        elif filt[s].check(v):
-            filt[s].recenter(v)
-            n += 1
-    return n, (0 if start is not None else control)
-
-
 def microbits_available():
     """True when QEMU and the micro:bit firmware are installed (the demo then adds micro:bits)."""
     from firmware.microbit import build, qemu
@@ -245,7 +159,8 @@ def microbits_available():
 
 
 def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, latency=host.LIVE_LATENCY, period=5.0, shrink=0.05,
-        trigger=0.25, master="local[*]", workdir=None, spark=None, out=print, show_every=5.0, settle=5.0):
+        trigger=0.25, master="local[*]", workdir=None, spark=None, out=print, show_every=5.0, settle=5.0,
+        ui=None):
     """Run the live demo; returns a result dict (messages, violations, answers, the work folder). Messages
     are counted from when the queries' filters have reached the devices (at least ``settle`` s after the
     queries were registered, every query answered, no control message for ``QUIET`` s): the registration transient (every reading reported until then) is the same for any
@@ -264,6 +179,7 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
     bits = ["b%d" % i for i in range(microbit)]
     gateways = {"g0": bits} if bits else {}
     devices, backend, broker, observer, fleet = [], None, None, None, None
+    dash = None         # --ui: the dashboard (backend/ui), on [HOST:]PORT ``ui``
     from backend.spark.service import Backend
     from backend.spark import job
     try:
@@ -272,6 +188,8 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         out("broker: mosquitto on %s:%d, %d device accounts, ACL per device (a gateway: its sensors' topics)"
             % (broker.host, broker.port, len(plan) + len(gateways)))
         observer = Observer(broker)
+        from backend.ui import hooks as ui_hooks                                # --ui
+        dash = ui_hooks.demo(ui, broker, observer, devices, out)                # --ui
         settings = host.settings(protocol=protocol, period=period, shrink=shrink, latency=latency, beat=host.LIVE_BEAT)
         out("backend: bridge -> spool -> Spark Structured Streaming (%s, transformWithStateInPandas, RocksDB), "
             "protocol %s, latency tolerance %.2fs, trigger %.2fs" % (master, protocol, latency, trigger))
@@ -319,6 +237,8 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
                 break
         settle = time.monotonic() - registered
         t_reg = time.time()
+        if dash is not None:                    # --ui: totals from here on, as the closing table counts
+            dash.provider.start(t_reg, queries)     # --ui
         observer.counts = dict.fromkeys(observer.counts, 0)   # compare from the installed filters on
         start = time.monotonic()
         next_show = start + show_every
@@ -346,7 +266,7 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         end = min(max(r[0] for r in d.readings()) for d in devices)
         wrong = {}
         checked = violations(queries, readings, answers, end, wrong)
-        _explain(queries, readings, answers, wrong, out)
+        explain(queries, readings, answers, wrong, out)
         result = {"protocol": protocol, "dir": workdir, "samples": len(window), "uplink": observer.counts["up"],
                   "ctl": observer.counts["ctl"], "deadband": deadband_reports(queries, readings, t_reg),
                   "violations": sum(v for v, _, _ in checked.values()), "per_query": checked,
@@ -355,6 +275,8 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         _table(result, out)
         return result
     finally:
+        if dash is not None:        # --ui
+            dash.stop()             # --ui
         if fleet is not None:
             fleet.stop_all()
         if observer is not None:
@@ -409,7 +331,7 @@ def main(args):
     try:
         r = run(duration=args.duration, cpython=args.cpython, micropython=args.micropython,
                 protocol=args.protocol, latency=host.LIVE_LATENCY if args.latency is None else args.latency,
-                master=args.master,
+                master=args.master, ui=getattr(args, "ui", None),      # --ui
                 out=lambda line: console.write(line + "\n"))
         code = 0 if r["violations"] == 0 else 1
     except BrokerError as e:

@@ -1,6 +1,6 @@
-"""``python -m backend.bench_faults``: the bench workloads on a hostile network (issue #20, DESIGN.md §8).
+"""``python -m backend.bench.faults``: the bench workloads on a hostile network (issue #20, DESIGN.md §8).
 
-Each synthetic bench workload (``backend.bench.workloads``) runs under the default adaptive protocol and
+Each synthetic bench workload (``backend.bench.report.workloads``) runs under the default adaptive protocol and
 deadband twice with the same seed, delay 0.2 s + jitter 0.1 s and a 5 s heartbeat: on a clean network
 and with loss 5 %, duplication 5 %, reordering 20 % and device clocks off by up to 0.3 s. Printed
 per run: violations outside degraded or revoked windows (target 0), the share of query time answered
@@ -12,7 +12,7 @@ import copy
 import csv
 import os
 
-from backend.bench import workloads
+from backend.bench.report import workloads
 from backend.sim import engine
 
 FAULTS = {"loss": 0.05, "duplicate": 0.05, "reorder": 0.2, "skew": 0.3}

@@ -1,0 +1,71 @@
+"""How every driver writes an answer (DESIGN.md §3, §4): one record, one guarantee vocabulary, strict JSON.
+
+``answer_record`` turns a coordinator's answer change into what the simulator's JSONL, the live
+coordinator's retained payload and the Spark job's answer table all carry: the change plus its
+``guarantee`` (one word of ``GUARANTEES``) and ``final`` (true: a lag query's final answer, DESIGN.md §4
+segment mode); ``error_record`` is what stands in for the answer of a refused or waiting spec;
+``answer_json`` writes either as strict JSON (``strict``: non-finite numbers as strings).
+"""
+import json
+import math
+
+# What an answer guarantees (DESIGN.md §4): the word every driver writes in "guarantee".
+GUARANTEES = {
+    "interval": "the exact aggregate lies in [lo, hi]",
+    "probabilistic": "the exact value lies in [lo, hi] with the stated confidence",
+    "tolerance": "the members are within the query's rank or fraction tolerance",
+    "degraded": "a source is offline, out of sync or its clock is off; see reason",
+    "none": "no guarantee yet (no model or no reading)",
+}
+
+
+def guarantee(fields):
+    """The guarantee word of an answer (one of ``GUARANTEES``): ``degraded``, else the protocol's own,
+    else by its shape (``members``: a tolerance set, otherwise an interval)."""
+    if fields.get("degraded"):
+        return "degraded"
+    word = fields.get("guarantee") or ("tolerance" if "members" in fields else "interval")
+    if word not in GUARANTEES:
+        raise ValueError("unknown guarantee %r (have: %s)" % (word, ", ".join(GUARANTEES)))
+    return word
+
+
+def answer_record(change):
+    """One answer change as every driver writes it (JSONL line, retained payload, table row): the
+    coordinator's fields plus ``guarantee``; a degraded answer always carries a ``reason``.
+
+    Fields: ``time`` (event time from which it holds, until the query's next change), ``query``,
+    ``lo``/``hi`` or ``members``, ``degraded`` (true: no guarantee now; a source is offline, out of
+    sync or its clock is off, see ``reason``), ``reason`` (``"lost uplink: d3; offline: s5; ..."``:
+    the integrity findings of ``coordinator.core.integrity`` first — lost uplink, silent, rebooted,
+    lost state, clock skew — then the offline widening), ``guarantee``, and, when late news showed
+    earlier answers may have been wrong, ``revoked: [t0, t1]``: every answer of this query holding
+    within [t0, t1) (up to this change) is withdrawn and counts as degraded (issue #20)."""
+    rec = dict(change)
+    rec["guarantee"] = guarantee(change)
+    rec.setdefault("final", False)      # final: a lag query's answer for a past time that no longer changes
+    if rec["guarantee"] == "degraded":
+        rec.setdefault("reason", "degraded by the protocol")
+    return rec
+
+
+def error_record(qid, message, now):
+    """What a driver publishes for a refused or waiting spec (in place of the query's answer)."""
+    return {"query": qid, "error": message, "time": now}
+
+
+def answer_json(rec):
+    """An answer change (``answer_record`` applied) or an ``error_record`` as JSON text: keys sorted,
+    non-finite numbers as the strings ``"inf"``, ``"-inf"``, ``"nan"`` (strict JSON)."""
+    return json.dumps(strict(rec if "error" in rec else answer_record(rec)), sort_keys=True)
+
+
+def strict(x):
+    """``x`` with every non-finite float replaced by ``"inf"``, ``"-inf"`` or ``"nan"`` (strict JSON)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if x != x else ("inf" if x > 0 else "-inf")
+    if isinstance(x, dict):
+        return {k: strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [strict(v) for v in x]
+    return x

@@ -1,0 +1,123 @@
+"""Downlinks (DESIGN.md §3): the coordinator's controls, configs and probes, and the waits for their effect.
+
+A mixin of ``Coordinator`` (coordinator.py). Every downlink carries the device's next sequence number,
+the backend's incarnation and the token of the birth it answers (a device of an earlier run gets this
+run's config first); a narrowing or an acknowledged control is expected back in a report carrying its
+epoch and sent again until it is (``Integrity.expect``), timed from when it left: the event time reached
+plus λ, or, in echo mode, when the broker is seen passing it on (``handle_echo``).
+"""
+import math
+
+from edge.core.codec import newer
+from edge.core import codec
+from backend.coordinator.core.integrity import FILTER, RETRY
+
+
+class Downlink:
+    def send(self, device, kind, fields):
+        d = self.devices[device]
+        config = kind == "config" or kind == "setup"
+        if d.get("inc") not in (None, self.inc) and not config and kind != "rebirth":
+            self.send_config(device)    # a new backend run: its config first, or the device drops the rest
+        d["down"] = (d["down"] + 1) & 0xFFFFFFFF
+        fields["seq"] = d["down"]
+        fields["inc"] = self.inc
+        fields["to"] = d["to"]
+        if config:
+            d["inc"] = self.inc
+        elif kind == "rebirth":
+            d["rebirth"], d["asked"] = d["down"], self.wall
+        self.out.append(("down", device, codec.encode(kind, fields)))
+
+    def assign_width(self, key, width, confirm=None):
+        """A new width; a narrowing is acknowledged, and sent again until it is (``_sent``)."""
+        s = self.cache.sources[key]
+        epoch, narrowing = self.cache.set_width(key, width)
+        ack = 1 if narrowing or confirm else 0
+        self.send(s.device, "width", {"src": s.index, "epoch": epoch, "period": self.tick - 1,
+                                      "width": width, "ack": ack})
+        self._sent(key, epoch, ack, confirm)
+
+    def assign_filter(self, key, width, cons, ack=1, confirm=None):
+        """Install constraints; ``ack=0`` (Cheng §3): the device reports only a membership change, and the
+        protocol counts on the filter at once. With a heartbeat (the coordinator watches delivery) such a
+        filter is acknowledged all the same: until it is, answers over the source are degraded, and its
+        loss is found (``_missed``)."""
+        s = self.cache.sources[key]
+        epoch = self.cache.set_filter(key, width, cons, keep_old=bool(ack))
+        if not ack and self.beat > 0:
+            ack, confirm = 1, (FILTER, self._event_now(), 0, True)
+        self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": ack,
+                                       "cons": [{"l": l, "u": u} for l, u in cons]})
+        self._sent(key, epoch, ack, confirm)
+
+    def _event_now(self):
+        """The event time reached (before the first event: the adapter's clock). A control sent now has
+        left by this plus λ on the adapter's clock, whichever call made it (a lazy or a ticking coordinator)."""
+        return self.clock if self.clock > -math.inf else self.wall
+
+    def _sent(self, key, epoch, ack, confirm):
+        """A control was made. Acknowledged, a report carrying ``epoch`` is expected (the device reports at
+        once if it has a value and is not in segment mode): ``confirm`` = (stage, since, tries, unsafe) of
+        ``Integrity.expect``, by default sent again until answered (the mirror covers its loss)."""
+        s = self.cache.sources[key]
+        stage, since, tries, unsafe = confirm or (RETRY, None, 0, False)
+        wait = (since, stage, tries, unsafe) if ack and s.value is not None and key not in self.segments.mode else None
+        self._leave(s.device, key, epoch, unsafe, wait)
+        self._touch(key)
+
+    def _leave(self, device, what, token, unsafe=False, wait=None):
+        """A control (``what``: its key, ``token``: its epoch) or a probe (``("probe", key)``, its id) was
+        just made: integrity expects the device to state it once it can have arrived (``wait``: the rest of
+        ``Integrity.expect``'s arguments), timed from when it left: by the event time reached plus λ, or,
+        in echo mode, when it is seen leaving."""
+        if self.echo:
+            self.devices[device]["unsent"][what] = (self.devices[device]["down"], token, unsafe, wait)
+        else:
+            self._left(device, what, token, unsafe, wait, self._event_now() + self.latency)
+
+    def _left(self, device, what, token, unsafe, wait, at):
+        if type(what) is not tuple:
+            self.integrity.sent(what, token, at - self.latency, unsafe)
+        if wait is not None:
+            self.integrity.expect(device, what, token, at, *wait)
+
+    def handle_echo(self, now, device, payload):
+        """Echo mode: a downlink to ``device`` as the broker passed it on at ``now`` (the Spark job's
+        controls leave after its batch; the bridge spools them). The waits for its effect start here."""
+        self._catch_up(now)
+        d = self.devices.get(device)
+        try:
+            kind, m = codec.decode(payload)
+        except codec.CodecError:
+            kind = None
+        if not self.echo or d is None or kind is None or codec.SCHEMAS[kind][1] != "down" or m["inc"] != self.inc:
+            return self._advance(now)
+        seq = m["seq"]
+        if seq == d["rebirth"]:         # the birth request has left: wait for its answer from now
+            d["rebirth"], d["asked"] = None, now
+        for what, (at, token, unsafe, wait) in list(d["unsent"].items()):
+            if not newer(at, seq):
+                del d["unsent"][what]
+                self._left(device, what, token, unsafe, wait, now)
+        return self._advance(now)
+
+    def send_config(self, device):
+        """Tell ``device`` the adjustment schedule: ticks at t0 + k·T (integer ms), the shrink S, the
+        heartbeat, this backend's clock, and the number of ticks applied so far. Re-send it to every
+        device after changing the period or the shrink: the device counts periods from it."""
+        t0, period = self.schedule_ms()
+        fields = {"period": period, "shrink": self.shrink, "beat": round(self.beat * 1000), "t0": t0,
+                  "now": round(self.wall * 1000), "tick": self.tick - 1}
+        if self.devices[device]["lines"]:
+            fields["allow"] = self.allow
+        self.send(device, "setup" if "allow" in fields else "config", fields)
+
+    def probe(self, key, probe_id=0, tries=0):
+        """Ask ``key``'s device for its value; asked again (same id) until it replies."""
+        s = self.cache.sources[key]
+        self.send(s.device, "probe", {"src": s.index, "probe": probe_id & 0xFFFF})
+        self._leave(s.device, ("probe", key), probe_id & 0xFFFF, wait=(None, RETRY, tries, False))
+
+    def _touch(self, key):
+        self.dirty_src[key] = None
