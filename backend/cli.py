@@ -270,6 +270,11 @@ def parser():
     k.add_argument("--master", default="local[*]", help="Spark master URL, e.g. spark://host:7077")
     k.add_argument("--groups", action="store_true",
                    help="one state key per query group, so independent groups use every core (new --dir only)")
+    k.add_argument("--ingest", choices=("spool", "kafka"), default="spool",
+                   help="spool (default: files under --dir) or kafka (the bridge produces to Kafka, the job reads "
+                        "Spark's Kafka source; a KRaft broker is started under --dir unless --kafka is given)")
+    k.add_argument("--kafka", help="bootstrap HOST:PORT of an existing Kafka cluster (with --ingest kafka)")
+    k.add_argument("--kafka-partitions", type=int, default=None, help="partitions of a new fleet topic (default 2, 8 with --groups)")
     __import__("backend.ui.hooks", fromlist=["add_option"]).add_option(k)      # --ui: the dashboard (backend/ui)
     k.set_defaults(fn=cmd_backend)
     qy = sub.add_parser("query", help="add, list or remove continuous queries (retained specs)")

@@ -1,4 +1,7 @@
-"""MQTT -> spool bridge: persistent session, QoS 1, acknowledge only after the append (DESIGN.md §6 Ingest).
+"""MQTT -> spool (or Kafka) bridge: persistent session, QoS 1, acknowledge only after the append (DESIGN.md §6 Ingest).
+
+``spool`` is a ``Spool`` or, for ``--ingest kafka``, a ``kafkalog.KafkaLog`` (same ``append``, which returns
+once Kafka acknowledged every record: a message is acknowledged to MQTT only after Kafka has it).
 
 The bridge connects as the ``backend`` user with a fixed client id and ``clean_session=False``,
 so the broker queues QoS 1 messages while it is away. paho-mqtt 2.1 runs with ``manual_ack=True``:
@@ -173,7 +176,8 @@ class Bridge:
                 if not self._cv.wait_for(lambda: self._pending or self._stopping, timeout=self.tick_seconds):
                     if self.subscribed.is_set() or self.lost:
                         self._tick()
-                    continue
+                    if not self._pending:
+                        continue
                 if not self._stopping:
                     left = self._since + self.batch_seconds - time.monotonic()
                     self._cv.wait_for(lambda: len(self._pending) >= self.batch_messages or self._stopping,
@@ -185,14 +189,10 @@ class Bridge:
                 return
 
     def _tick(self):
-        """Append a tick record (with ``_cv`` held, so it is ordered after every message before it).
-        A tick that cannot be written is skipped: the next record carries the time forward."""
-        try:
-            self.spool.append([(time.time(), self.tick_topic, b"")])
-            self.stats["ticks"] += 1
-        except OSError as e:
-            self.stats["spool_errors"] += 1
-            log.error("bridge: spool append of a tick failed (%s)", e)
+        """Queue a tick record (``_cv`` held, so it is ordered after every message before it); it is written
+        like a message, outside the lock, so a slow log (Kafka down) never holds up the MQTT network thread."""
+        self._enqueue(self.tick_topic, b"")
+        self.stats["ticks"] += 1
 
     def _append(self, batch):
         """Append ``batch`` (retrying on I/O errors), then acknowledge it; False if stopped first."""
@@ -204,14 +204,14 @@ class Bridge:
                 break
             except OSError as e:
                 self.stats["spool_errors"] += 1
-                log.error("bridge: spool append failed (%s); retrying, nothing is acknowledged", e)
+                log.error("bridge: append to the log failed (%s); retrying, nothing is acknowledged", e)
                 if self._stopping:
                     return False
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
         with self._cv:
             self.stats["batches"] += 1
-            self.stats["spooled"] += len(records)
+            self.stats["spooled"] += sum(1 for r in records if r[1] != self.tick_topic)
             self.stats["oversized"] += len(batch) - len(records)
             for _, _, _, mid, qos, generation in batch:
                 if qos and generation == self._generation:

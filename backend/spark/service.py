@@ -4,6 +4,10 @@
 ``quietfleet broker``); ``--dir`` holds the spool, the checkpoint, the answer table (Parquet) and
 ``status.json``. Restarting with the same ``--dir`` resumes: the broker kept the bridge's
 persistent session, the spool kept what was appended, the checkpoint says what was applied.
+With ``ingest="kafka"`` (``--ingest kafka``) the bridge produces to the fleet's Kafka topic
+(``backend.spark.kafkalog``: routed by query group with ``--groups``, the routing journal in
+``<dir>/groups``) and the job reads Spark's Kafka source; ``--kafka HOST:PORT`` names a Kafka cluster,
+otherwise a KRaft broker is started on loopback with its data in ``<dir>/kafka`` (``kafkabroker``).
 Each start is a new backend incarnation (``host.new_incarnation``, later than the one in
 ``<dir>/incarnation``), appended to the spool as a ``qf/<fleet>/inc`` record: batches replayed from
 before it republish the same bytes, and devices drop what the earlier run may still deliver.
@@ -29,7 +33,8 @@ GROUP_PARTITIONS = 8    # shuffle partitions when keyed by query group (fixed by
 
 class Backend:
     def __init__(self, directory, fleet, host, port, password, settings, master="local[*]", trigger=0.25,
-                 tick=0.1, status_sources=False, on_batch=None, spark=None, user="backend", groups=False):
+                 tick=0.1, status_sources=False, on_batch=None, spark=None, user="backend", groups=False,
+                 ingest="spool", kafka=None, kafka_partitions=None):
         self.directory = os.path.abspath(directory)
         self.fleet = fleet
         self.host, self.port, self.user, self.password = host, port, user, password
@@ -42,12 +47,48 @@ class Backend:
         self.on_batch = on_batch
         self.spark = spark
         self.groups = groups            # one state key per query group (backend.spark.groups)
-        self.spool = self.bridge = self.publisher = self.query = None
+        self.ingest = ingest            # "spool" or "kafka"
+        self.kafka = kafka              # bootstrap of a Kafka cluster (None: start a broker under directory)
+        self.kafka_partitions = kafka_partitions or (GROUP_PARTITIONS if groups else 2)
+        self.spool = self.bridge = self.publisher = self.query = self.broker = None
         self.incarnation = None
+
+    def _log(self):
+        """The bridge's log and where the job reads it: the spool, or the fleet's Kafka topic."""
+        if self.ingest != "kafka":
+            spool = Spool(os.path.join(self.directory, "spool"), fsync="always")
+            return spool, spool.path
+        from backend.spark import kafkabroker, kafkalog
+        if self.kafka is None:
+            port, controller = self._kafka_ports()
+            self.broker = kafkabroker.KafkaBroker(os.path.join(self.directory, "kafka"), partitions=self.kafka_partitions,
+                                                  port=port, controller_port=controller).start()
+            bootstrap = self.broker.bootstrap
+        else:
+            bootstrap = self.kafka
+        topic = kafkalog.topic_name(self.fleet)
+        log = kafkalog.KafkaLog(bootstrap, topic, self.fleet, partitions=self.kafka_partitions,
+                                groups=os.path.join(self.directory, "groups") if self.groups else None)
+        return log, kafkalog.Topic(bootstrap, topic)
+
+    def _kafka_ports(self):
+        """The ports of our broker's last run (the restarted job's checkpoint names its bootstrap), else free ones."""
+        path = os.path.join(self.directory, "kafka", "ports")
+        try:
+            with open(path) as f:
+                port, controller = map(int, f.read().split())
+            return port, controller
+        except (OSError, ValueError):
+            from backend.spark.kafkabroker import free_port
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            port, controller = free_port(), free_port()
+            with open(path, "w") as f:
+                f.write("%d %d\n" % (port, controller))
+            return port, controller
 
     def start(self):
         os.makedirs(self.directory, exist_ok=True)
-        self.spool = Spool(os.path.join(self.directory, "spool"), fsync="always")
+        self.spool, source = self._log()
         self.incarnation = self._incarnation()
         self.spool.append([(time.time(), topics.spool(self.fleet, "inc"), b"%d" % self.incarnation)])
         self.bridge = Bridge(self.spool, self.fleet, self.host, self.port, self.user, self.password,
@@ -56,7 +97,7 @@ class Backend:
             self.spark = job.session(self.master, app="quietfleet-%s" % self.fleet,
                                      partitions=GROUP_PARTITIONS if self.groups else 1)
         self.publisher = Publisher(self.host, self.port, self.user, self.password, "qf-job-%s" % self.fleet)
-        self.query = job.start(self.spark, self.spool.path, self.directory, self.fleet, self.settings,
+        self.query = job.start(self.spark, source, self.directory, self.fleet, self.settings,
                                publisher=self.publisher, trigger=self.trigger,
                                status_sources=self.status_sources, on_batch=self.on_batch, writer=self.spool,
                                groups=self.groups)
@@ -113,6 +154,9 @@ class Backend:
         if self.spool is not None:
             self.spool.close()
             self.spool = None
+        if self.broker is not None:
+            self.broker.stop()
+            self.broker = None
 
 
 def parse_params(items):
@@ -159,12 +203,13 @@ def backend_main(args):
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     b = Backend(args.dir, args.fleet, host, port, password, settings, master=args.master, trigger=args.trigger,
-                groups=args.groups)
+                groups=args.groups, ingest=getattr(args, "ingest", "spool"), kafka=getattr(args, "kafka", None),
+                kafka_partitions=getattr(args, "kafka_partitions", None))
     ui = None                                   # --ui: the dashboard (backend/ui)
     try:
         b.start()
-        print("quietfleet backend: fleet %s, protocol %s, Spark %s, state in %s" % (
-            args.fleet, settings["protocol"], args.master, b.directory), flush=True)
+        print("quietfleet backend: fleet %s, protocol %s, Spark %s, ingest %s, state in %s" % (
+            args.fleet, settings["protocol"], args.master, b.spool.path, b.directory), flush=True)
         from backend.ui import hooks as ui_hooks                                    # --ui
         ui = ui_hooks.backend(args, b, host, port, password)                        # --ui
         while not stop.wait(1.0):
