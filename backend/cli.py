@@ -154,18 +154,17 @@ def cmd_query(args):
 
 
 def _broker_options(p):
-    p.add_argument("--broker-dir", help="the broker's folder (credentials.json from `quietfleet broker`)")
-    p.add_argument("--fleet", help="fleet name (default: the broker's)")
-    p.add_argument("--host", help="broker host")
-    p.add_argument("--port", type=int, help="broker port")
-    p.add_argument("--password", help="the backend user's password")
+    """Where the broker is and how to log in: ``quietfleet broker``'s credentials or your own broker's."""
+    from backend.live.access import add_options
+    add_options(p.add_argument_group("broker (quietfleet broker's credentials, or your own broker: README, "
+                                     "Your own broker)"))
 
 
 def _coordinator_options(p):
     """The coordinator settings of the live drivers; unset ones take ``backend.host``'s defaults."""
     from backend.host import DEFAULT_MODELS, LIVE_BEAT, LIVE_LATENCY, MODELS, SETTINGS
-    p.add_argument("--protocol", help="coordinator protocol, see backend/coordinator/protocols.py (default %s)"
-                   % SETTINGS["protocol"])
+    p.add_argument("--protocol", help="coordinator protocol, see backend/coordinator/protocols.py (default %s, "
+                   "the product; deadband is the plain baseline)" % SETTINGS["protocol"])
     p.add_argument("--period", type=float, help="adjustment period T in seconds (default %g)" % SETTINGS["period"])
     p.add_argument("--shrink", type=float, help="shrink fraction S per period, shrinking protocols (default %g)"
                    % SETTINGS["shrink"])
@@ -230,8 +229,11 @@ def _add_device_commands(sub):
     g.add_argument("--out", help="write the result (agents, messages up/down, violations) as JSON here")
     g.set_defaults(fn=lambda a: __import__("backend.live.fleet", fromlist=["fleet_main"]).fleet_main(a))
     c = sub.add_parser("coordinator", help="run the live coordinator against a broker (answers on MQTT)")
-    c.add_argument("--credentials", required=True, help="credentials.json written by `quietfleet broker`/`fleet`")
-    c.add_argument("--query", action="append", help='query spec as JSON, e.g. \'{"id":"t","kind":"sum",...}\'')
+    c.add_argument("--query", action="append", metavar="JSON",
+                   help='a query spec with its id, e.g. \'{"id":"t","kind":"sum","sources":"all","precision":1}\'; '
+                        'repeat for more; each is published retained on its spec topic, so `quietfleet query '
+                        'list/remove` see it like any other')
+    _broker_options(c)
     _coordinator_options(c)
     c.add_argument("--answers", help="also append answers here as JSON lines")
     __import__("backend.ui.hooks", fromlist=["add_option"]).add_option(c)      # --ui: the dashboard (backend/ui)
@@ -246,7 +248,9 @@ def parser():
     s.add_argument("workload", help="workload file (JSON or YAML)")
     s.add_argument("--out", help="write RESULT.json here")
     s.add_argument("--answers", help="write ANSWERS.jsonl here")
-    s.add_argument("--protocol", help="override the workload's protocol")
+    s.add_argument("--protocol", help="override the workload's protocol (a workload naming none runs deadband, "
+                   "the papers' baseline: a workload file is an experiment record and keeps its meaning; the live "
+                   "drivers default to adaptive)")
     s.add_argument("--seed", type=int, help="override the workload's seed")
     s.add_argument("--quiet", action="store_true", help="no progress output")
     s.set_defaults(fn=cmd_sim)
@@ -272,10 +276,16 @@ def parser():
                    help="one state key per query group, so independent groups use every core (new --dir only)")
     __import__("backend.ui.hooks", fromlist=["add_option"]).add_option(k)      # --ui: the dashboard (backend/ui)
     k.set_defaults(fn=cmd_backend)
-    qy = sub.add_parser("query", help="add, list or remove continuous queries (retained specs)")
+    qy = sub.add_parser("query", help="add, list or remove continuous queries (retained specs)",
+                        description="add: check the spec against the running backend's protocol, register it (or "
+                                    "say what it replaces) and show its first answer; list: the backend's state and "
+                                    "every query with its latest answer (STALE while the backend is offline); "
+                                    "remove: withdraw a registered query (an unknown id is an error)")
     qy.add_argument("action", choices=["add", "list", "remove"])
     qy.add_argument("id", nargs="?", help="query id")
     qy.add_argument("spec", nargs="?", help="JSON spec for add (default: read stdin)")
+    qy.add_argument("--wait", type=float, default=3.0,
+                    help="seconds add/remove wait for the running backend's answer (default %(default)s)")
     _broker_options(qy)
     qy.set_defaults(fn=cmd_query)
     a = sub.add_parser("agent", help="run a CPython device agent (Raspberry Pi class) from device.toml")

@@ -29,6 +29,11 @@ def check(cfg, where="config"):
     for key, kind in (("fleet", str), ("device", str), ("password", str), ("host", str), ("sources", list)):
         if not isinstance(cfg.get(key), kind):
             raise ConfigError("%s: %r must be a %s" % (where, key, kind.__name__))
+    for key in ("user", "client_id"):
+        if key in cfg and not (isinstance(cfg[key], str) and cfg[key]):
+            raise ConfigError("%s: %r must be a non-empty string" % (where, key))
+    if cfg.get("tls") or "ssl" in cfg:
+        raise ConfigError("%s: the board agent has no TLS (README, Your own broker: MicroPython boards)" % where)
     port = cfg.get("port", 1883)
     if not isinstance(port, int) or not 0 < port < 65536:
         raise ConfigError("%s: port must be an integer 1..65535" % where)
