@@ -227,6 +227,7 @@ def _add_device_commands(sub):
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--duration", type=float, default=0, help="stop after this many seconds (default: Ctrl-C)")
     g.add_argument("--out", help="write the result (agents, messages up/down, violations) as JSON here")
+    g.add_argument("--protocol", help="the --out coordinator's protocol (default: the live drivers', adaptive)")
     g.set_defaults(fn=lambda a: __import__("backend.live.fleet", fromlist=["fleet_main"]).fleet_main(a))
     c = sub.add_parser("coordinator", help="run the live coordinator against a broker (answers on MQTT)")
     c.add_argument("--query", action="append", metavar="JSON",
@@ -260,7 +261,7 @@ def parser():
     d.add_argument("--duration", type=float, default=75.0, help="seconds of live queries (default 75)")
     d.add_argument("--cpython", type=int, default=6, help="CPython agents (default 6)")
     d.add_argument("--micropython", type=int, default=3, help="MicroPython agents (default 3)")
-    d.add_argument("--protocol", help="coordinator protocol (default: adaptive when available, else deadband)")
+    d.add_argument("--protocol", help="coordinator protocol (default adaptive, as every live driver)")
     d.add_argument("--latency", type=float, help="latency tolerance λ in seconds (default %g)" % LIVE_LATENCY)
     d.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     __import__("backend.ui.hooks", fromlist=["add_option"]).add_option(d)      # --ui: the dashboard (backend/ui)

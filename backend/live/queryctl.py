@@ -65,6 +65,7 @@ class Session:
         c = acc.client(acc.id_for("qf-query-%d" % time.monotonic_ns()))
         c.on_connect = lambda cl, u, f, rc, p: self.events.put(("connack", rc))
         c.on_subscribe = lambda cl, u, mid, rcs, p: self.events.put(("suback", [r.is_failure for r in rcs]))
+        c.on_disconnect = lambda cl, u, f, rc, p: self.events.put(("gone", rc))
         c.on_message = self._message
         try:
             c.connect(acc.host, acc.port, keepalive=10)
@@ -87,6 +88,10 @@ class Session:
                 raise ConnectionError("the broker at %s did not answer within %.0fs" % (self.acc.where(), timeout))
             if got[0] == kind:
                 return got[1]
+            if got[0] == "gone":
+                self.close()
+                raise ConnectionError("the broker at %s closed the connection of user %s: %s (a client certificate "
+                                      "it wants, or TLS settings it refuses?)" % (self.acc.where(), self.acc.user, got[1]))
 
     def _message(self, cl, u, m):
         t = topics.parse(m.topic)
