@@ -4,7 +4,8 @@ A thin paho-mqtt (2.1, MQTT 3.1.1) adapter, I/O and time only: uplinks on ``qf/<
 births/Last Wills on ``.../state`` (with the broker's ``retained`` flag) and query specs on
 ``qf/<fleet>/q/+/spec`` become ``Host.record`` calls stamped with the wall clock; the host's actions
 go to an ``MqttSink``: downlinks on the device's ``ctl`` topic at QoS 1, answers (and spec errors)
-retained at QoS 0 on ``qf/<fleet>/q/<id>/answer`` as JSON, a removed query's answer cleared. One
+retained at QoS 0 on ``qf/<fleet>/q/<id>/answer`` as JSON, a removed query's answer cleared; the latest of
+each is published again on every connect (QoS 0 is dropped while disconnected). One
 thread: ``client.loop()`` waits on the socket until the host's next deadline, so callbacks and timers
 never run concurrently. The session is persistent, so uplinks queued by the broker while the
 coordinator was away (a broker restart, a reconnect) are delivered, not lost. The coordinator's own
@@ -37,6 +38,7 @@ class MqttSink:
 
     def __init__(self, live):
         self.live = live
+        self.latest = {}        # query -> its latest answer topic payload (b"": cleared), sent again on connect
 
     def down(self, device, payload):
         live = self.live
@@ -59,13 +61,21 @@ class MqttSink:
         self._publish(qid, answer_json(error_record(qid, message, self.live.host.now)))
 
     def retract(self, qid):
+        self.latest[qid] = b""
         self.live.client.publish(topics.query(self.live.fleet, qid, "answer"), b"", qos=0, retain=True)
 
     def _publish(self, qid, text):
         live = self.live
         if live.out is not None:
             live.out.write(text + "\n")
+        self.latest[qid] = text
         live.client.publish(topics.query(live.fleet, qid, "answer"), text, qos=0, retain=True)
+
+    def republish(self):
+        """Every query's latest answer again: paho drops QoS 0 messages while disconnected, and answers made
+        then (before the first connect, or degraded during a broker outage) must still reach the topic."""
+        for qid, text in sorted(self.latest.items()):
+            self.live.client.publish(topics.query(self.live.fleet, qid, "answer"), text, qos=0, retain=True)
 
 
 class LiveCoordinator:
@@ -131,6 +141,7 @@ class LiveCoordinator:
             body = {k: v for k, v in spec.items() if k != "id"}
             client.publish(topics.query(self.fleet, spec["id"], "spec"), json.dumps(body), qos=1, retain=True)
         self.announce = []
+        self.sink.republish()
         self._act(self.host.link_restored, self.clock())     # births requested if the link was lost
 
     def _on_disconnect(self, client, userdata, flags, reason, properties):
