@@ -266,7 +266,7 @@ def coordinator_main(args):
         live = LiveCoordinator(host, acc.fleet, acc.host, acc.port, acc.password, user=acc.user, queries=specs,
                                answers_path=args.answers, tls=acc.tls, client_id=acc.client_id, announce=specs)
         from backend.ui import hooks as ui_hooks        # --ui: the dashboard (backend/ui)
-        ui = ui_hooks.coordinator(args, live, acc)      # --ui
+        ui = ui_hooks.coordinator(args, live, acc, specs)       # --ui
     except KeyError as e:
         print("quietfleet coordinator: %s lacks %s (write it with quietfleet broker)"
               % (args.credentials or os.path.join(args.broker_dir, "credentials.json"), e), file=sys.stderr)

@@ -17,11 +17,11 @@ def _login(acc):
     return dict(user=acc.user, tls=acc.tls, client_id=acc.client_id and acc.client_id + "-ui")
 
 
-def coordinator(args, live, acc, out=print):
+def coordinator(args, live, acc, specs=(), out=print):
     """``quietfleet coordinator --ui``: totals from the coordinator's counters (and adaptive's deadband
-    estimate); the ``--query`` specs reach it on their spec topics like any other."""
+    estimate); the ``--query`` specs are shown at once (their retained spec topics follow)."""
     return start_for(getattr(args, "ui", None), acc.fleet, acc.host, acc.port, acc.password, out=out,
-                     provider=CoordinatorTotals(live), **_login(acc))
+                     provider=CoordinatorTotals(live), specs=specs, **_login(acc))
 
 
 def backend(args, service, acc, out=print):
