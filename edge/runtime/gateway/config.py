@@ -11,7 +11,8 @@ Example (``python -m edge.runtime.gateway.gateway gw.json``)::
      "relay": {"h": 30, "m": 30, "shift": 10}, "truth": "truth/", "boot": 1, "run_for": 60}
 
 An unknown key, a value of the wrong type, a missing file or an unknown relay parameter is a
-``ValueError`` naming it; relative file names are resolved against the file's folder.
+``ValueError`` naming it; relative file names are resolved against the file's folder; ``null`` is the same
+as leaving an optional key out (``quietfleet fleet`` writes ``"relay": null``).
 """
 import inspect
 import json
@@ -48,6 +49,7 @@ def check(cfg, path="config"):
     if not isinstance(cfg, dict):
         raise ValueError("%s: expected a JSON object" % path)
     _keys(path, "", cfg, KEYS)
+    cfg = {k: v for k, v in cfg.items() if v is not None or k in REQUIRED}     # null: not set (relay: none)
     for key in REQUIRED:
         if key not in cfg:
             raise ValueError("%s: missing %r" % (path, key))
