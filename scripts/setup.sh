@@ -7,6 +7,8 @@ PY=${PYTHON:-python3}
 
 need_apt=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
+# mosquitto_sub / mosquitto_pub: README's way to watch answers on MQTT
+command -v mosquitto_sub >/dev/null 2>&1 || need_apt+=(mosquitto-clients)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 command -v qemu-system-arm >/dev/null 2>&1 || need_apt+=(qemu-system-arm)

@@ -31,6 +31,7 @@ import time
 
 import paho.mqtt.client as mqtt
 
+from backend.live.access import configure
 from backend.spark.spool import MAX_RECORD
 from backend.spark.source import RETAINED
 from edge.core import topics
@@ -38,6 +39,11 @@ from edge.core import topics
 log = logging.getLogger("quietfleet.bridge")
 
 _OVERHEAD = 64   # bound on a spool record's bytes besides topic and payload
+
+
+def username_of(client):
+    name = client._username
+    return name.decode(errors="replace") if isinstance(name, bytes) else name
 
 
 def subscriptions(fleet):
@@ -56,7 +62,7 @@ class Bridge:
     """
 
     def __init__(self, spool, fleet, host="127.0.0.1", port=1883, username="backend", password=None,
-                 client_id=None, batch_messages=1000, batch_seconds=0.005, keepalive=30, tick_seconds=None):
+                 client_id=None, batch_messages=1000, batch_seconds=0.005, keepalive=30, tick_seconds=None, tls=None):
         self.spool = spool
         self.fleet = fleet
         self.host, self.port, self.keepalive = host, port, keepalive
@@ -78,8 +84,7 @@ class Bridge:
         self._flusher = None
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or "qf-bridge-" + fleet,
                                   clean_session=False, protocol=mqtt.MQTTv311, manual_ack=True)
-        if username:
-            self.client.username_pw_set(username, password)
+        configure(self.client, username or None, password, tls)     # tls: backend.live.access
         self.client.reconnect_delay_set(min_delay=0.2, max_delay=5)
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
@@ -110,7 +115,8 @@ class Bridge:
     # -- paho callbacks (network thread; must never raise) -----------------------------------------
     def _on_connect(self, client, userdata, flags, reason_code, properties):
         if reason_code.is_failure:
-            log.warning("bridge: broker refused the connection: %s", reason_code)
+            log.warning("bridge: the broker at %s:%s refused user %s: %s", self.host, self.port, username_of(client),
+                        reason_code)
             return
         with self._cv:
             self._generation += 1

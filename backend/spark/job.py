@@ -38,6 +38,7 @@ after it is shared. Spark's checkpoint holds the Kafka offsets of every planned 
 batch reads the same rows: exactly once as on the spool.
 """
 import json
+import logging
 import math
 import os
 import sys
@@ -52,6 +53,7 @@ from backend.spark.retention import Retention
 from edge.core import topics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+log = logging.getLogger("quietfleet.backend")
 OUTPUT_SCHEMA = ("grp string, seq int, at long, kind string, target string, payload binary, body string, "
                  "time double, lo double, hi double, degraded boolean, guarantee string, final boolean")
 COLUMNS = ("kind", "target", "payload", "body", "time", "lo", "hi", "degraded", "guarantee", "final")
@@ -294,6 +296,9 @@ class Sink:
         for i, (kind, target) in enumerate(zip(kinds, targets)):
             if kind == "answer" or kind == "error":
                 latest[target] = i
+                if kind == "error":     # a refused spec is an error; one waiting for its sources is news
+                    message = json.loads(bodies[i].as_py()).get("error", "")
+                    (log.info if message.startswith(hostmod.WAITING) else log.error)("query %s: %s", target, message)
             elif kind == "retract":
                 latest[target] = None
             elif kind == "status":
