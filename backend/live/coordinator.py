@@ -11,6 +11,7 @@ coordinator was away (a broker restart, a reconnect) are delivered, not lost.
 """
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -24,6 +25,7 @@ from edge.core import topics
 
 log = logging.getLogger("quietfleet.live")
 MAX_WAIT = 0.2          # longest single socket wait: stop requests and reconnects are handled promptly
+STATUS_EVERY = 1.0      # s between two writes of the status file
 RETRY = (0.2, 2.0)      # reconnect delay: first, cap (doubling)
 
 
@@ -73,8 +75,10 @@ class LiveCoordinator:
     """
 
     def __init__(self, host, fleet, address, port, password, user=BACKEND_USER, queries=(), clock=time.time,
-                 answers=None, answers_path=None, ca=None, client_id=None):
+                 answers=None, answers_path=None, ca=None, client_id=None, status_path=None):
         self.host = host
+        self.status_path = status_path
+        self._status_at = 0.0
         self.fleet = fleet
         self.clock = clock
         self.answers = answers
@@ -140,6 +144,8 @@ class LiveCoordinator:
         except Exception:           # a bug must not take the fleet's coordinator down: log, count, go on
             self.stats["errors"] += 1
             log.exception("%s%r failed", getattr(call, "__name__", call), args[:3])
+        for line in self.host.alerts():     # refused sources, floods, bad input: while it happens
+            log.warning(line)
 
     def start_queries(self, now):
         """Register the ``queries`` given at construction (``run`` does this first)."""
@@ -178,11 +184,26 @@ class LiveCoordinator:
                 self.connected = False
             elif self.connected:
                 backoff = RETRY[0]
+            self.write_status()
+        self._status_at = 0.0
+        self.write_status()
         self.close()
         return self.counters()
 
     def counters(self):
-        return dict(self.stats, host=dict(self.host.stats), coordinator=dict(self.coord.stats))
+        d = hostmod.digest(self.host, sources=False, queries=False)
+        return dict(self.stats, host=dict(self.host.stats), coordinator=d["stats"], offenders=d["offenders"],
+                    in_quarantine=d["in_quarantine"], contested=d["contested"])
+
+    def write_status(self):
+        """``status_path`` (if given) replaced by the counters (``counters``), at most every ``STATUS_EVERY`` s."""
+        now = time.monotonic()
+        if self.status_path is None or now < self._status_at:
+            return
+        self._status_at = now + STATUS_EVERY
+        with open(self.status_path + ".tmp", "w") as f:
+            json.dump(dict(self.counters(), time=self.clock()), f, default=str)
+        os.replace(self.status_path + ".tmp", self.status_path)
 
     def close(self):
         try:
@@ -216,9 +237,10 @@ def coordinator_main(args):
                 specs.append(json.loads(q))
             except ValueError as e:
                 raise ValueError("--query %s is not JSON: %s" % (q, e))
-        host = hostmod.Host(hostmod.from_args(args), t0=time.time())
+        # the registry: sources provisioned per device in the credentials file (quietfleet broker --source)
+        host = hostmod.Host(hostmod.from_args(args, registry=os.path.abspath(args.credentials)), t0=time.time())
         live = LiveCoordinator(host, cred["fleet"], cred["host"], cred["port"], cred["users"][BACKEND_USER],
-                               queries=specs, answers_path=args.answers)
+                               queries=specs, answers_path=args.answers, status_path=getattr(args, "status", None))
         from backend.ui import hooks as ui_hooks        # --ui: the dashboard (backend/ui)
         ui = ui_hooks.coordinator(args, live, cred["fleet"], cred["host"], cred["port"],       # --ui
                                   cred["users"][BACKEND_USER], specs)                          # --ui

@@ -150,7 +150,8 @@ def backend_main(args):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         host, port, password = connection(args)
-        settings = hostmod.from_args(args, params=parse_params(args.param))
+        registry = os.path.abspath(os.path.join(args.broker_dir, "credentials.json")) if args.broker_dir else None
+        settings = hostmod.from_args(args, params=parse_params(args.param), registry=registry)
         hostmod.build(settings)         # a bad protocol or parameter is refused here, not in a Spark worker
     except (ValueError, OSError, KeyError, TypeError) as e:
         print("quietfleet backend: %s" % e, file=sys.stderr)
