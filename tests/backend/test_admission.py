@@ -58,6 +58,9 @@ def test_without_a_registry_a_contested_source_degrades_its_queries_with_the_rea
     _, b2 = born("dev2", ["t1"], [math.inf], 1.0)               # no value yet: the bound is [-inf, inf]
     h.uplink(1.0, "dev2", b2)
     h.spec(1.0, "q", SUM)
+    h.timer(1.5)
+    a = _last(h)                                # unbounded, and it says why
+    assert a["lo"] == -math.inf and a["degraded"] and a["reason"] == "no reading yet: t1", a
     _, b1 = born("dev1", ["t1"], [20.0], 2.0)
     out = h.uplink(2.0, "dev1", b1) + h.timer(3.0)
     a = _last(h)
@@ -69,7 +72,7 @@ def test_without_a_registry_a_contested_source_degrades_its_queries_with_the_rea
     # dev1's next birth names other sources only: the contest is over
     h.uplink(4.0, "dev1", born("dev1", ["u1"], [20.0], 4.0, boot=2)[1])
     h.timer(5.0)
-    assert not h.coord.admission.contested and not _last(h)["degraded"]
+    assert not h.coord.admission.contested and _last(h)["reason"] == "no reading yet: t1"     # dev2's, still unread
 
 
 def _pair(h, t=1.0):
@@ -121,7 +124,8 @@ def test_non_finite_values_are_dropped_and_counted():
     h.timer(4.0)
     assert h.coord.stats["values"] == 2 and h.coord.stats["bad_messages"] == 1
     assert h.coord.cache.sources["t1"].value == 20.0 and h.coord.admission.devices["bad"] == {"values": 2, "bad_messages": 1}
-    assert h.alerts() == ["device bad: non-finite value: a report with a value that is not a finite number",
+    assert h.alerts() == ["device bad: non-finite value: a report with a value that is not a finite number "
+                          "(or a line's gap out of range)",
                           "device bad: bad message: field v is NaN"]
 
 
@@ -148,3 +152,21 @@ def test_a_flood_quarantines_the_device_alone_and_warnings_are_rate_limited():
     assert h.alerts() == ["device bad: bad message: truncated in field seq "
                           "(%d more since the last warning)" % (admission.BURST - 1)]
     assert h.coord.admission.devices["bad"]["bad_messages"] == admission.BURST + 2
+
+
+def test_a_line_whose_gap_is_below_its_clocks_resolution_is_dropped_not_a_hang():
+    """Found by the live hostile-device fuzz: a line report with a gap of 1e-300 s rescheduled its restatement at
+    the same instant forever (BoundCache.refresh), and the coordinator stopped answering everything."""
+    import time
+    h = _host()
+    good, bad = _pair(h)
+    forged = dict(codec.decode(_report(bad, 3.0, 0, 50.0)[0])[1])
+    line = dict(forged, slope=0.5, gap=1e-300)
+    started = time.monotonic()
+    h.uplink(3.0, "bad", codec.encode("line", line))
+    h.timer(4.0)
+    assert time.monotonic() - started < 1.0 and h.coord.stats["values"] == 1
+    s = h.coord.cache.sources["t1"]             # and the cache itself always moves on
+    s.filt.gap, s.filt.slope, s.unit = 1e-300, 0.5, 1
+    h.coord.cache.refresh(s, 1795700000.0)
+    assert s.due > 1795700000.0

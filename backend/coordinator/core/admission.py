@@ -32,6 +32,7 @@ AHEAD = 5.0             # s past σ a stamp may lead the receive time (RESOLUTIO
 BEHIND = 600.0          # s a stamp may lag the device's last one (a report held through a broker outage is late)
 STREAK = 3              # stamps ahead in a row that are a leading clock, not a lie
 WARN_EVERY = 10.0       # s between two warnings of one device and reason
+GAPS = (0.001, 86400.0)  # s: the time between a line source's readings (edge.core.predict) lies in here
 REFUSED, CONFLICT, BAD, FLOOD, STAMP, VALUE = ("refused source", "conflict", "bad message", "flood",
                                               "implausible time", "non-finite value")
 COUNTERS = {REFUSED: "refused", CONFLICT: "conflicts", BAD: "bad_messages", FLOOD: "quarantined",
@@ -147,23 +148,25 @@ class Admission:
         self.note(now, device, STAMP, what)
         return False
 
-    def plausible(self, now, device, kind, m):
-        """Whether a decoded uplink's stamp and values can be true (``stamp``, ``values``)."""
+    def plausible(self, now, device, kind, m, unit=1):
+        """Whether a decoded uplink's stamp and values can be true (``stamp``, ``values``); ``unit``: the
+        device's time unit per second (1000: integer milliseconds)."""
         return self.stamp(now, device, m["t"], m.get("boot") if kind == "birth" else None) and \
-            self.values(now, device, kind, m)
+            self.values(now, device, kind, m, unit)
 
-    def values(self, now, device, kind, m):
-        """Whether every number of an uplink is finite (a value may be +inf: "none yet")."""
+    def values(self, now, device, kind, m, unit=1):
+        """Whether every number of an uplink is finite (a value may be +inf: "none yet") and a line's gap
+        (the time between its readings) is none or from ``GAPS[0]`` to ``GAPS[1]`` s."""
         bad = None
         if kind in ("report", "reply", "line"):
             bad = not (math.isfinite(m["v"]) or m["v"] == math.inf) or (
-                kind == "line" and not (math.isfinite(m["slope"]) and math.isfinite(m["gap"])))
+                kind == "line" and not (math.isfinite(m["slope"]) and (m["gap"] <= 0 or GAPS[0] <= m["gap"] / unit <= GAPS[1])))
         elif kind == "birth":
             bad = any(not (math.isfinite(r["v"]) or r["v"] == math.inf) or not r["width"] >= 0 for r in m["sources"])
         elif kind == "segs":
             bad = any(not all(math.isfinite(r[f]) for f in ("a", "e", "v", "s", "w")) for r in m["segs"])
         if bad:
-            self.note(now, device, VALUE, "a %s with a value that is not a finite number" % kind)
+            self.note(now, device, VALUE, "a %s with a value that is not a finite number (or a line's gap out of range)" % kind)
         return not bad
 
     # -- ownership ------------------------------------------------------------------------------

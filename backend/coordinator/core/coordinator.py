@@ -326,6 +326,8 @@ class Coordinator(Downlink, Resync, Uplink):
                 if q.meets(self.models.off_since) or q.meets(self.integrity.unsure):
                     why += self.models.reason(q, self)
                 fields["reason"] = why.rstrip("; ")
+            elif fields.get("lo") == -math.inf or fields.get("hi") == math.inf:
+                self._unread(q, fields)
             revoked = self.revoked.pop(qid, None)
             if self.last.get(qid) != fields or revoked:
                 self.last[qid] = fields
@@ -335,6 +337,15 @@ class Coordinator(Downlink, Resync, Uplink):
                     change["revoked"] = [revoked[0], max(revoked[1], t)]
                 self.out.append(("answer", change))
         self.dirty.clear()
+
+    def _unread(self, q, fields):
+        """An unbounded answer because a source was born without a reading (a birth's "no value yet") says
+        so: degraded, never a plain [-inf, inf] (DESIGN.md §10)."""
+        sources = self.cache.sources
+        bare = [k for k in q.sources if k in sources and sources[k].value is None]
+        if bare:
+            fields["degraded"] = True
+            fields["reason"] = "no reading yet: %s" % ", ".join(bare[:8]) + (" (+%d)" % (len(bare) - 8) if len(bare) > 8 else "")
 
     def interval(self, q):
         """Guaranteed interval for ``q`` from the bound cache, maintained incrementally; while a

@@ -80,7 +80,7 @@ class Uplink:
             m["td"] = m["t"]            # the line's origin in device units
         if ms:
             m["t"] = m["t"] / 1000
-        if not self.admission.plausible(now, device, kind, m):     # dropped alone: a lost uplink
+        if not self.admission.plausible(now, device, kind, m, self.unit.get(device, 1)):     # dropped alone
             return self._advance(now)
         t = self._admit(now, device, kind, m, rx)
         if t is None:
