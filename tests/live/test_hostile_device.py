@@ -112,9 +112,28 @@ class Attacker:
             time.sleep(0.02)
 
 
-def _birth(names, t, boot, values=None):
+def _birth(names, t, boot):
     return codec.encode("birth", {"seq": boot * 1000, "t": t, "boot": boot, "fw": "evil", "caps": 0, "first": 0,
                                   "sources": [{"name": n, "epoch": 0, "width": 1.0, "v": 500.0} for n in names]})
+
+
+def _arrivals(broker):
+    """A backend client recording (arrival, stamp, device) of every honest uplink."""
+    seen = []
+
+    def on_msg(cl, u, m):
+        dev = m.topic.split("/")[3]
+        try:
+            seen.append((time.time(), codec.decode(m.payload)[1].get("t"), dev)) if dev != "evil" else None
+        except codec.CodecError:
+            pass
+    obs = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="obs", protocol=mqtt.MQTTv311)
+    obs.username_pw_set(*broker.credentials("backend"))
+    obs.on_connect = lambda cl, u, f, rc, p: cl.subscribe("qf/t/d/+/up", qos=1)
+    obs.on_message = on_msg
+    obs.connect(broker.host, broker.port)
+    obs.loop_start()
+    return obs, seen
 
 
 def test_a_hostile_device_harms_no_other_device_nor_the_answers(mosquitto, tmp_path):
@@ -135,20 +154,7 @@ def test_a_hostile_device_harms_no_other_device_nor_the_answers(mosquitto, tmp_p
     handler.emit = lambda rec: warnings.append(rec.getMessage())
     logging.getLogger("quietfleet.live").addHandler(handler)
     thread = live.start_thread()
-    seen = []
-    obs = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="obs", protocol=mqtt.MQTTv311)
-    obs.username_pw_set(*broker.credentials("backend"))
-    obs.on_connect = lambda cl, u, f, rc, p: cl.subscribe("qf/t/d/+/up", qos=1)
-    def on_msg(cl, u, m):
-        dev = m.topic.split("/")[3]
-        if dev != "evil":
-            try:
-                seen.append((time.time(), codec.decode(m.payload)[1].get("t"), dev))
-            except Exception:
-                pass
-    obs.on_message = on_msg
-    obs.connect(broker.host, broker.port)
-    obs.loop_start()
+    obs, seen = _arrivals(broker)       # the honest uplinks as the broker passed them on (for a failure's story)
     fleet = Fleet(broker, str(tmp_path / "fleet"), width=4.0, keepalive=5)
     evil = Attacker(broker)
     try:
@@ -204,6 +210,8 @@ def test_a_hostile_device_harms_no_other_device_nor_the_answers(mosquitto, tmp_p
                  live.coord.tick_time(live.coord.tick) - t_attack, live.coord.cache.next_due() - t_attack if live.coord.cache.due else None)
     finally:
         evil.close()
+        obs.disconnect()
+        obs.loop_stop()
         fleet.stop_all()
         time.sleep(0.5)
         live.stop()

@@ -32,6 +32,7 @@ AHEAD = 5.0             # s past σ a stamp may lead the receive time (RESOLUTIO
 BEHIND = 600.0          # s a stamp may lag the device's last one (a report held through a broker outage is late)
 STREAK = 3              # stamps ahead in a row that are a leading clock, not a lie
 WARN_EVERY = 10.0       # s between two warnings of one device and reason
+KEEP = 100              # undrained alerts kept
 GAPS = (0.001, 86400.0)  # s: the time between a line source's readings (edge.core.predict) lies in here
 REFUSED, CONFLICT, BAD, FLOOD, STAMP, VALUE = ("refused source", "conflict", "bad message", "flood",
                                               "implausible time", "non-finite value")
@@ -82,6 +83,7 @@ class Admission:
             w[1] += 1
             return
         self.alerts.append((now, device, reason, detail, w[1] if w else 0))
+        del self.alerts[:-KEEP]             # a driver that never drains (the simulator) keeps the newest
         self._warned[(device, reason)] = [now, 0]
 
     def drain(self):
