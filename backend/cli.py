@@ -237,6 +237,8 @@ def _add_device_commands(sub):
     _broker_options(c)
     _coordinator_options(c)
     c.add_argument("--answers", help="also append answers here as JSON lines")
+    c.add_argument("--status", help="keep this JSON file up to date (every second) with the counters: messages, "
+                   "refused sources, conflicts, bad messages, quarantines, offenders")
     __import__("backend.ui.hooks", fromlist=["add_option"]).add_option(c)      # --ui: the dashboard (backend/ui)
     c.set_defaults(fn=lambda a: __import__("backend.live.coordinator", fromlist=["coordinator_main"]).coordinator_main(a))
 
@@ -301,7 +303,10 @@ def parser():
     b.add_argument("--dir", default="broker", help="directory for config, passwords, ACL, credentials.json")
     b.add_argument("--fleet", default="demo")
     b.add_argument("--devices", default="4", help="a count (dev1..devN) or a comma-separated list of device ids")
-    b.add_argument("--port", type=int, default=None)
+    b.add_argument("--port", type=int, default=None, help="the backend's listener (default: a free port)")
+    b.add_argument("--device-port", type=int, default=None, help="the devices' listener (default: a free port)")
+    b.add_argument("--source", action="append", metavar="DEVICE=SOURCE[,SOURCE...]",
+                   help="provision sources for a device (repeatable): a birth naming another's is refused")
     b.add_argument("--tls", action="store_true", help="also listen with TLS (generated CA and server certificate)")
     b.set_defaults(fn=cmd_broker)
     e = sub.add_parser("experiment", help="reproduce a paper's experiments: tables and plots under results/")

@@ -17,6 +17,7 @@ import json
 import math
 from itertools import islice
 
+from backend.coordinator.core.admission import RATE, registry_owners
 from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.core.queries import QueryError
 from backend.coordinator.protocols import make
@@ -26,7 +27,11 @@ from backend.coordinator.protocols import make
 # protocol is the product's, adaptive, for every live driver; a simulator workload names its own (its
 # default stays deadband, ``backend.sim.workload``: a workload file is an experiment record).
 SETTINGS = {"protocol": "adaptive", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": 0.0,
-            "skew": 0.0, "t0": None, "params": None, "models": None, "echo": False}
+            "skew": 0.0, "t0": None, "params": None, "models": None, "echo": False, "registry": None,
+            "rate": RATE}
+# ``registry``: a credentials.json whose ``sources`` ({device: [source, ...]}, written by ``quietfleet broker``
+# and ``quietfleet fleet``) say which device may name which source in its birth; ``rate``: the messages/s a
+# device may send before it is quarantined (0: no limit). Both: coordinator/core/admission.py.
 # Filter models devices may use (edge.core.predict): the setting ``models`` or ``params.models``; None
 # takes ``DEFAULT_MODELS``. "choose" picks constant or linear per source online by measured cost.
 MODELS = {"constant": 1, "linear": 2, "choose": 3}
@@ -51,7 +56,7 @@ def settings(given=None, **overrides):
             if key not in SETTINGS:
                 raise ValueError("unknown setting %r (have: %s)" % (key, ", ".join(SETTINGS)))
             s[key] = value
-    for key in ("period", "shrink", "latency", "beat", "skew") + (("t0",) if s["t0"] is not None else ()):
+    for key in ("period", "shrink", "latency", "beat", "skew", "rate") + (("t0",) if s["t0"] is not None else ()):
         v = s[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ValueError("setting %s must be a finite number, got %r" % (key, v))
@@ -61,6 +66,8 @@ def settings(given=None, **overrides):
     if s["params"] and "models" in s["params"]:       # every driver passes params: models may ride there
         s["params"] = dict(s["params"])
         s["models"] = s["params"].pop("models")
+    if s["rate"] < 0 or not isinstance(s["registry"] or "", str):
+        raise ValueError("setting rate must be at least 0 and registry a path, got %r, %r" % (s["rate"], s["registry"]))
     if s["models"] is not None and s["models"] not in MODELS:
         raise ValueError("setting models must be one of %s, got %r" % (", ".join(MODELS), s["models"]))
     return s
@@ -81,7 +88,22 @@ def build(given=None, **overrides):
         raise ValueError("protocol %s: %s" % (s["protocol"], e))
     return Coordinator(protocol, period=s["period"], shrink=s["shrink"] if protocol.shrinks else 0.0,
                        latency=s["latency"], beat=s["beat"], t0=s["t0"] or 0.0,
-                       models=MODELS[s["models"] or DEFAULT_MODELS], skew=s["skew"], echo=bool(s["echo"]))
+                       models=MODELS[s["models"] or DEFAULT_MODELS], skew=s["skew"], echo=bool(s["echo"]),
+                       owners=owners(s["registry"]), rate=s["rate"])
+
+
+def owners(registry):
+    """``{source: device}`` from a registry file (``SETTINGS``), or None without one."""
+    if not registry:
+        return None
+    try:
+        with open(registry) as f:
+            sources = json.load(f).get("sources") or {}
+        if not isinstance(sources, dict) or not all(isinstance(v, list) for v in sources.values()):
+            raise ValueError("its sources must be {device: [source, ...]}")
+        return registry_owners(sources)
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError("registry %s: %s" % (registry, e))
 
 
 def new_incarnation(now, previous=None):
@@ -170,6 +192,11 @@ class Host:
 
     def next_deadline(self):
         return self.coord.next_deadline()
+
+    def alerts(self):
+        """Warnings since the last call, one line each (device, reason): refused sources, conflicts, bad
+        messages, floods, implausible times and values (``coordinator.core.admission``), rate-limited."""
+        return self.coord.admission.drain()
 
     def link_lost(self, now):
         """The driver lost its broker (the live client's disconnect, the bridge's ``link`` record): blind
@@ -351,6 +378,10 @@ def digest(host, sources=True, queries=True):
          "sources_known": len(coord.cache.sources), "online": coord.cache.up}
     if queries:
         d["queries"] = {qid: coord.last.get(qid) for qid in sorted(coord.queries)}
+    flagged = coord.admission.devices
+    d["offenders"] = {dev: dict(flagged[dev]) for dev in sorted(flagged, key=lambda k: (-sum(flagged[k].values()), k))[:20]}
+    d["in_quarantine"] = sorted(coord.admission.until)
+    d["contested"] = {k: list(v) for k, v in coord.admission.contested.items()}
     if host is not coord:
         d.update(records=host.records, pending=sorted(host.pending), host_stats=dict(host.stats),
                  protocol=host.settings["protocol"], now=host.now if math.isfinite(host.now) else None)

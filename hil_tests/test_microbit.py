@@ -48,8 +48,8 @@ def test_exit_shrink_shutdown_resume_probe_reconnect_and_heap(board):
     port, d = board
     with Broker(str(d / "broker"), "h", [], gateways={"gw": ["hil"]}) as broker:
         cfg = {"fleet": "h", "gateway": "gw", "password": broker.credentials("gw")[1], "host": broker.host,
-               "port": broker.port, "keepalive": 2, "truth": str(d), "sensors": [{"name": "hil", "port": port,
-                                                                                 "source": "x"}]}
+               "port": broker.device_port, "keepalive": 2, "truth": str(d),
+               "sensors": [{"name": "hil", "port": port, "source": "x", "password": broker.credentials("hil")[1]}]}
         (d / "gw.json").write_text(json.dumps(cfg))
         be = client(broker, "backend", client_id="hil-mb-backend", clean_session=False)
         assert connected(be)[0]

@@ -29,12 +29,14 @@ PORTS = (1883, 8883)            # MQTT's registered ports: plain, TLS
 class Access:
     """A broker address and a login: ``host``, ``port``, ``user``, ``password``, ``tls`` (None, or a dict
     with ``ca``, ``cert``, ``key``, any of them None: None ``ca`` means the system's CA store),
-    ``client_id`` (None: each client's default) and the ``fleet`` it serves."""
+    ``client_id`` (None: each client's default), the ``fleet`` it serves and the ``registry`` (the
+    credentials.json it was read from, whose ``sources`` say which device may name which source; None
+    for your own broker: first come, contested sources degraded, ``coordinator.core.admission``)."""
 
     def __init__(self, host="127.0.0.1", port=PORTS[0], user=DEFAULT_USER, password=None, tls=None, client_id=None,
-                 fleet=None):
+                 fleet=None, registry=None):
         self.host, self.port, self.user, self.password = host, port, user, password
-        self.tls, self.client_id, self.fleet = tls, client_id, fleet
+        self.tls, self.client_id, self.fleet, self.registry = tls, client_id, fleet, registry
 
     def where(self):
         """``host:port`` (``[v6]:port``), for messages."""
@@ -119,7 +121,8 @@ def from_args(args, default_port=None):
     if password is None:
         raise ValueError("no password for user %s: give --broker-dir or --credentials (quietfleet broker's), or "
                          "--host/--port/--user/--password (or $%s) for your own broker" % (user, ENV_PASSWORD))
-    return Access(host or "127.0.0.1", port, user, password, tls, g("client_id") or None, args.fleet)
+    return Access(host or "127.0.0.1", port, user, password, tls, g("client_id") or None, args.fleet,
+                  os.path.abspath(path) if cred is not None else None)
 
 
 def tls_from(on, ca, cert, key, what=("--tls-ca", "--tls-cert", "--tls-key")):

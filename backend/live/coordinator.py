@@ -30,6 +30,7 @@ from edge.core import topics
 
 log = logging.getLogger("quietfleet.live")
 MAX_WAIT = 0.2          # longest single socket wait: stop requests and reconnects are handled promptly
+STATUS_EVERY = 1.0      # s between two writes of the status file
 RETRY = (0.2, 2.0)      # reconnect delay: first, cap (doubling)
 
 
@@ -91,8 +92,10 @@ class LiveCoordinator:
     """
 
     def __init__(self, host, fleet, address, port, password, user=BACKEND_USER, queries=(), clock=time.time,
-                 answers=None, answers_path=None, tls=None, client_id=None, announce=()):
+                 answers=None, answers_path=None, tls=None, client_id=None, announce=(), status_path=None):
         self.host = host
+        self.status_path = status_path
+        self._status_at = 0.0
         self.fleet = fleet
         self.clock = clock
         self.answers = answers
@@ -172,6 +175,8 @@ class LiveCoordinator:
         except Exception:           # a bug must not take the fleet's coordinator down: log, count, go on
             self.stats["errors"] += 1
             log.exception("%s%r failed", getattr(call, "__name__", call), args[:3])
+        for line in self.host.alerts():     # refused sources, floods, bad input: while it happens
+            log.warning(line)
 
     def start_queries(self, now):
         """Register the ``queries`` given at construction (``run`` does this first)."""
@@ -212,11 +217,26 @@ class LiveCoordinator:
                 self.connected = False
             elif self.connected:
                 backoff = RETRY[0]
+            self.write_status()
+        self._status_at = 0.0
+        self.write_status()
         self.close()
         return self.counters()
 
     def counters(self):
-        return dict(self.stats, host=dict(self.host.stats), coordinator=dict(self.coord.stats))
+        d = hostmod.digest(self.host, sources=False, queries=False)
+        return dict(self.stats, host=dict(self.host.stats), coordinator=d["stats"], offenders=d["offenders"],
+                    in_quarantine=d["in_quarantine"], contested=d["contested"])
+
+    def write_status(self):
+        """``status_path`` (if given) replaced by the counters (``counters``), at most every ``STATUS_EVERY`` s."""
+        now = time.monotonic()
+        if self.status_path is None or now < self._status_at:
+            return
+        self._status_at = now + STATUS_EVERY
+        with open(self.status_path + ".tmp", "w") as f:
+            json.dump(dict(self.counters(), time=self.clock()), f, default=str)
+        os.replace(self.status_path + ".tmp", self.status_path)
 
     def close(self):
         try:
@@ -262,9 +282,11 @@ def coordinator_main(args):
             if not isinstance(spec, dict) or not isinstance(spec.get("id"), str) or not spec["id"]:
                 raise ValueError("--query %s needs an \"id\" (a non-empty string)" % q)
             specs.append(dict(check_spec(spec["id"], spec, kinds, settings["protocol"]), id=spec["id"]))
-        host = hostmod.Host(settings, t0=time.time())
+        # the registry: sources provisioned per device in the credentials file (quietfleet broker --source)
+        host = hostmod.Host(hostmod.settings(settings, registry=acc.registry), t0=time.time())
         live = LiveCoordinator(host, acc.fleet, acc.host, acc.port, acc.password, user=acc.user, queries=specs,
-                               answers_path=args.answers, tls=acc.tls, client_id=acc.client_id, announce=specs)
+                               answers_path=args.answers, tls=acc.tls, client_id=acc.client_id, announce=specs,
+                               status_path=getattr(args, "status", None))
         from backend.ui import hooks as ui_hooks        # --ui: the dashboard (backend/ui)
         ui = ui_hooks.coordinator(args, live, acc, specs)       # --ui
     except KeyError as e:

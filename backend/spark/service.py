@@ -188,7 +188,7 @@ def backend_main(args):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         acc = access.from_args(args)
-        settings = hostmod.from_args(args, params=parse_params(args.param))
+        settings = hostmod.from_args(args, params=parse_params(args.param), registry=acc.registry)
         hostmod.build(settings)         # a bad protocol or parameter is refused here, not in a Spark worker
     except KeyError as e:
         print("quietfleet backend: %s lacks %s (write it with quietfleet broker)"

@@ -348,7 +348,8 @@ class DashboardState:
                 "samples": samples, "deadband": deadband, "window": p.get("window"),
                 "saved_vs_samples": 1.0 - ours / samples if isinstance(samples, (int, float)) and samples > 0 else None,
                 "vs_deadband": ours / deadband if isinstance(deadband, (int, float)) and deadband > 0 else None,
-                "driver": p.get("driver"), "extra": p.get("extra") or {}, "error": p.get("error")}
+                "driver": p.get("driver"), "extra": p.get("extra") or {}, "error": p.get("error"),
+                "security": p.get("security")}
 
     def query_rows(self, since=None):
         """Every query, sorted by id; with ``since`` ({id: cursor}, None: no history) each row carries

@@ -25,7 +25,7 @@ REQUIRED = ("fleet", "gateway", "password", "port", "sensors")
 KEYS = {"fleet": str, "gateway": str, "password": str, "host": str, "port": int, "keepalive": int, "user": str,
         "client_id": str, "tls": bool, "ca": str, "cert": str, "key": str, "sensors": list, "relay": dict,
         "truth": str, "boot": int, "run_for": float}
-SENSOR = {"name": str, "port": str, "source": str}
+SENSOR = {"name": str, "port": str, "source": str, "password": str}   # password: the sensor's own login
 RELAY = set(inspect.signature(RelayNode.__init__).parameters) - {"self", "device", "boot"} | {"shift"}
 
 

@@ -2,8 +2,9 @@
 
 A Raspberry Pi class process (also under QEMU ARM64) that owns one serial line per micro:bit
 (pyserial; a QEMU board's ``-serial pty`` is opened like ``/dev/ttyACM0``) and, per sensor, one MQTT
-session under the gateway's credentials with the sensor's own topics, client id and Last Will (the
-broker's ACL grants the gateway exactly its sensors' topics, ``backend/live/broker.py``). ``Bridge``
+session under the sensor's own login (its ``password`` in the config; only the gateway holds it), with the
+sensor's own topics, client id and Last Will (the broker's ACL grants each login its own topics,
+``backend/live/broker.py``). ``Bridge``
 translates. With ``relay`` set, every sample the sensors log also enters an
 ``edge.core.relay.RelayNode`` (hCount sketch, forecast and correct bodies) that publishes as the
 gateway's own device, so relay queries run on the live coordinator. ``truth`` names a folder for
@@ -47,7 +48,11 @@ class Sensor:
         if gw.truth:
             self.truth = open(os.path.join(gw.truth, "truth-%s.csv" % self.name), "a", buffering=1)
         self.prefix = topics.device_prefix(gw.fleet, self.name)
-        self.client = gw.session("%s.%s" % (gw.cfg["client_id"], self.name), self.prefix + "state", self.bridge.boot)
+        # the sensor's own login (``password``), which only its gateway holds: on a broker that binds a client
+        # id to its login (``backend/live/broker.py``) each session needs one; without it, the gateway's login
+        login = (self.name, spec["password"]) if spec.get("password") else (gw.cfg["user"], gw.cfg["password"])
+        self.client = gw.session("%s.%s" % (gw.cfg["client_id"], self.name), self.prefix + "state", self.bridge.boot,
+                                 login)
         self.client.on_connect = lambda c, u, f, rc, p: rc.is_failure or (
             c.subscribe(self.prefix + "ctl", qos=1), gw.inbox.put((self, None)))   # (re)connected: a fresh birth
         self.client.on_message = lambda c, u, m: gw.inbox.put((self, m.payload))
@@ -73,15 +78,15 @@ class Gateway:
             self.shift = rel.pop("shift", 10)
             self.relay = RelayNode(self.name, boot=boot & 0xFFFFFFFF, **rel)
             self.prefix = topics.device_prefix(self.fleet, self.name)
-            self.own = self.session(cfg["client_id"], self.prefix + "state", boot)
+            self.own = self.session(cfg["client_id"], self.prefix + "state", boot, (cfg["user"], cfg["password"]))
             self.own.on_connect = lambda c, u, f, rc, p: rc.is_failure or c.subscribe(self.prefix + "ctl", qos=1)
             self.own.on_message = lambda c, u, m: self.inbox.put((None, m.payload))
         self.stats = {"noise": 0, "lines": []}
 
-    def session(self, client_id, will_topic, boot):
+    def session(self, client_id, will_topic, boot, login):
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
                         clean_session=False)
-        c.username_pw_set(self.cfg["user"], self.cfg["password"])
+        c.username_pw_set(*login)
         if self.cfg.get("tls"):
             c.tls_set(ca_certs=self.cfg.get("ca"), certfile=self.cfg.get("cert"), keyfile=self.cfg.get("key"))
         c.will_set(will_topic, codec.encode("gone", {"boot": boot & 0xFFFFFFFF}), qos=1, retain=True)
