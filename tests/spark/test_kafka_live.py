@@ -26,7 +26,7 @@ DEVICES = ["d0", "d1", "d2"]
 def _client(broker, user):
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=user, protocol=mqtt.MQTTv311)
     c.username_pw_set(*broker.credentials(user))
-    c.connect(broker.host, broker.port)
+    c.connect(broker.host, broker.port_for(user))
     c.loop_start()
     return c
 
