@@ -6,7 +6,7 @@ A mixin of ``Coordinator`` (coordinator.py): ``handle_uplink`` decodes and admit
 """
 import heapq
 
-from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, CAP_LINE, newer
+from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, CAP_LINE, CAP_METER, PLAIN, newer
 from edge.core import codec
 from edge.core.float32 import f32
 from backend.coordinator.core.resync import UP
@@ -47,6 +47,7 @@ class Uplink:
             kind, m = codec.decode(payload)
             if codec.SCHEMAS[kind][1] != "up":
                 raise codec.CodecError("downlink kind on an uplink topic")
+            kind = PLAIN.get(kind, kind)        # a metered report is a report (its counts ride along)
         except codec.CodecError:
             self.stats["bad_messages"] += 1
             return self._advance(now)
@@ -68,10 +69,10 @@ class Uplink:
             self._ask_birth(device, now, early=True)
             return self._advance(now)
         ms = self.unit.get(device) == 1000
-        if kind == "line" and ms:
-            m["td"], m["gap"] = int(m["t"]), int(m["gap"])  # integer ms, as the device computed with them
+        if kind == "line" and ms:       # (a metered line carries its origin: a SYNC takes one begun earlier)
+            m["td"], m["gap"] = int(m.get("o", m["t"])), int(m["gap"])  # integer ms, as the device computed with them
         elif kind == "line":
-            m["td"] = m["t"]            # the line's origin in device units
+            m["td"] = m.get("o", m["t"])    # the line's origin in device units
         if ms:
             m["t"] = m["t"] / 1000
         t = self._admit(now, device, kind, m, rx)
@@ -123,6 +124,7 @@ class Uplink:
             d["to"] = (m["boot"] ^ m["seq"]) & 0xFFFFFFFF
             d["single"] = bool(m["caps"] & CAP_F32)
             d["lines"] = bool(m["caps"] & CAP_LINE)
+            d["meter"] = bool(m["caps"] & CAP_METER)
             d["online"] = False
             self._set_online(device, True)
             self.send_config(device)
