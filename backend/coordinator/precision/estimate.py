@@ -106,7 +106,7 @@ class Estimated(Guard, Adaptive):
         self.seen = 0                   # reports of the group so far, and since when
         self.since = None
         self.ledger = Ledger()          # real against metered deadband (regret.py)
-        self.loan = None                # what a try may lose from its best (the trailing stop)
+        self.loan = None                # what the current try may lose, halved at each back-off
         self.ceiling = None             # the current try's trailing stop on real − deadband (None: backing off)
         self.until = -INF               # backing off (every source its shadow's twin) until then
         self.backoff = 0.0
@@ -226,8 +226,7 @@ class Estimated(Guard, Adaptive):
         want = self._snap(want, weight, alpha)
         self.stats["reallocations"] += 1
         band = 1.0 + self.hysteresis
-        gain = var = msgs = 0.0
-        narrow, widen = [], []
+        cands = []
         for k in keys:
             s, st = src[k], self.src[k]
             w, w1 = self._width(s), want[k]
@@ -239,19 +238,16 @@ class Estimated(Guard, Adaptive):
             saving = st.saving(weight[k], alpha, e, e1, w1 > w and w1 / 2)
             if w1 > w and saving <= 0:
                 continue                # a widening that saves nothing is not worth its message
-            gain += saving
             # the rate behind it is measured from n²/n2 decayed exits (plus the prior's pseudo-exits)
             exits = (st.n * st.n / st.n2 if st.n > 0 else 0.0) + prior
-            var += saving * saving / exits if exits > 0 else INF
-            msgs += self.cost(k) * (2.0 if w1 < w else 1.0)
-            (narrow if w1 < w else widen).append(k)
+            cands.append((k, w, w1, saving, saving * saving / exits if exits > 0 else INF,
+                          self.cost(k) * (2.0 if w1 < w else 1.0)))
         # the estimate's span (memory reports per source), but no longer than the run so far: a run
         # is expected to last about as long again as it has lasted (short runs move little)
         horizon = min(self.memory * len(keys) / self.seen, 1.0) * (t - self.since)
-        new = sum(1 for k in narrow + widen if k not in self.ledger.off)
-        if (not (narrow or widen) or (gain - math.sqrt(var)) * horizon < msgs
-                or not self._affords(coord, msgs, new)):
-            return                      # within the loan and the trailing stop, or not at all
+        narrow, widen = self._choose(coord, cands, horizon)
+        if not widen:
+            return
         self.target = {k: want[k] for k in widen}
         for k in narrow:
             self._send(coord, k, want[k])
@@ -259,6 +255,47 @@ class Estimated(Guard, Adaptive):
             self.target[k] = want[k]
         if not self.narrowing:
             self._widen(coord)
+
+    def _choose(self, coord, cands, horizon):
+        """The moves to make (narrowings, widenings) of the candidates (key, W, W', saving, its variance,
+        messages): widenings by their saving, each with the narrowings that free its room at the least
+        cost per unit of width, as far as the set's saving, one standard error below its estimate, pays
+        for its messages over ``horizon`` and the loan affords them with their sync."""
+        rows = self.rows
+        widths = {k: self._width(s) for k, s in coord.cache.sources.items() if k in rows.of}
+        slack = [b - u for b, u in zip(rows.budget, rows.used(widths))]
+        by_row = {}
+        for c in sorted((c for c in cands if c[2] < c[1]), key=lambda c: (-c[3] / (c[1] - c[2]), c[0])):
+            for j, _ in rows.of[c[0]]:
+                by_row.setdefault(j, []).append(c)
+        at = dict.fromkeys(by_row, 0)
+        chosen, taken = [], set()
+        for c in sorted((c for c in cands if c[2] > c[1]), key=lambda c: (-c[3], c[0])):
+            free, add, pos = list(slack), [], dict(at)
+            for j, kj in rows.of[c[0]]:
+                need = kj * (c[2] - c[1]) * (1 + _MARGIN)
+                line = by_row.get(j, ())
+                while free[j] < need and pos.get(j, 0) < len(line):
+                    n = line[pos[j]]
+                    pos[j] += 1
+                    if n[0] not in taken and n not in add:
+                        add.append(n)
+                        for i, ki in rows.of[n[0]]:
+                            free[i] += ki * (n[1] - n[2])
+                if free[j] < need:
+                    break
+            else:
+                trial = chosen + add + [c]
+                gain = math.fsum(x[3] for x in trial)
+                msgs = math.fsum(x[5] for x in trial)
+                new = sum(1 for x in trial if x[0] not in self.ledger.off)
+                if (gain - math.sqrt(math.fsum(x[4] for x in trial))) * horizon >= msgs and self._affords(coord, msgs, new):
+                    chosen, at = trial, pos
+                    taken.update(x[0] for x in add)
+                    for j, kj in rows.of[c[0]]:
+                        free[j] -= kj * (c[2] - c[1])
+                    slack = free
+        return [x[0] for x in chosen if x[2] < x[1]], [x[0] for x in chosen if x[2] > x[1]]
 
     def _confirming(self, coord):
         """Whether a move's narrowings still wait for their acknowledgements. An offline source sends

@@ -187,7 +187,7 @@ class Guard:
     def _revert(self, coord, t, backoff):
         """Make every moved source its shadow's twin: those at least as wide as deadband's width first, the
         others once those are acknowledged (no row holds more than its budget meanwhile); ``backoff``:
-        then try again only after a back-off that doubles each time."""
+        then try again only after a back-off that doubles each time, with half the loan."""
         self.target, self.narrowing = {}, set()
         self.cuts.clear()
         src = coord.cache.sources
@@ -201,6 +201,7 @@ class Guard:
             self.stats["backoffs"] += 1
             self.backoff = max(2 * self.backoff, t - self.since)
             self.until = t + self.backoff
+            self.loan /= 2.0
             self.ceiling = None
 
     def _second(self, coord):
@@ -236,8 +237,9 @@ class Guard:
             self._install(coord, key, want[0], forced=True)
 
     def _begin(self, coord, t):
-        """Whether a try is on: the first one from the first report, a later one once its back-off is over
-        and every sync of an online source is acknowledged."""
+        """Whether a try is on: the first one from the first report (it may lose the loan), a later one once
+        its back-off is over and every sync of an online source is acknowledged (it may lose its own loan,
+        half the one before, from where it starts)."""
         if self.ceiling is None and t >= self.until and not self.later:
             src = coord.cache.sources
             if not any(src[k].online for k in self.ledger.acks):
@@ -245,8 +247,8 @@ class Guard:
         return self.ceiling is not None
 
     def _guard(self, coord, t):
-        """Sync every moved source when the next message could break the loan, or once real − deadband is
-        the loan above its lowest in this try (the trailing stop); else the stop follows the saving down."""
+        """Sync every moved source when the next message could break the loan, or past the trailing stop,
+        which follows the saving down to 0 (once ahead of deadband by the loan, never behind it)."""
         if self.ceiling is None:
             return
         led = self.ledger
@@ -254,5 +256,5 @@ class Guard:
         if x > self.ceiling or led.off and self._exposed(coord) > self._hard() - self.cmax:
             self._revert(coord, t, True)
         else:
-            self.ceiling = min(self.ceiling, x + self.loan)
+            self.ceiling = min(self.ceiling, max(0.0, x + self.loan))
 
