@@ -213,6 +213,8 @@ class Agent:
             out.append(self._report(now, i, codec.WHY_FIRST))
         elif f.check(value):
             out.append(self._report(now, i, codec.WHY_EXIT))
+        elif self.meter is not None and self.meter.due(i):
+            out.append(self._report(now, i, codec.WHY_METER))      # deadband's count, lest it go unseen
         if self.summaries is not None and i in self.summaries:
             from edge.core import swat_asr      # loaded only on devices that summarise
             out += swat_asr.ship(self, now, i, self.summaries[i].sample(now, value))

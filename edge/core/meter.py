@@ -20,6 +20,7 @@ Portable (MicroPython, CPython), float32-safe (a shadow is a copy: it rounds as 
 from edge.core.codec import ACK, METER, SYNC, WHY_SYNC
 
 _M16 = 0xFFFF
+EVERY = 8           # a moved source reports (WHY_METER) once its shadow has counted this many since its last report
 
 
 class Meter:
@@ -27,6 +28,7 @@ class Meter:
         self.shadows = [None] * n       # per source: None (a twin), or [filter, chooser or None]
         self.n = [0] * n                # reports deadband would have sent, modulo 2^16
         self.k = [0] * n                # readings, modulo 2^16
+        self.sent = [0] * n             # n as the source's latest report carried it
 
     def count(self, i):
         self.n[i] = (self.n[i] + 1) & _M16
@@ -56,6 +58,11 @@ class Meter:
             if g.center is None or g.check(v):
                 self._report(agent, i, g, ch, t)
 
+    def due(self, i):
+        """Whether moved source ``i`` should report for its count alone: its shadow counted EVERY reports
+        the backend has not heard of (a silent source's saving would stay unseen)."""
+        return self.shadows[i] is not None and (self.n[i] - self.sent[i]) & _M16 >= EVERY
+
     def seen(self, i, count):
         """``count`` readings of source ``i`` that changed nothing (a simulator hands them over late)."""
         self.k[i] = (self.k[i] + count) & _M16
@@ -81,7 +88,7 @@ class Meter:
 
     def stamp(self, i, fields, kind):
         """Add the counts to a report's ``fields``; the metered kind of ``kind`` (report or line)."""
-        fields["n"] = self.n[i]
+        fields["n"] = self.sent[i] = self.n[i]
         fields["k"] = self.k[i]
         if kind == "line":
             fields["o"] = fields["t"]
