@@ -135,10 +135,9 @@ class Guard:
         return out
 
     def _affords(self, coord, msgs, new):
-        """Whether ``msgs`` messages that move ``new`` more sources keep within the trailing stop and half the
-        loan (the other half takes the ups and downs of real − deadband before every source must be synced)."""
+        """Whether ``msgs`` messages that move ``new`` more sources keep within the trailing stop and the loan."""
         return (self.ceiling is not None and self.ledger.gap() + msgs <= self.ceiling
-                and self._exposed(coord, msgs, new) <= self._hard() / 2 - self.cmax)
+                and self._exposed(coord, msgs, new) <= self._hard() - self.cmax)
 
     def _install(self, coord, key, width, forced=False):
         """Give ``key`` ``width`` (with its constraints and cuts): a control if its filter changes (or
