@@ -135,9 +135,12 @@ class Guard:
         return out
 
     def _affords(self, coord, msgs, new):
-        """Whether ``msgs`` messages that move ``new`` more sources keep within the trailing stop and the loan."""
+        """Whether ``msgs`` messages that move ``new`` more sources keep within the trailing stop, and within
+        half the loan (the other half takes the ups and downs of real − deadband before every moved source
+        must be synced), though always room for one narrowing, its widening and their syncs (7 messages)."""
+        loan = self._hard()
         return (self.ceiling is not None and self.ledger.gap() + msgs <= self.ceiling
-                and self._exposed(coord, msgs, new) <= self._hard() - self.cmax)
+                and self._exposed(coord, msgs, new) <= max(loan / 2, min(loan - self.cmax, 7 * self.cmax)))
 
     def _install(self, coord, key, width, forced=False):
         """Give ``key`` ``width`` (with its constraints and cuts): a control if its filter changes (or
