@@ -50,7 +50,7 @@ WHY_RESYNC = 3    # first report of a source after start or reconnect
 WHY_FIRST = 4     # first reading of a source
 WHY_GAP = 5       # a line's source had no reading for its gap bound: its last reading, as a constant
 WHY_SYNC = 6      # the source adopted its meter's filter (a SYNC control): v is that filter's centre
-WHY_METER = 7     # a moved source's deadband meter counted EVERY reports since its last report (edge.core.meter)
+WHY_METER = 7     # a moved source's deadband meter counted reports the backend has not heard of (edge.core.meter)
 
 # Field types: B u8, H u16, I u32, q signed 64-bit integer, d f64, s short utf-8 string (u8 length),
 # y byte blob (u16 length), T a device time: an IEEE double on the wire, which a device holding integer

@@ -17,10 +17,11 @@ The count ``n`` and the source's reading count ``k`` ride in every report (codec
 ``mline``, modulo 2^16): the backend weighs real messages against deadband's exactly (precision.regret).
 Portable (MicroPython, CPython), float32-safe (a shadow is a copy: it rounds as the real filter does).
 """
-from edge.core.codec import ACK, METER, SYNC, WHY_SYNC
+from edge.core.codec import ACK, METER, SYNC, WHY_METER, WHY_SYNC
 
 _M16 = 0xFFFF
-EVERY = 8           # a moved source reports (WHY_METER) once its shadow has counted this many since its last report
+EVERY = 8           # a moved source reports (WHY_METER) once its shadow has counted this many since its last report,
+MOST = 1 << 14      # twice as many after each such report (up to this: far from 2^16, so n never wraps unseen)
 
 
 class Meter:
@@ -29,6 +30,7 @@ class Meter:
         self.n = [0] * n                # reports deadband would have sent, modulo 2^16
         self.k = [0] * n                # readings, modulo 2^16
         self.sent = [0] * n             # n as the source's latest report carried it
+        self.every = [EVERY] * n        # unseen counts that make a moved source report
 
     def count(self, i):
         self.n[i] = (self.n[i] + 1) & _M16
@@ -37,6 +39,7 @@ class Meter:
         """Source ``i``'s real filter is about to leave deadband's: a shadow carries on from here."""
         ch = agent.alt[i].copy() if agent.alt is not None else None
         self.shadows[i] = [agent.filters[i].copy(), ch]
+        self.every[i] = EVERY
 
     def _report(self, agent, i, g, ch, t, constant=False):
         self.count(i)
@@ -59,9 +62,11 @@ class Meter:
                 self._report(agent, i, g, ch, t)
 
     def due(self, i):
-        """Whether moved source ``i`` should report for its count alone: its shadow counted EVERY reports
-        the backend has not heard of (a silent source's saving would stay unseen)."""
-        return self.shadows[i] is not None and (self.n[i] - self.sent[i]) & _M16 >= EVERY
+        """Whether moved source ``i`` should report for its count alone: its shadow counted ``every`` reports
+        the backend has not heard of (a silent source's saving would stay unseen). ``every`` doubles with each
+        such report since the source moved: the backend always knows at least about half of what the move has
+        saved, at a cost logarithmic in the saving."""
+        return self.shadows[i] is not None and (self.n[i] - self.sent[i]) & _M16 >= self.every[i]
 
     def seen(self, i, count):
         """``count`` readings of source ``i`` that changed nothing (a simulator hands them over late)."""
@@ -90,6 +95,8 @@ class Meter:
         """Add the counts to a report's ``fields``; the metered kind of ``kind`` (report or line)."""
         fields["n"] = self.sent[i] = self.n[i]
         fields["k"] = self.k[i]
+        if fields["why"] == WHY_METER:
+            self.every[i] = min(2 * self.every[i], MOST)
         if kind == "line":
             fields["o"] = fields["t"]
             return "mline"

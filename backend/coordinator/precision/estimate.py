@@ -168,7 +168,7 @@ class Estimated(Guard, Adaptive):
         if v is not None and self.ceiling is not None:
             was = self._silent(coord, key)
             for k in self.cuts.reported(coord, key, v, meter):
-                if not self._affords(coord, 2.0 * self.cost(k), k not in led.off):
+                if not self._affords(coord, 2.0 * self.cost(k), k not in led.off, True):
                     self.cuts.uncut(k)      # a cut that does not fit the loan is not made; a cut source
                     if k != key or was:     # whose re-cut or promotion does not becomes its shadow's twin
                         self._sync(coord, k)

@@ -134,13 +134,16 @@ class Guard:
             out += 2.0 * lam * math.fsum(c * r for c, r in rate if r < INF)
         return out
 
-    def _affords(self, coord, msgs, new):
-        """Whether ``msgs`` messages that move ``new`` more sources keep within the trailing stop, and within
-        half the loan (the other half takes the ups and downs of real − deadband before every moved source
-        must be synced), though always room for one narrowing, its widening and their syncs (7 messages)."""
+    def _affords(self, coord, msgs, new, cut=False):
+        """Whether ``msgs`` messages that move ``new`` more sources keep within the trailing stop and the
+        loan: a MIN/MAX ``cut`` (a silent source: real − deadband only falls, but for its rare promotions)
+        the whole loan, a move of widths half of it (the other half takes the ups and downs of real −
+        deadband before every moved source must be synced), though always one narrowing, its widening and
+        their syncs (7 messages)."""
         loan = self._hard()
+        room = loan - self.cmax if cut else max(loan / 2, min(loan - self.cmax, 7 * self.cmax))
         return (self.ceiling is not None and self.ledger.gap() + msgs <= self.ceiling
-                and self._exposed(coord, msgs, new) <= max(loan / 2, min(loan - self.cmax, 7 * self.cmax)))
+                and self._exposed(coord, msgs, new) <= room)
 
     def _install(self, coord, key, width, forced=False):
         """Give ``key`` ``width`` (with its constraints and cuts): a control if its filter changes (or
@@ -187,15 +190,17 @@ class Guard:
         if st is not None:
             st.w = self._width(s)
 
-    def _revert(self, coord, t, backoff):
-        """Make every moved source its shadow's twin: those at least as wide as deadband's width first, the
-        others once those are acknowledged (no row holds more than its budget meanwhile); ``backoff``:
-        then try again only after a back-off that doubles each time, with half the loan."""
+    def _revert(self, coord, t, backoff, keys=None):
+        """Make every moved source (or those of ``keys``) its shadow's twin: those at least as wide as
+        deadband's width first, the others once those are acknowledged (no row holds more than its budget
+        meanwhile); ``backoff``: then try again only after a back-off that doubles each time, with half the loan."""
         self.target, self.narrowing = {}, set()
-        self.cuts.clear()
+        if keys is None:
+            self.cuts.clear()
         src = coord.cache.sources
         first, self.later = [], []
-        for key in sorted(self.ledger.off):
+        for key in sorted(self.ledger.off if keys is None else keys):
+            self.cuts.uncut(key)
             (first if self._width(src[key]) >= self._home(coord, key)[0] else self.later).append(key)
         for key in first:
             self._sync(coord, key)
@@ -217,16 +222,19 @@ class Guard:
 
     def _settle(self, coord, fresh=(), rows=None):
         """After a query change: deadband's filter for every source not moved; a moved one keeps its width
-        while its deadband filter is unchanged and the rows still fit, else every source is synced."""
+        while its deadband filter is unchanged, and is synced when it changed (deadband's new filter); when
+        the rows do not fit so, every source is synced."""
         src, led = coord.cache.sources, self.ledger
+        stale = [k for k in led.off if led.told.get(k) != self._home(coord, k)]
         widths = {}
         for key, s in src.items():
             if key in self.rows.of:
-                w = self._width(s) if key in led.off and key not in fresh else self._home(coord, key)[0]
-                widths[key] = w if w < INF else self.rows.uniform(key)
-        over = any(u > b * (1 + _ROUNDING) for u, b in zip(self.rows.used(widths), self.rows.budget))
-        if over or any(led.told.get(k) != self._home(coord, k) for k in led.off):
+                w = self._width(s) if key in led.off and key not in fresh and key not in stale else INF
+                widths[key] = w if w < INF else self.rows.uniform(key)     # (deadband's, as the rows count)
+        if any(u > b * (1 + _ROUNDING) for u, b in zip(self.rows.used(widths), self.rows.budget)):
             self._revert(coord, coord.clock, False)
+        elif stale:
+            self._revert(coord, coord.clock, False, stale)
         for key, s in src.items():
             w = self._width(s) if key in led.off else INF
             self._install(coord, key, w if w < INF else self._home(coord, key)[0])
