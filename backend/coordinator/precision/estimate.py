@@ -14,8 +14,11 @@ only when a measured saving pays for the messages:
   noise, so rates that differ by no more than noise are pooled and move no width (``prior`` fixes p).
   α ∈ {2, 1.5, 1} is the group's maximum-likelihood exponent (Poisson exits), 2 until the data say otherwise.
 - **Forced exits.** An exit at the reading right after a report (the value jumped past the bound between
-  two readings; the device's reading count says so) does not follow W^−α: a wider bound saves such exits
-  only as far as their recorded jumps fit within its half-width, and a widening that saves nothing is not sent.
+  two readings) does not follow W^−α: a wider bound saves such exits only as far as their recorded jumps
+  fit within its half-width, and a widening that saves nothing is not sent. The device's reading count says
+  which exits they are (it was guessed from the shortest time between two reports, which irregular
+  sampling shrinks until no exit looks forced: on car-park counts read about every 30 min with a few
+  minutes of jitter, the guess credited widenings of sources that report at every reading).
 - **Lattices.** Real readings are quantised (0.1 °C): a width admits only whole steps, so 0.91 and 0.99
   behave alike. Once a source's reported changes show a common step q (and not only one multiple of it),
   its width counts as the midpoint 2q(k + ½) of the k whole steps it admits, and targets are placed there,
@@ -31,20 +34,24 @@ only when a measured saving pays for the messages:
   (a rate measured from n exits is known to about r/√n, the prior's pseudo-exits included), so a move
   whose saving is within the noise of the measured rates is not made. The horizon is the estimate's
   span (``memory`` reports per source), at most the time the run has lasted so far (ski-rental: short
-  runs move little). Narrowings go first; the slack they free is granted once the devices have
-  confirmed them.
+  runs move little). Moves are chosen widening by widening, by saving, each with the narrowings that free
+  its room at the least cost per unit of width, as far as the loan affords them (below). Narrowings go
+  first; the slack they free is granted once the devices have confirmed them.
 - **No regret, exactly** (``regret.py``). Every metered device counts the reports plain deadband would
   have sent at the same readings (edge.core.meter), so the rule knows real − deadband exactly at every
   report. It borrows a loan of ``guard`` messages (default: the number of queried sources, at least 8)
   and never goes past it: whenever the next message could make real − deadband, plus what syncing every
   moved source back costs (a downlink and its acknowledgement each) and what may be in flight within a
   round trip, exceed the loan, every source becomes its shadow's twin (a SYNC control: deadband's filter
-  with the shadow's centre), after which it reports exactly as deadband does. A move or a MIN/MAX cut is
-  made only if it leaves that sum within the loan. Within that, a trailing stop backs off earlier: the
+  with the shadow's centre), after which it reports exactly as deadband does. A MIN/MAX cut is made only
+  if it leaves that sum within the loan, a move of widths only within half of it (the other half takes
+  the ups and downs of real − deadband, so a move is not synced away at its first unlucky report), but
+  always room for one narrowing with its widening. Within that, a trailing stop backs off earlier: the
   ceiling on real − deadband starts at the loan and follows the saving down to 0 (once the saving has
   repaid the loan, the rule never falls behind deadband); past it every source is synced for a back-off
-  that doubles each time, and each later try may lose half as much as the one before. Sources whose
-  devices do not meter (a micro:bit behind its gateway, older firmware) keep deadband's filter.
+  that doubles each time, and each later try may lose half as much as the one before. A query change
+  syncs the moved sources whose deadband filter changed. Sources whose devices do not meter (a micro:bit
+  behind its gateway, older firmware) keep deadband's filter.
 
 Idle coordinator ticks change nothing here (``quiet``), so the coordinator skips them.
 """
