@@ -20,6 +20,7 @@ import heapq
 import math
 
 from backend.coordinator.core import aggregate
+from backend.coordinator.core.admission import RATE, Admission
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
 from backend.coordinator.core.downlink import Downlink
@@ -43,7 +44,7 @@ class _Known:
 
 class Coordinator(Downlink, Resync, Uplink):
     def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, lazy=True, incarnation=0,
-                 models=1, skew=0.0, echo=False):
+                 models=1, skew=0.0, echo=False, owners=None, rate=RATE):
         if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or beat < 0 or skew < 0:
             raise ValueError("need period >= 1 ms, 0 <= shrink < 1, latency >= 0, beat >= 0, skew >= 0")
         self.protocol = protocol
@@ -86,6 +87,8 @@ class Coordinator(Downlink, Resync, Uplink):
         self.segments = Mirror()        # segment mode and final answers of lag queries
         self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
         self.integrity = Integrity(self.latency, beat, skew)    # gaps, silence, skew (issue #20)
+        # who may claim a source, floods, implausible stamps and values (DESIGN.md §10): counters in stats
+        self.admission = Admission(owners, skew, rate, self.stats)
         self.revoked = {}               # query id -> [t_from, t_to] of answers found wrong, for the next change
 
     # -- queries ----------------------------------------------------------------
@@ -293,8 +296,8 @@ class Coordinator(Downlink, Resync, Uplink):
 
     # -- answers ----------------------------------------------------------------------
     def degraded(self, q):
-        """Whether a source of ``q`` is offline, or waits for a filter the protocol counts on."""
-        return q.meets(self.models.off_since) or q.meets(self.integrity.unsure)
+        """Whether a source of ``q`` is offline, waits for a filter the protocol counts on, or is contested."""
+        return q.meets(self.models.off_since) or q.meets(self.integrity.unsure) or q.meets(self.admission.contested)
 
     def _answers(self, t):
         self.cache.now = t
@@ -319,7 +322,12 @@ class Coordinator(Downlink, Resync, Uplink):
             offline = self.degraded(q)
             fields["degraded"] = bool(fields.get("degraded")) or offline
             if offline:
-                fields["reason"] = self.integrity.why(q, self.cache.sources) + self.models.reason(q, self)
+                why = self.integrity.why(q, self.cache.sources) + self.admission.why(q, self.cache.sources)
+                if q.meets(self.models.off_since) or q.meets(self.integrity.unsure):
+                    why += self.models.reason(q, self)
+                fields["reason"] = why.rstrip("; ")
+            elif fields.get("lo") == -math.inf or fields.get("hi") == math.inf:
+                self._unread(q, fields)
             revoked = self.revoked.pop(qid, None)
             if self.last.get(qid) != fields or revoked:
                 self.last[qid] = fields
@@ -329,6 +337,15 @@ class Coordinator(Downlink, Resync, Uplink):
                     change["revoked"] = [revoked[0], max(revoked[1], t)]
                 self.out.append(("answer", change))
         self.dirty.clear()
+
+    def _unread(self, q, fields):
+        """An unbounded answer because a source was born without a reading (a birth's "no value yet") says
+        so: degraded, never a plain [-inf, inf] (DESIGN.md §10)."""
+        sources = self.cache.sources
+        bare = [k for k in q.sources if k in sources and sources[k].value is None]
+        if bare:
+            fields["degraded"] = True
+            fields["reason"] = "no reading yet: %s" % ", ".join(bare[:8]) + (" (+%d)" % (len(bare) - 8) if len(bare) > 8 else "")
 
     def interval(self, q):
         """Guaranteed interval for ``q`` from the bound cache, maintained incrementally; while a
