@@ -135,14 +135,15 @@ class Guard:
         return out
 
     def _affords(self, coord, msgs, new, cut=False):
-        """Whether ``msgs`` messages that move ``new`` more sources keep, with every sync, within the trailing
-        stop and the loan: a MIN/MAX ``cut`` (a silent source: real − deadband only falls, but for its rare promotions)
+        """Whether ``msgs`` messages that move ``new`` more sources keep within the trailing stop and the
+        loan: a MIN/MAX ``cut`` (a silent source: real − deadband only falls, but for its rare promotions)
         the whole loan, a move of widths half of it (the other half takes the ups and downs of real −
         deadband before every moved source must be synced), though always one narrowing, its widening and
         their syncs (7 messages)."""
         loan = self._hard()
         room = loan - self.cmax if cut else max(loan / 2, min(loan - self.cmax, 7 * self.cmax))
-        return self.ceiling is not None and self._exposed(coord, msgs, new) <= min(room, self.ceiling)
+        return (self.ceiling is not None and self.ledger.gap() + msgs <= self.ceiling
+                and self._exposed(coord, msgs, new) <= room)
 
     def _install(self, coord, key, width, forced=False):
         """Give ``key`` ``width`` (with its constraints and cuts): a control if its filter changes (or
@@ -258,14 +259,12 @@ class Guard:
 
     def _guard(self, coord, t):
         """Sync every moved source when the next message could break the loan, or past the trailing stop,
-        which follows the saving down to 0 (once ahead of deadband by the loan, never behind it, the syncs
-        included: the stop weighs real − deadband with what syncing would cost)."""
+        which follows the saving down to 0 (once ahead of deadband by the loan, never behind it)."""
         if self.ceiling is None:
             return
         led = self.ledger
         x = led.gap()
-        e = self._exposed(coord) if led.off else x
-        if e > self.ceiling or e > self._hard() - self.cmax:
+        if x > self.ceiling or led.off and self._exposed(coord) > self._hard() - self.cmax:
             self._revert(coord, t, True)
         else:
             self.ceiling = min(self.ceiling, max(0.0, x + self.loan))
