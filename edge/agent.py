@@ -17,7 +17,7 @@ before the latest birth or from an earlier backend run is dropped, duplicates by
 import sys
 
 from edge.core import codec
-from edge.core.codec import NO_VALUE, newer, CAP_F32, CAP_MS, CAP_LINE
+from edge.core.codec import NO_VALUE, newer, CAP_F32, CAP_MS, CAP_LINE, CAP_METER
 from edge.core.interval import IntervalFilter, INF
 
 FIRMWARE = "qf-0.2"
@@ -61,7 +61,8 @@ def fresh(top, seen, seq):
 
 
 class Agent:
-    def __init__(self, device, sources, boot=0, caps=0, width=0.0, unit=1, synced=True, rnd=None, lines=None):
+    def __init__(self, device, sources, boot=0, caps=0, width=0.0, unit=1, synced=True, rnd=None, lines=None,
+                 meter=True):
         if not sources or len(sources) > codec.MAX_LIST:
             raise ValueError("an agent needs 1..255 sources")
         for name in sources:
@@ -81,7 +82,7 @@ class Agent:
         if lines is None:       # lines cost a board heap (the module, two shadow filters per source): boards opt in
             lines = sys.implementation.name != "micropython"
         self.caps = caps | (CAP_LINE if lines else 0) | (CAP_F32 if F32 or rnd is not None else 0) | \
-            (CAP_MS if unit == 1000 else 0)
+            (CAP_MS if unit == 1000 else 0) | (CAP_METER if meter else 0)
         self.unit = unit
         self.synced = synced
         self.offset = 0         # device time = caller's clock + offset
@@ -100,6 +101,7 @@ class Agent:
         self.alt = None         # per source edge.core.predict.Chooser, once the backend allows lines
         self.allow = 1          # filter models allowed (edge.core.predict bits), from the ``setup`` control
         self.segs = None        # source index -> segment.Segmenter (segment mode), allocated by the first segment control
+        self.meter = None       # edge.core.meter.Meter (plain deadband's shadow filters), from the first METER control
         self.stats = {"samples": 0, "reports": 0, "bad_samples": 0, "bad_messages": 0, "probes": 0,
                       "stale": 0, "unsupported": 0}
 
@@ -131,14 +133,20 @@ class Agent:
         v = self.values[i]
         self.stats["reports"] += 1
         fields = {"src": i, "epoch": f.epoch, "t": now, "v": v, "why": why}
+        kind = "report"
+        mt = self.meter
         if self.alt is None:
             f.recenter(v)
         else:
             self.alt[i].report(f, now, v, self.allow, constant)
             if f.slope:
                 fields["slope"], fields["gap"] = f.slope, f.gap
-                return self._up(now, "line", fields)
-        return self._up(now, "report", fields)
+                kind = "line"
+        if mt is None:
+            return self._up(now, kind, fields)
+        if mt.shadows[i] is None:
+            mt.count(i)         # the filter is deadband's: so is the report
+        return self._up(now, mt.stamp(i, fields, kind), fields)
 
     def start(self, now):
         """Birth (also sent after every reconnect), in parts when one payload cannot hold every source."""
@@ -146,6 +154,8 @@ class Agent:
 
     def _start(self, now):
         recs = []
+        if self.meter is not None:
+            self.meter.birth(self.values)
         for i, f in enumerate(self.filters):
             v = self.values[i]
             if v is not None:
@@ -190,6 +200,8 @@ class Agent:
         self.stats["samples"] += 1
         self.values[i] = value
         f = self.filters[i]
+        if self.meter is not None:
+            self.meter.sample(self, i, now, value)
         if self.segs is not None and i in self.segs:
             from edge.core import segment
             return segment.sample(self, now, i, value)
@@ -201,6 +213,8 @@ class Agent:
             out.append(self._report(now, i, codec.WHY_FIRST))
         elif f.check(value):
             out.append(self._report(now, i, codec.WHY_EXIT))
+        elif self.meter is not None and self.meter.due(i):
+            out.append(self._report(now, i, codec.WHY_METER))      # deadband's count, lest it go unseen
         if self.summaries is not None and i in self.summaries:
             from edge.core import swat_asr      # loaded only on devices that summarise
             out += swat_asr.ship(self, now, i, self.summaries[i].sample(now, value))
@@ -266,6 +280,11 @@ class Agent:
             return [self._up(now, "reply", {"src": i, "epoch": f.epoch, "t": now, "v": v, "probe": m["probe"]})]
         if not newer(m["epoch"], f.epoch):
             return []   # stale or duplicate assignment
+        if self.meter is not None or m["ack"] & ~1:       # plain deadband's filter (edge.core.meter)
+            from edge.core import meter
+            out = meter.control(self, now, i, kind, m)
+            if out is not None:
+                return out
         if kind == "width":
             f.set_width(m["width"], m["epoch"])
             if self.shrink:
@@ -276,7 +295,7 @@ class Agent:
         else:
             f.set_filter(m["width"], [(c["l"], c["u"]) for c in m["cons"]], m["epoch"])
         v = self.values[i]
-        if v is not None and (m["ack"] or f.check(v)) and not (self.segs and i in self.segs):
+        if v is not None and (m["ack"] & 1 or f.check(v)) and not (self.segs and i in self.segs):
             return [self._report(now, i, codec.WHY_ASSIGN)]
         return []
 
@@ -332,11 +351,19 @@ class Agent:
             b = segment.deadline(self)
             if b is not None and (t is None or b < t):
                 t = b
+        if self.meter is not None:
+            from edge.core import meter
+            b = meter.deadline(self)
+            if b is not None and (t is None or b < t):
+                t = b
         return None if t is None else t - self.offset
 
     def handle_timer(self, now):
         now += self.offset
         out = []
+        if self.meter is not None:      # (first: a report now carries deadband's gap reports of now)
+            from edge.core import meter
+            meter.gaps(self, now)
         if self.alt is not None:
             from edge.core import predict
             out += predict.gaps(self, now)

@@ -4,7 +4,9 @@ Kinds: CPython, the MicroPython unix port (precompiled .mpy), and CPython on arm
 user-mode emulation (Raspberry Pi class, when scripts/setup_arm64.sh has built the root). The same
 portable timing script runs in each interpreter. Then the smallest MicroPython heap at which the
 agent still runs its live scenario (birth, reports, config/filter/probe control traffic against
-Mosquitto) is found by bisection. ``python -m backend.bench.edge [--quick]`` prints the figures
+Mosquitto; its filters include deadband's, a move that forks the deadband meter's shadow and a SYNC back,
+edge.core.meter) is found by bisection. ``metered_us``: a metered agent whose source was moved (its
+deadband shadow checks every reading as well). ``python -m backend.bench.edge [--quick]`` prints the figures
 next to the DESIGN targets.
 
 The unix port is 64-bit: every object there is about twice its size on a board. The 32-bit figure
@@ -83,11 +85,30 @@ for x in vals:
     now += 10
     a.handle_sample(now, 0, x)
 agent = ticks_diff(ticks_us(), t) / N
+# a metered agent (edge.core.meter) whose source was moved: its deadband shadow sees every reading too
+from edge.core.meter import Meter
+gc.collect()
+m2 = gc.mem_alloc() if sys.implementation.name == "micropython" else 0
+b = Agent("m", ["x"], 1, 0, 4.0, 1000)
+b.start(0)
+b.meter = Meter(1)
+b.meter.fork(b, 0)
+b.filters[0].set_width(6.0, 1)
+if m2:
+    gc.collect()
+    mem["heap_metered_state"] = gc.mem_alloc() - m2
+t = ticks_us()
+now = 1700000000000
+for x in vals:
+    now += 10
+    b.handle_sample(now, 0, x)
+metered = ticks_diff(ticks_us(), t) / N
 if sys.implementation.name != "micropython":
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS"):
             mem["rss_kb"] = int(line.split()[1])
-print("QFBENCH" + json.dumps({"filter_us": filt, "agent_us": agent, "reports": a.stats["reports"], "mem": mem}))
+print("QFBENCH" + json.dumps({"filter_us": filt, "agent_us": agent, "metered_us": metered, "reports": a.stats["reports"],
+                              "mem": mem}))
 """
 
 
@@ -148,7 +169,9 @@ def _scenario(broker, folder, heap, mpy, seconds=3.0):
         for kind, fields in (
                 ("config", {"seq": 3 * i, "inc": 1, "to": to, "period": 1000, "shrink": 0.1, "beat": 5000, "t0": 0,
                             "now": int(time.time() * 1000), "tick": int(time.time())}),
-                ("filter", {"src": 0, "epoch": i, "seq": 3 * i + 1, "inc": 1, "to": to, "width": 2.0, "ack": 1,
+                # deadband's filter (METER), a move away from it (a deadband shadow forks), a SYNC back
+                ("filter", {"src": 0, "epoch": i, "seq": 3 * i + 1, "inc": 1, "to": to, "width": 2.0 + (i % 3 == 1),
+                            "ack": 1 | (0 if i % 3 == 1 else codec.METER) | (codec.SYNC if i % 3 == 0 else 0),
                             "cons": [{"l": 1.0, "u": 2.0}]}),
                 ("probe", {"src": 0, "seq": 3 * i + 2, "inc": 1, "to": to, "probe": i})):
             be.publish(topics.device(broker.fleet, "m0", "ctl"), codec.encode(kind, fields), qos=1)
@@ -219,21 +242,23 @@ def figures(quick=True, arm64=True):
         mpy = compile_modules(os.path.join(tmp, "mpy"), [m for m in MODULES if m[0] != "qfboard.py"])
         for kind, r in per_kind(n, mpy, arm64=arm64).items():
             if "skipped" in r:
-                rows.append({"agent kind": kind, "samples": n, "filter_us": "-", "agent_us": "-",
+                rows.append({"agent kind": kind, "samples": n, "filter_us": "-", "agent_us": "-", "metered_us": "-",
                              "target_filter_us": "-", "memory": "skipped: %s" % r["skipped"]})
                 continue
             tgt = TARGETS["filter_us"].get(kind)
             rows.append({"agent kind": kind, "samples": n, "filter_us": round(r["filter_us"], 2),
-                         "agent_us": round(r["agent_us"], 2), "target_filter_us": "≤ %g" % tgt if tgt else "-",
+                         "agent_us": round(r["agent_us"], 2), "metered_us": round(r["metered_us"], 2),
+                         "target_filter_us": "≤ %g" % tgt if tgt else "-",
                          "memory": ", ".join("%s=%s" % kv for kv in sorted(r["mem"].items()))})
         heap, st = smallest_heap(mpy)
         rows.append({"agent kind": "micropython smallest heap", "samples": "-", "filter_us": "-", "agent_us": "-",
+                     "metered_us": "-",
                      "target_filter_us": "≤ %d KB" % (TARGETS["heap"] // 1024),
                      "memory": "failed even at 96 KB" if heap is None else
                      "%d KB (live heap after collection %d B)" % (heap, st["heap_peak"])})
         for mode, got in heap_32bit(mpy).items():
             rows.append({"agent kind": "micropython 32-bit float32 (%s)" % mode, "samples": "-", "filter_us": "-",
-                         "agent_us": "-", "target_filter_us": "≤ %d KB" % (TARGETS["heap"] // 1024),
+                         "agent_us": "-", "metered_us": "-", "target_filter_us": "≤ %d KB" % (TARGETS["heap"] // 1024),
                          "memory": "skipped: run scripts/build_mp32.sh" if got is None else
                          "smallest heap %d KB (live heap after collection %s B)" % (got[1], got[0])})
     return rows

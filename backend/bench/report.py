@@ -32,6 +32,7 @@ def workloads(scale, data_dir=None):
     os.makedirs(data_dir, exist_ok=True)
     days = max(3, int(137 * scale))
     years = max(2, int(18 * scale))
+    weeks = max(2, int(11 * scale))
     hid = ids[:24]
     return [
         ("single-avg-10", {"seed": 11, "duration": d(3000),
@@ -63,6 +64,12 @@ def workloads(scale, data_dir=None):
                        "queries": _hetero_queries(hid)}),
         ("changing-rates", {"seed": 0, "duration": d(6000) - 1, "queries": _hetero_queries(hid),
                             "sources": {"trace": synthetic.changing_rates(data_dir, 24, d(6000), seed=22)}}),
+        # irregular readings on an integer lattice with overnight gaps (car-park counts): SUM over all, MAX over 4
+        ("occupancy-30", {"seed": 0, "duration": weeks * 7 * 86400.0,
+                          "sources": {"trace": synthetic.occupancy(data_dir, 30, weeks * 7, seed=25)},
+                          "queries": [{"id": "total", "kind": "sum", "sources": "all", "precision": 825.0},
+                                      {"id": "busiest", "kind": "max", "precision": 27.5,
+                                       "sources": ["p%02d" % i for i in range(4)]}]}),
         ("slow-temps-%dd" % days, {"seed": 0, "duration": days * 86400.0,
                                    "sources": {"trace": synthetic.slow_temperatures(data_dir, 10, days, seed=23)},
                                    "queries": [{"id": "avg", "kind": "avg", "sources": "all", "precision": 1.0},

@@ -54,6 +54,38 @@ def slow_temperatures(folder, n, days, seed):
     return _write(path, t, ["t%d" % i for i in range(n)], rows, "%.1f")
 
 
+def occupancy(folder, n, days, seed):
+    """n car parks' occupancy counts (whole cars), read about every 30 min from 08:00 to 16:30 with a few
+    minutes of jitter and the odd missed reading, nothing overnight (15 h gaps): capacities 200–4000,
+    a morning rise and afternoon fall that differ by car park and by day, quieter weekends."""
+    path = os.path.join(folder, "occupancy-%d-%d-%d.csv" % (n, days, seed))
+    if os.path.exists(path):
+        return path
+    rng = np.random.default_rng(seed)
+    cap = np.exp(rng.uniform(math.log(200), math.log(4000), n))
+    peak = rng.uniform(0.3, 0.95, n)            # usual midday fill
+    rise = rng.uniform(1.0, 3.0, n)             # hours to fill up after 08:00
+    rows = []
+    for d in range(days):
+        day = rng.normal(1.0, 0.08, n) * (0.45 if d % 7 >= 5 else 1.0)
+        for k in range(18):
+            for i in range(n):
+                if rng.random() < 0.03:
+                    continue                        # a missed reading
+                h = 0.5 * k + rng.normal(0, 0.06)   # hours after 08:00 (a few minutes of jitter)
+                fill = peak[i] * day[i] * (1 - math.exp(-max(h, 0) / rise[i])) * (1 - 0.25 * max(0.0, h - 5) / 3.5)
+                v = min(cap[i], max(0.0, round(cap[i] * fill + rng.normal(0, 0.004 * cap[i]))))
+                rows.append((d * 86400.0 + 8 * 3600.0 + h * 3600.0, i, v))
+    rows.sort()
+    tmp = path + ".part"
+    with open(tmp, "w") as fh:
+        fh.write("time,source,value\n")
+        for t, i, v in rows:
+            fh.write("%.0f,p%02d,%d\n" % (t, i, v))
+    os.replace(tmp, path)
+    return path
+
+
 def daily_walks(folder, n, years, seed):
     """n daily values (cents) over ``years``: walks with step sizes U[0.2, 2]."""
     path = os.path.join(folder, "daily-walks-%d-%d-%d.csv" % (n, years, seed))

@@ -21,14 +21,25 @@ from backend.sim.clairvoyant import minimum_reports, minimum_segments
 from backend.sim.sources import samples
 from backend.sim.workload import load
 
+def _top4(c, spec):
+    """A MAX over the trace's first four sources at the precision of its AVG."""
+    return [{"id": "top", "kind": "max", "sources": load(spec).source_ids[:4], "precision": c["queries"][0]["precision"]}]
+
+
 # The protocol columns, each run with default parameters unless it says otherwise. More (filter models,
 # segment mode at two lags) are appended here, one entry each: ``params`` and ``query`` may be dicts or
 # functions of the catalogue entry, e.g. a segment column
-# {"label": "segment L=10", "protocol": ..., "query": lambda c: {"lag": 10 * c["interval_s"]}}.
+# {"label": "segment L=10", "protocol": ..., "query": lambda c: {"lag": 10 * c["interval_s"]}};
+# ``more``: a function of the entry and its workload giving queries to add; ``base``: the column its ratio
+# is taken to (default deadband).
 COLUMNS = [
     {"label": "deadband", "protocol": "deadband", "params": {"models": "constant"}},
     {"label": "optimal_static", "protocol": "optimal_static"},
     {"label": "adaptive", "protocol": "adaptive"},
+    # the shape users give: the AVG over all plus a MAX over a few (4) at the same precision, real-time
+    {"label": "deadband-2q", "protocol": "deadband", "params": {"models": "constant"}, "more": _top4,
+     "base": "deadband-2q"},
+    {"label": "adaptive-2q", "protocol": "adaptive", "more": _top4, "base": "deadband-2q"},
     {"label": "linear", "protocol": "deadband", "params": {"models": "linear"}},
     {"label": "choose", "protocol": "deadband", "params": {"models": "choose"}},
     # segment mode (backend/coordinator/core/segments.py): final answers by t + L, L = 3 and 10 sampling intervals
@@ -94,7 +105,6 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
         row = {"trace": c["name"], "split": c["split"], "domain": c["domain"], "sources": c["sources"],
                "span": suite.human(duration if duration is not None else c["span_s"]),
                "interval": suite.human(c["interval_s"])}
-        base = None
         for col in columns or COLUMNS:
             label, proto = col["label"], col["protocol"]
             if proto not in PROTOCOLS:
@@ -103,6 +113,8 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
             spec = suite.workload(c, trace_dir, proto, p, duration)
             extra = _of(col.get("query"), c)
             spec["queries"] = [dict(q, **extra) for q in spec["queries"]]
+            if col.get("more"):
+                spec["queries"] += col["more"](c, spec)
             r = run_limited(spec, limit)
             rec = {"trace": c["name"], "split": c["split"], "column": label, "protocol": proto,
                    "params": p, "limit_s": limit}
@@ -121,13 +133,13 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
                 log("  %-16s %-18s %7d messages (%d up, %d down), %d violations, %6.2f s, %7d samples/s" % (
                     c["name"], label, m, rec["up"], rec["down"], rec["violations"], rec["runtime_s"],
                     rec["samples_per_s"]))
-                if label == "deadband":
-                    base = m
             runs.append(rec)
         row.update(minima(suite.workload(c, trace_dir, "deadband", duration=duration)))
-        for label in [col["label"] for col in columns or COLUMNS] + [m[0] for m in MINIMA]:
-            if isinstance(row.get(label), int) and base:
-                row[label + "/db"] = round(row[label] / base, 4)
+        base = {col["label"]: col.get("base", "deadband") for col in columns or COLUMNS}
+        for label in list(base) + [m[0] for m in MINIMA]:
+            b = row.get(base.get(label, "deadband"))
+            if isinstance(row.get(label), int) and b:
+                row[label + "/db"] = round(row[label] / b, 4)
         rows.append(row)
     return rows, runs
 
@@ -250,7 +262,9 @@ def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=
              "Public recordings shipped inside pinned packages, converted by `scripts/traces.py` (catalogue with "
              "licences below). Every trace runs its default query: one AVG over all sources, precision %g × the "
              "median per-source 5–95 %% spread. Cells are messages (up + down) and, in brackets, the ratio to "
-             "deadband on the same trace. Every protocol runs with its default parameters. `clairvoyant_pc` / "
+             "deadband on the same trace. `deadband-2q` / `adaptive-2q`: the same AVG plus a MAX over the "
+             "trace's first four sources at its precision (the shape users give), ratios to deadband-2q. Every "
+             "protocol runs with its default parameters. `clairvoyant_pc` / "
              "`clairvoyant_pl`: fewest reports any sender could make with constant / linear pieces at the deadband "
              "width per source (offline, exact). samples/s: simulator throughput of each run (wall clock, the "
              "whole run including the ground-truth check); the simulator works per event (a reading that must be "

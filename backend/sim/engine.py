@@ -23,7 +23,7 @@ from backend.sim import result as result_mod, truth as truth_mod
 from backend.sim.forced import Forced
 from backend.sim.loop import DOWN, UP, Loop
 from backend.sim.network import Network
-from backend.sim.screen import Screen, bound, models_bound
+from backend.sim.screen import Screen, bound, metered, models_bound
 from backend.sim.sources import outages, samples
 from backend.sim.workload import load
 from edge.agent import Agent
@@ -85,6 +85,8 @@ class Simulation(Loop):
                 if got is not None:
                     a.values[j] = got[0]
                     a.stats["samples"] += got[1]
+                    if a.meter is not None:
+                        a.meter.seen(j, got[1])
                     if a.alt is not None:
                         self._hand_models(a, j, s, got)
         return a
@@ -111,8 +113,10 @@ class Simulation(Loop):
         if (a.summaries and j in a.summaries) or (a.segs and j in a.segs):
             return None
         if a.alt is not None:
-            return None if dev in self.offset or a.offset else models_bound(a.filters[j], a.alt[j])
-        return bound(a.filters[j])
+            b = None if dev in self.offset or a.offset else models_bound(a.filters[j], a.alt[j])
+        else:
+            b = bound(a.filters[j])
+        return b if a.meter is None else metered(b, a.meter.shadows[j])
 
     def from_agent(self, now, device, out):
         if device in self.offline:

@@ -36,6 +36,18 @@ def bound(f):
     return f.lo, f.hi
 
 
+def metered(b, sh):
+    """Bound ``b`` (``bound`` or ``models_bound``) of a source with a deadband shadow ``sh`` (edge.core.meter:
+    [filter, chooser], or None: no shadow), which sees every reading too: narrowed to a constant shadow's
+    bound; None when the shadow needs every reading (no report yet, constraints, a model chooser)."""
+    if sh is None or b is None:
+        return b
+    g = sh[0]
+    if sh[1] is not None or g.center is None or g.cons:
+        return None
+    return (max(b[0], g.lo), min(b[1], g.hi)) + tuple(b[2:])
+
+
 def models_bound(f, ch):
     """The bound of a source whose device chooses its filter model (``edge.core.predict``): filter
     ``f`` and ``Chooser`` ``ch``. A reading changes more than the chooser's sampling times and the lines'

@@ -22,6 +22,14 @@ CAP_RELAY = 2       # birth capability bits: this device is a relay node (edge.c
 CAP_F32 = 4         # the device computes in single-precision floats: the backend mirrors it in float32, padded
 CAP_MS = 8          # the device's times are integer milliseconds (``t`` fields hold ms, not seconds)
 CAP_LINE = 16       # the device understands ``setup`` and may send ``line`` reports (edge.core.predict)
+CAP_METER = 32      # the device meters plain deadband (edge.core.meter): its reports are ``mreport``/``mline``
+
+# Bits of the ``ack`` field of ``width``/``filter`` controls: ACK asks for the acknowledging report; METER
+# (only to a CAP_METER device) says the filter is also plain deadband's, for the device's meter; SYNC
+# makes the device adopt its meter's filter and acknowledge with its centre (edge.core.meter).
+ACK = 1
+METER = 2
+SYNC = 4
 
 
 def newer(a, b):
@@ -41,6 +49,8 @@ WHY_ASSIGN = 2    # re-check (or acknowledgement) after a bound/width/filter ass
 WHY_RESYNC = 3    # first report of a source after start or reconnect
 WHY_FIRST = 4     # first reading of a source
 WHY_GAP = 5       # a line's source had no reading for its gap bound: its last reading, as a constant
+WHY_SYNC = 6      # the source adopted its meter's filter (a SYNC control): v is that filter's centre
+WHY_METER = 7     # a moved source's deadband meter counted reports the backend has not heard of (edge.core.meter)
 
 # Field types: B u8, H u16, I u32, q signed 64-bit integer, d f64, s short utf-8 string (u8 length),
 # y byte blob (u16 length), T a device time: an IEEE double on the wire, which a device holding integer
@@ -65,6 +75,11 @@ SCHEMAS = {
     "line": (7, "up", "BHITdBdT", "src epoch seq t v why slope gap"),
     # segment mode (edge.core.segment): line v + s·(τ − a) ± w/2 over [a, e); f bit 0: committed, goes on past e
     "segs": (8, "up", "IT*BHTTdddB", "seq t segs src epoch a e v s w f"),
+    # a report / line report of a metered device (CAP_METER, edge.core.meter): n = the reports plain deadband
+    # would have sent for this source so far, k = the source's readings so far (both modulo 2^16); a line's
+    # origin o (= t, but for the acknowledgement of a SYNC, which takes a line begun earlier)
+    "mreport": (11, "up", "BHITdBHH", "src epoch seq t v why n k"),
+    "mline": (12, "up", "BHITdBdTHHT", "src epoch seq t v why slope gap n k o"),
     # downlink: backend -> device. Every one carries the backend's incarnation ``inc`` (one per backend
     # run) and ``to``, the token of the device birth it answers (boot ^ the birth's seq): a device drops
     # a control message from before its latest birth or from another backend run.
@@ -105,6 +120,8 @@ def record_size(rec):
     """Encoded size of one birth source record (name epoch width v)."""
     return 19 + len(rec["name"].encode())
 
+
+PLAIN = {"mreport": "report", "mline": "line"}     # the metered kinds read as the plain ones, n and k besides
 
 NAMES = {}
 for _name in SCHEMAS:

@@ -150,6 +150,13 @@ class Chooser:
         self.shadows = (LineFilter(INF, (), 0, rnd), LineFilter(INF, (), 0, rnd))
         self.cost = [0, 0]      # shadow reports of the constant, the linear model in the window
 
+    def copy(self):
+        """An independent copy (edge.core.meter forks one for deadband's shadow)."""
+        c = Chooser()
+        c.last, c.prev, c.value, c.cost = self.last, self.prev, self.value, list(self.cost)
+        c.shadows = (self.shadows[0].copy(), self.shadows[1].copy())
+        return c
+
     def gap(self):
         """The gap bound a line started now would carry (0: no interval observed yet)."""
         if self.prev is None or not self.last > self.prev:

@@ -60,8 +60,9 @@ def workload(case):
             "queries": [], "events": events, "params": dict(params, period=10, shrink=0.05)}
 
 
-def settings(case):
+def settings(case, extra=None):
     protocol, params = CASES[case]
+    params = dict(params, **(extra or {}))
     return host.settings(protocol=protocol, period=10.0, shrink=0.05, latency=0.0, params=params or None)
 
 
@@ -128,12 +129,12 @@ def live_answers(case, records):
     return answers
 
 
-def feed_answers(case, records, seed=0):
+def feed_answers(case, records, seed=0, extra=None):
     """Answers of the Spark processor's path: ``job.run_batch`` over random micro-batches, the host
-    pickled between batches; answers as the job stores them (JSON bodies)."""
+    pickled between batches; answers as the job stores them (JSON bodies); ``extra``: protocol params."""
     from backend.spark.source import parse_topic
     rng = random.Random(seed)
-    blob = pickle.dumps(host.Host(settings(case)))
+    blob = pickle.dumps(host.Host(settings(case, extra)))
     answers, i = [], 0
     while i < len(records):
         n = rng.randint(1, 400)

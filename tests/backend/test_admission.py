@@ -170,3 +170,30 @@ def test_a_line_whose_gap_is_below_its_clocks_resolution_is_dropped_not_a_hang()
     s.filt.gap, s.filt.slope, s.unit = 1e-300, 0.5, 1
     h.coord.cache.refresh(s, 1795700000.0)
     assert s.due > 1795700000.0
+
+
+def test_a_metered_line_whose_origin_is_not_finite_is_dropped_not_a_crash():
+    """A metered line report (mline, edge.core.meter) carries its line's origin ``o``; on a board counting integer
+    ms the coordinator makes it an int, which an infinite origin would raise on: it is dropped and counted."""
+    h = _host()
+    h.spec(0.0, "g", {"id": "g", "kind": "sum", "sources": ["g"], "precision": 1.0})
+    h.spec(0.0, "q", SUM)
+    good, bg = born("good", ["g"], [10.0], 1.0)
+    bad = Agent("bad", ["t1"], boot=1, unit=1000, lines=True)
+    bad.handle_sample(1000, 0, 20.0)
+    h.uplink(1.0, "good", bg)
+    h.uplink(1.0, "bad", bad.start(1000)[0][1])
+    h.timer(2.0)
+    assert h.coord.devices["bad"]["meter"] and h.coord.unit["bad"] == 1000
+    forged = dict(codec.decode(_report(bad, 3000, 0, 50.0)[0])[1])
+    forged.update(slope=0.5, gap=1000, o=math.inf, n=1, k=2)
+    h.uplink(3.0, "bad", codec.encode("mline", {k: forged[k] for k in codec.SCHEMAS["mline"][3].split()}))
+    h.timer(4.0)
+    assert h.coord.stats["values"] == 1 and h.coord.cache.sources["t1"].value == 20.0
+    assert h.alerts() == ["device bad: non-finite value: a line with a value that is not a finite number "
+                          "(or a line's gap out of range)"]
+    assert not _last(h, "g")["degraded"]
+    forged.update(o=2000, seq=forged["seq"] + 1)  # a finite origin (a SYNC's acknowledgement) is taken
+    h.uplink(4.5, "bad", codec.encode("mline", {k: forged[k] for k in codec.SCHEMAS["mline"][3].split()}))
+    h.timer(5.0)
+    assert h.coord.cache.sources["t1"].value == 50.0 and h.coord.cache.sources["t1"].filt.t0 == 2000

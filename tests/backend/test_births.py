@@ -148,12 +148,14 @@ def test_a_relay_join_a_birth_makes_invalid_is_dropped_by_the_relays_at_once():
     assert h.coord.drain() == []
 
 
-def test_a_birth_that_would_overfill_a_row_settles_the_fleet():
+@pytest.mark.parametrize("rule", ["estimate", "shrink"])
+def test_a_birth_that_would_overfill_a_row_settles_the_fleet(rule):
     # adaptive's fast path gives a newborn its share only when its rows have room; when moved widths
-    # filled a row, the birth settles every width (oracle: Rows.fit of the widths with the newborn at its
-    # share) and the row stays within its budget
+    # filled a row, the birth settles every width and the row stays within its budget. Oracle: §3.2's rule
+    # scales the row down (Rows.fit of the widths with the newborn at its share); the default rule makes
+    # every moved source deadband's twin again (precision.regret: a SYNC, deadband's width)
     names = ["s%d" % i for i in range(4)]
-    h = Host(protocol="adaptive", declared=names, t0=0.0)
+    h = Host(protocol="adaptive", declared=names, t0=0.0, params={"rule": rule})
     h.spec(0.5, "q", {"kind": "avg", "sources": names, "precision": 2.0})
     agents = {}
     for k, name in enumerate(names[:2]):
@@ -165,12 +167,14 @@ def test_a_birth_that_would_overfill_a_row_settles_the_fleet():
     want = {key: p._width(s) for key, s in src.items()}
     assert want == {"s0": 4.5, "s1": 2.0}
     want["s2"] = p.rows.uniform("s2")
-    want = p.rows.fit(want)
+    want = p.rows.fit(want) if rule == "shrink" else dict.fromkeys(want, 2.0)
     assert want["s0"] < 4.5                                     # 4.5 + 2 + 2 overfills the row of 8
     agents["ds2"], birth = born("ds2", ["s2"], [2.0], 4.0)
     _pump(h, agents, 4.0, h.record(4.0, "ds2", "state", birth))
     assert {key: s.filt.width for key, s in src.items()} == want
     assert sum(s.filt.width for s in src.values()) <= 8.0
+    if rule == "estimate":
+        assert p.stats["syncs"] == 1 and not p.ledger.off and agents["ds0"].meter.shadows == [None]
 
 
 @pytest.mark.parametrize("protocol", ["ft-nrp", "zt-nrp", "nofilter"])

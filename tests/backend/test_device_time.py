@@ -7,6 +7,8 @@ import heapq
 import os
 import sys
 
+import pytest
+
 from backend.coordinator.core.boundcache import BoundCache
 from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.protocols import make
@@ -22,14 +24,16 @@ from portable import PERIOD as WRAP, Ticks  # noqa: E402  (the board's time stan
 class Rig:
     """Devices and a coordinator joined by a FIFO network with fixed delays (seconds)."""
 
-    def __init__(self, n, t0=1700000000.0, up=0.1, down=0.1, latency=0.6, seed=1, models=1, drift=0.0):
+    def __init__(self, n, t0=1700000000.0, up=0.1, down=0.1, latency=0.6, seed=1, models=1, drift=0.0, rule="shrink",
+                 **params):
         # A board takes the backend's clock at the config's arrival, so it runs behind by the downlink
-        # delay (plus the rig's step): λ must cover both delays and that.
+        # delay (plus the rig's step): λ must cover both delays and that. Olston's §3.2 rule shrinks every
+        # period; the default rule shrinks nothing (as the host runs it) and meters deadband on the boards.
         import random
         self.rng = random.Random(seed)
         self.now = t0
-        self.coord = Coordinator(make("adaptive"), period=1.0, shrink=0.05, latency=latency, incarnation=77,
-                                 t0=t0 - 0.5, models=models)
+        self.coord = Coordinator(make("adaptive", rule=rule, **params), period=1.0, latency=latency, incarnation=77,
+                                 shrink=0.05 if rule == "shrink" else 0.0, t0=t0 - 0.5, models=models)
         self.drift = drift                  # per reading, with sign alternating by source
         names = ["s%d" % i for i in range(2 * n)]
         self.query = {"id": "q", "kind": "sum", "sources": names, "precision": 4.0}
@@ -80,10 +84,15 @@ class Rig:
             if not lo <= vals[j] <= hi:
                 self.violations += 1
 
-    def run(self, seconds, dt_ms=(1, 120), reboot_at=None):
+    def run(self, seconds, dt_ms=(1, 120), reboot_at=None, script=()):
+        """``script``: [(time, action(rig))] run once the rig's clock reaches each time."""
         end = self.now + seconds
         self.settled = self.now + 2.0        # births before the first config are stamped near 0: late
+        script = sorted(script, key=lambda x: x[0])
         while self.now < end:
+            while script and self.now >= script[0][0]:
+                script.pop(0)[1](self)
+                self._coord(self.coord._flush(None))
             dt = self.rng.randint(*dt_ms)
             self.now += dt / 1000
             for b in self.boards.values():
@@ -127,8 +136,9 @@ def test_float32_boards_without_ntp_across_tick_wrap_hold_every_bound():
     assert all(s.filt.rnd is f32 and s.filt.pad for s in rig.coord.cache.sources.values())
 
 
-def test_reboot_with_controls_in_flight_keeps_epochs_moving_and_bounds_true():
-    rig = Rig(2, down=0.25, latency=0.8)
+@pytest.mark.parametrize("rule", ["shrink", "estimate"])
+def test_reboot_with_controls_in_flight_keeps_epochs_moving_and_bounds_true(rule):
+    rig = Rig(2, down=0.25, latency=0.8, rule=rule)
     rig.run(30.0, reboot_at=rig.now + 15.0)
     a = rig.agents["d0"]
     s = rig.coord.cache.sources["s0"]
@@ -159,19 +169,32 @@ def test_birth_of_200_sources_registers_every_source():
     assert c.cache.sources[names[199]].value == 4.0 and c.stats["late"] == 0
 
 
-def test_float32_boards_on_lines_hold_every_bound_at_every_event():
+@pytest.mark.parametrize("rule", ["shrink", "estimate"])
+def test_float32_boards_on_lines_hold_every_bound_at_every_event(rule):
     """Linear dual prediction (edge.core.predict) on float32 boards with integer-ms clocks: the cache's
-    time-aware statement contains the truth at every event, and lines carry most of the reports."""
-    rig = Rig(3, models=2, drift=0.02)
+    time-aware statement contains the truth at every event, and lines carry most of the reports (the
+    default rule's included: moves fork the boards' deadband meters, syncs adopt their lines)."""
+    rig = Rig(3, models=2, drift=0.02, rule=rule, **({"guard": 1e6} if rule == "estimate" else {}))
     lines = []
     up = rig.coord.handle_uplink
 
     def spy(now, dev, p, retained=False):
         kind, m = codec.decode(p)
-        if kind == "line":
+        if codec.PLAIN.get(kind, kind) == "line":
             lines.append(m["slope"])
         return up(now, dev, p, retained)
     rig.coord.handle_uplink = spy
-    rig.run(60.0)
+    p = rig.coord.protocol
+
+    def move(r):        # as a reallocation would: half the sources narrowed, the other half widened
+        for i, key in enumerate(sorted(p.rows.of)):
+            p._send(r.coord, key, p._width(r.coord.cache.sources[key]) * (0.5 if i % 2 else 1.4))
+    shadows = []
+    look = lambda r: shadows.extend(sh for a in r.agents.values() for sh in a.meter.shadows if sh and sh[0].slope)
+    script = [(rig.now + 12.0, move), (rig.now + 30.0, look),
+              (rig.now + 35.0, lambda r: p._revert(r.coord, r.coord.clock, True))]
+    rig.run(60.0, script=script if rule == "estimate" else ())
     assert rig.violations == 0 and rig.checked > 5000
     assert sum(1 for s in lines if s) > 100       # lines in use (irregular readings force gap reports too)
+    if rule == "estimate":      # the moves forked deadband shadows (on lines); the syncs made twins again
+        assert shadows and p.stats["syncs"] == 6 and all(a.meter.shadows == [None, None] for a in rig.agents.values())

@@ -30,10 +30,11 @@ def _answers(sim, qid, after):
 
 
 def test_max_and_min_cuts_keep_far_sources_silent_with_the_precision_held():
+    # the cuts themselves, under a loan too large to bind (how they ramp up under the default loan: test_regret)
     spec = _levels([{"id": "top", "kind": "max", "sources": "all", "precision": 4.0},
                     {"id": "low", "kind": "min", "sources": "all", "precision": 4.0}])
     ds, dead = _run(spec, "deadband")
-    sim, ad = _run(spec, "adaptive")
+    sim, ad = _run(dict(spec, params={"guard": 1e9}), "adaptive")
     assert ad["violations"] == dead["violations"] == 0 and ad["precision_misses"] == 0
     assert _total(ad) < 0.4 * _total(dead)
     for qid in ("top", "low"):
@@ -43,7 +44,8 @@ def test_max_and_min_cuts_keep_far_sources_silent_with_the_precision_held():
     assert cuts.stats["demoted"] > 10 and cuts.stats["promoted"] > 0
     # oracle: a source is silent exactly when it could not have been an extreme. Sources whose whole
     # trajectory stays more than (reach + 2)·δ from both extremes' ranges send a handful of messages
-    # (first reading, the cut's acknowledgement and its re-cuts); under deadband each sends hundreds.
+    # (first reading, the cut's acknowledgement and its re-cuts, and their meters' counts, a report each time
+    # they double: edge.core.meter); under deadband each sends hundreds.
     truth = {k: [] for k in IDS}
     for t, s, v in zip(sim.ts, sim.ss, sim.vs):
         truth[IDS[int(s)]].append(float(v))
@@ -54,7 +56,8 @@ def test_max_and_min_cuts_keep_far_sources_silent_with_the_precision_held():
     assert len(middle) >= 2
     for k in middle:
         dev = sim.src_dev[IDS.index(k)][0]
-        assert sim.agents[dev].stats["reports"] <= 12 < ds.agents[dev].stats["reports"]
+        n = ds.agents[dev].stats["reports"]
+        assert sim.agents[dev].stats["reports"] <= 12 + math.log2(n) < n
 
 
 def test_a_source_in_a_sum_keeps_its_width_and_gets_no_cut():
@@ -138,14 +141,16 @@ def test_cuts_give_the_same_answers_through_the_spark_feed():
         {"time": 1.5, "add_query": {"id": "band", "kind": "count", "sources": IDS[:10], "range": [50, 150]}},
         {"time": 120.0, "add_query": {"id": "low", "kind": "min", "sources": IDS[5:], "precision": 3.0}},
         {"time": 200.0, "remove_query": "top"}])
-    spec = dict(spec, name="slack-feed", protocol="adaptive", params={"period": 10, "shrink": 0.05},
+    # a loan too large to bind: the cuts are made at once (their ramp-up under the loan is test_regret's)
+    spec = dict(spec, name="slack-feed", protocol="adaptive", params={"period": 10, "shrink": 0.05, "guard": 1e9},
                 sources=dict(spec["sources"], per_device=2, arrival="exponential"))
     sim, _ = _run(spec, "adaptive")
     assert sim.coord.protocol.cuts.stats["demoted"] > 5 and sim.coord.protocol.cuts.stats["recut"] > 0
     answers, inputs = drivers.record("adaptive", spec)
     assert len(answers) > 100 and answers == sim.answers
     records = drivers.spool_records(inputs)
-    assert drivers.fingerprint(drivers.feed_answers("adaptive", records, seed=3)) == drivers.fingerprint(answers)
+    got = drivers.feed_answers("adaptive", records, seed=3, extra={"guard": 1e9})
+    assert drivers.fingerprint(got) == drivers.fingerprint(answers)
 
 
 def test_the_live_demos_site_beats_plain_deadband_including_control(tmp_path):
@@ -154,7 +159,7 @@ def test_the_live_demos_site_beats_plain_deadband_including_control(tmp_path):
     _, dead = _run(spec, "deadband")
     sim, ad = _run(spec, "adaptive")
     assert dead["violations"] == ad["violations"] == 0
-    assert _total(ad) < 0.95 * _total(dead)
+    assert _total(ad) < _total(dead)        # (a 90 s run: the no-regret loan lets the first moves wait for savings)
     assert sim.coord.protocol.cuts.stats["demoted"] >= 1       # the workshop is in neither extreme's reach
 
 

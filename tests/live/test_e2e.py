@@ -56,7 +56,7 @@ def _observed(obs):
     while not obs.inbox.empty():
         topic, payload, _ = obs.inbox.get()
         kind, m = codec.decode(payload)
-        if kind == "report" or kind == "line":
+        if codec.PLAIN.get(kind, kind) in ("report", "line"):     # (metered reports of adaptive's devices)
             dev = topic.split("/")[3]
             dup += m["seq"] in seen[dev]
             seen[dev].add(m["seq"])

@@ -46,7 +46,10 @@ def _frames(t):
             codec.encode("blob", {"src": 0, "seq": 10, "t": t, "tag": 1, "data": b"\x01\x02\x03"}),
             codec.encode("line", {"src": 0, "epoch": 1, "seq": 11, "t": t, "v": 1.0, "why": 0, "slope": 0.5, "gap": 1.0}),
             codec.encode("segs", {"seq": 12, "t": t, "segs": [{"src": 0, "epoch": 1, "a": t - 1, "e": t, "v": 1.0,
-                                                                "s": 0.0, "w": 1.0, "f": 0}]})]
+                                                                "s": 0.0, "w": 1.0, "f": 0}]}),
+            codec.encode("mreport", {"src": 0, "epoch": 1, "seq": 13, "t": t, "v": 1.0, "why": 0, "n": 3, "k": 7}),
+            codec.encode("mline", {"src": 0, "epoch": 1, "seq": 14, "t": t, "v": 1.0, "why": 0, "slope": 0.5,
+                                   "gap": 1.0, "n": 3, "k": 7, "o": t - 1})]
 
 
 def fuzz(rng, t):

@@ -162,7 +162,8 @@ class Admission:
         bad = None
         if kind in ("report", "reply", "line"):
             bad = not (math.isfinite(m["v"]) or m["v"] == math.inf) or (
-                kind == "line" and not (math.isfinite(m["slope"]) and (m["gap"] <= 0 or GAPS[0] <= m["gap"] / unit <= GAPS[1])))
+                kind == "line" and not (math.isfinite(m["slope"]) and math.isfinite(m.get("o", 0.0))
+                                        and (m["gap"] <= 0 or GAPS[0] <= m["gap"] / unit <= GAPS[1])))
         elif kind == "birth":
             bad = any(not (math.isfinite(r["v"]) or r["v"] == math.inf) or not r["width"] >= 0 for r in m["sources"])
         elif kind == "segs":

@@ -29,25 +29,26 @@ class Downlink:
             d["rebirth"], d["asked"] = d["down"], self.wall
         self.out.append(("down", device, codec.encode(kind, fields)))
 
-    def assign_width(self, key, width, confirm=None):
-        """A new width; a narrowing is acknowledged, and sent again until it is (``_sent``)."""
+    def assign_width(self, key, width, confirm=None, flags=0):
+        """A new width; a narrowing is acknowledged, and sent again until it is (``_sent``). ``flags``: the
+        ``codec.METER`` bit for a metered device (edge.core.meter)."""
         s = self.cache.sources[key]
         epoch, narrowing = self.cache.set_width(key, width)
         ack = 1 if narrowing or confirm else 0
         self.send(s.device, "width", {"src": s.index, "epoch": epoch, "period": self.tick - 1,
-                                      "width": width, "ack": ack})
+                                      "width": width, "ack": ack | flags})
         self._sent(key, epoch, ack, confirm)
 
-    def assign_filter(self, key, width, cons, ack=1, confirm=None):
+    def assign_filter(self, key, width, cons, ack=1, confirm=None, flags=0):
         """Install constraints; ``ack=0`` (Cheng §3): the device reports only a membership change, and the
         protocol counts on the filter at once. With a heartbeat (the coordinator watches delivery) such a
         filter is acknowledged all the same: until it is, answers over the source are degraded, and its
-        loss is found (``_missed``)."""
+        loss is found (``_missed``). ``flags``: ``codec.METER``/``SYNC`` bits for a metered device."""
         s = self.cache.sources[key]
         epoch = self.cache.set_filter(key, width, cons, keep_old=bool(ack))
         if not ack and self.beat > 0:
             ack, confirm = 1, (FILTER, self._event_now(), 0, True)
-        self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": ack,
+        self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": ack | flags,
                                        "cons": [{"l": l, "u": u} for l, u in cons]})
         self._sent(key, epoch, ack, confirm)
 

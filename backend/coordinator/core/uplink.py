@@ -6,7 +6,7 @@ A mixin of ``Coordinator`` (coordinator.py): ``handle_uplink`` decodes and admit
 """
 import heapq
 
-from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, CAP_LINE, newer
+from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, CAP_LINE, CAP_METER, PLAIN, newer
 from edge.core import codec
 from edge.core.float32 import f32
 from backend.coordinator.core.admission import BAD
@@ -53,6 +53,7 @@ class Uplink:
             kind, m = codec.decode(payload)
             if codec.SCHEMAS[kind][1] != "up":
                 raise codec.CodecError("downlink kind on an uplink topic")
+            kind = PLAIN.get(kind, kind)        # a metered report is a report (its counts ride along)
         except codec.CodecError as e:
             self.admission.note(now, device, BAD, str(e))
             return self._advance(now)
@@ -74,14 +75,15 @@ class Uplink:
             self._ask_birth(device, now, early=True)
             return self._advance(now)
         ms = self.unit.get(device) == 1000
-        if kind == "line" and ms:
-            m["td"], m["gap"] = int(m["t"]), int(m["gap"])  # integer ms, as the device computed with them
-        elif kind == "line":
-            m["td"] = m["t"]            # the line's origin in device units
-        if ms:
+        td = m.get("o", m["t"])     # a line's origin in device units (a metered line carries its own: a SYNC's
+        if ms:                      # acknowledgement takes a line begun earlier)
             m["t"] = m["t"] / 1000
         if not self.admission.plausible(now, device, kind, m, self.unit.get(device, 1)):     # dropped alone
             return self._advance(now)
+        if kind == "line" and ms:   # integer ms, as the device computed with them (checked finite above)
+            m["td"], m["gap"] = int(td), int(m["gap"])
+        elif kind == "line":
+            m["td"] = td
         t = self._admit(now, device, kind, m, rx)
         if t is None:
             self.stats["duplicates"] += 1
@@ -139,6 +141,7 @@ class Uplink:
             d["to"] = (m["boot"] ^ m["seq"]) & 0xFFFFFFFF
             d["single"] = bool(m["caps"] & CAP_F32)
             d["lines"] = bool(m["caps"] & CAP_LINE)
+            d["meter"] = bool(m["caps"] & CAP_METER)
             d["online"] = False
             self._set_online(device, True)
             self.send_config(device)

@@ -158,7 +158,7 @@ class Adaptive(Protocol):
     def source_added(self, coord, key):
         """A new source takes its uniform width. Every width settles again only when that might overfill
         one of its rows (or §3.4 lets a precision change wait), so a birth costs its own rows, not the fleet."""
-        u = self.rows.uniform(key) if key in self.rows.of else INF
+        u = self._uniform(coord, key)
         use = self._room(coord, key, u) if self.immediate else None
         if use is not None:
             self._install(coord, key, u)
@@ -171,6 +171,10 @@ class Adaptive(Protocol):
             self._settle(coord, fresh=(key,))
         else:
             self.use.update(use)
+
+    def _uniform(self, coord, key):
+        """The width a newborn ``key`` takes: its uniform share (§1.2), unbounded in no query."""
+        return self.rows.uniform(key) if key in self.rows.of else INF
 
     def _room(self, coord, key, u):
         """The use of each of ``key``'s rows with ``key`` at width ``u`` ({row: use}), or None when one

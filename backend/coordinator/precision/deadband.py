@@ -22,10 +22,16 @@ class Deadband(Protocol):
     replaces = True
 
     def target(self, coord, key):
-        width = math.inf
-        for qid in coord.by_source.get(key, ()):
-            width = min(width, aggregate.uniform_width(coord.queries[qid]))
-        return width, range_constraints(coord, key)
+        return target(coord, key)
+
+
+def target(coord, key):
+    """Deadband's filter for ``key``: the narrowest uniform share of its queries, and their range constraints
+    (also what the default adaptive rule's no-regret meter measures against: precision.regret)."""
+    width = math.inf
+    for qid in coord.by_source.get(key, ()):
+        width = min(width, aggregate.uniform_width(coord.queries[qid]))
+    return width, range_constraints(coord, key)
 
 
 PROTOCOLS = {"naive": Naive, "deadband": Deadband, "uniform": Deadband}

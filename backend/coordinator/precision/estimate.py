@@ -13,9 +13,12 @@ only when a measured saving pays for the messages:
   empirical-Bayes (gamma–Poisson) shape v̄²/τ², τ² the spread of the measured rates beyond their sampling
   noise, so rates that differ by no more than noise are pooled and move no width (``prior`` fixes p).
   α ∈ {2, 1.5, 1} is the group's maximum-likelihood exponent (Poisson exits), 2 until the data say otherwise.
-- **Forced exits.** An exit at the next reading after a report (the value jumped past the bound between
+- **Forced exits.** An exit at the reading right after a report (the value jumped past the bound between
   two readings) does not follow W^−α: a wider bound saves such exits only as far as their recorded jumps
-  fit within its half-width, and a widening that saves nothing is not sent.
+  fit within its half-width, and a widening that saves nothing is not sent. The device's reading count says
+  which exits they are (it was guessed from the shortest time between two reports, which irregular
+  sampling shrinks until no exit looks forced: on car-park counts read about every 30 min with a few
+  minutes of jitter, the guess credited widenings of sources that report at every reading).
 - **Lattices.** Real readings are quantised (0.1 °C): a width admits only whole steps, so 0.91 and 0.99
   behave alike. Once a source's reported changes show a common step q (and not only one multiple of it),
   its width counts as the midpoint 2q(k + ½) of the k whole steps it admits, and targets are placed there,
@@ -31,20 +34,24 @@ only when a measured saving pays for the messages:
   (a rate measured from n exits is known to about r/√n, the prior's pseudo-exits included), so a move
   whose saving is within the noise of the measured rates is not made. The horizon is the estimate's
   span (``memory`` reports per source), at most the time the run has lasted so far (ski-rental: short
-  runs move little). Narrowings go first; the slack they free is granted once the devices have
-  confirmed them.
-- **No regret.** Every report of the group is counted against an online estimate of what uniform
-  deadband would have sent: an exit at width W is worth (W/U_i)^α exits at the uniform width U_i, but
-  never more than the readings since the source's last report (deadband reports at most once per
-  reading), any other report one. The rule borrows a loan of ``guard`` messages (default: the number of
-  queried sources, at least 8): the messages of a reallocation are charged up front (it happens only if
-  the estimated saving less its messages stays above the floor) and the messages it really sends (a
-  widening the confirmed widths leave no room for is not sent) are written off over the horizon they
-  were priced to pay back in. The floor starts at −loan and rises with the saving, never above 0:
-  once the saving has repaid the loan, the rule never falls behind its deadband estimate. When the
-  saving (plus the moves still paying back) falls below the floor, every source goes back to U_i for a
-  back-off that doubles each time, and each later try may lose half as much as the one before (at most
-  twice the loan in all).
+  runs move little). Moves are chosen widening by widening, by saving, each with the narrowings that free
+  its room at the least cost per unit of width, as far as the loan affords them (below). Narrowings go
+  first; the slack they free is granted once the devices have confirmed them.
+- **No regret, exactly** (``regret.py``). Every metered device counts the reports plain deadband would
+  have sent at the same readings (edge.core.meter), so the rule knows real − deadband exactly at every
+  report. It borrows a loan of ``guard`` messages (default: the number of queried sources, at least 8)
+  and never goes past it: whenever the next message could make real − deadband, plus what syncing every
+  moved source back costs (a downlink and its acknowledgement each) and what may be in flight within a
+  round trip, exceed the loan, every source becomes its shadow's twin (a SYNC control: deadband's filter
+  with the shadow's centre), after which it reports exactly as deadband does. A MIN/MAX cut is made only
+  if it leaves that sum within the loan, a move of widths only within half of it (the other half takes
+  the ups and downs of real − deadband, so a move is not synced away at its first unlucky report), but
+  always room for one narrowing with its widening. Within that, a trailing stop backs off earlier: the
+  ceiling on real − deadband starts at the loan and follows the saving down to 0 (once the saving has
+  repaid the loan, the rule never falls behind deadband); past it every source is synced for a back-off
+  that doubles each time, and each later try may lose half as much as the one before. A query change
+  syncs the moved sources whose deadband filter changed. Sources whose devices do not meter (a micro:bit
+  behind its gateway, older firmware) keep deadband's filter.
 
 Idle coordinator ticks change nothing here (``quiet``), so the coordinator skips them.
 """
@@ -53,55 +60,17 @@ import math
 from edge.core import codec
 from backend.coordinator.core.protocol import range_constraints
 from backend.coordinator.precision.adaptive import Adaptive
-from backend.coordinator.precision.rows import INF, _MARGIN
+from backend.coordinator.precision.rows import INF, _MARGIN, allocate
 from backend.coordinator.precision.extremes import REACH, Cuts
 from backend.coordinator.precision.rates import ALPHAS, Source, shrinkage
+from backend.coordinator.precision.regret import Guard, Ledger
 
 _SWITCH = 2.0                   # log-likelihood gain needed to leave the prior α
 _EVIDENCE = 8                  # exits of a source plus those the mean source would have made in its exposure
 
 
-def allocate(rows, weight, alpha, lam=None, iters=20, tol=1e-4):
-    """Widths minimising Σ weight_i·W_i^(−α) under ``rows`` (App. F), and the row multipliers λ.
-
-    KKT: W_i = (α·weight_i / Σ_j λ_j·|K_ij|)^(1/(α+1)); λ_j is scaled by (used_j/b_j)^((α+1)/2) per pass
-    (exact in one pass for a single row) until no width moves by more than ``tol`` (the caller warm-starts
-    λ, so successive calls keep converging). Rows with no budget pin their sources at width 0. Plain
-    Python floats in a fixed order: the same widths in every process.
-    """
-    keys = sorted(rows.of)
-    m = len(rows.coef)
-    lam = list(lam) if lam is not None and len(lam) == m else [1.0] * m
-    zero = {s for j, c in enumerate(rows.coef) if rows.budget[j] <= 0 for s in c}
-    p = 1.0 / (alpha + 1.0)
-    step = (alpha + 1.0) / 2.0
-    widths, last = {}, {}
-    for it in range(iters):
-        moved = 0.0
-        for key in keys:
-            if key in zero:
-                widths[key] = 0.0
-                continue
-            d = math.fsum(lam[j] * k for j, k in rows.of[key])
-            w = widths[key] = (alpha * weight[key] / d) ** p if d > 0 else INF
-            w0 = last.get(key, 0.0)
-            moved = max(moved, abs(w - w0) / w if 0 < w < INF else (0.0 if w == w0 else 1.0))
-        if it == iters - 1 or moved < tol:
-            break
-        last = dict(widths)
-        for j, used in enumerate(rows.used(widths)):
-            b = rows.budget[j]
-            if b > 0:
-                r = used / b if used < INF else 1e6
-                lam[j] = min(max(lam[j] * max(r, 1e-6) ** step, 1e-300), 1e300)
-    for key in keys:
-        if widths[key] == INF:
-            widths[key] = rows.uniform(key)
-    return rows.fit(widths), lam
-
-
-class Estimated(Adaptive):
-    """Adaptive precision tuned online: measured rates, the static optimum, priced moves and a guard."""
+class Estimated(Guard, Adaptive):
+    """Adaptive precision tuned online: measured rates, the static optimum, priced moves, an exact guard."""
     name = "adaptive"
     shrinks = False
 
@@ -134,7 +103,8 @@ class Estimated(Adaptive):
         self.cuts = Cuts(reach, self.stats)     # MIN/MAX: sources far from the extreme are silent below a cut
         self.decay = 1.0 - 1.0 / memory
         self.memory, self.every, self.hysteresis, self.guard = memory, every, hysteresis, guard
-        self.src = {}                   # key -> Source
+        self.cmax = max([self.cost.default] + list(self.cost.table.values()))     # the dearest message
+        self.src = {}                   # key -> Source (metered sources only: the others never move)
         self.alpha = ALPHAS[0]
         self.mult = None                # row multipliers of the last allocation (warm start)
         self.target = {}                # key -> width granted once the narrowings are confirmed
@@ -142,14 +112,13 @@ class Estimated(Adaptive):
         self.count = 0                  # reports since the last reallocation
         self.seen = 0                   # reports of the group so far, and since when
         self.since = None
-        self.spent = 0.0                # measured: reports and this rule's downlinks
-        self.static = 0.0               # estimate of uniform deadband's messages
-        self.loan = None                # messages the current try may lose (``guard``), halved at each back-off
-        self.floor = None               # the guard fires when the estimated saving falls below this
-        self.credit = []                # [time, messages sent, horizon] of moves still paying back
-        self.until = -INF               # backing off to uniform widths until then
+        self.ledger = Ledger()          # real against metered deadband (regret.py)
+        self.loan = None                # what the current try may lose, halved at each back-off
+        self.ceiling = None             # the current try's trailing stop on real − deadband (None: backing off)
+        self.until = -INF               # backing off (every source its shadow's twin) until then
         self.backoff = 0.0
-        self.stats.update({"reallocations": 0, "moves": 0, "backoffs": 0})
+        self.later = []                 # sources whose SYNC waits for the wider ones' (a revert's second step)
+        self.stats.update({"reallocations": 0, "moves": 0, "backoffs": 0, "syncs": 0})
 
     def quiet(self, coord):
         return True
@@ -157,7 +126,7 @@ class Estimated(Adaptive):
     def period(self, coord, t):
         pass
 
-    # -- measurements -----------------------------------------------------------------
+    # -- controls ---------------------------------------------------------------------------
     def _source(self, coord, key):
         st = self.src.get(key)
         if st is None:
@@ -175,64 +144,52 @@ class Estimated(Adaptive):
     def _silent(self, coord, key):
         return self.cuts.silent(coord, key)
 
-    def _install(self, coord, key, width):
-        if self._silent(coord, key):
-            width = INF
-        if key in self.rows.of:
-            st = self._source(coord, key)
-            st.accrue(coord.clock)
-            Adaptive._install(self, coord, key, width)
-            st.w = self._width(coord.cache.sources[key])
-        else:
-            Adaptive._install(self, coord, key, width)
-
     def reported(self, coord, key, m):
+        s = coord.cache.sources[key]
+        t = coord.clock
+        led = self.ledger
+        meter = "n" in m and self._metered(coord, key)
+        dk = led.report(key, m, coord.devices[s.device]["boot"], self.cost(key), self.decay) if meter else None
         if key not in self.rows.of:
             return
-        s = coord.cache.sources[key]
-        st = self._source(coord, key)
-        t = coord.clock
-        st.accrue(t)
-        c = self.cost(key)
-        self.spent += c
-        silent = self._silent(coord, key)
-        gap = m["t"] - st.rt if st.rt is not None and m["t"] > st.rt else INF
-        if m["v"] != codec.NO_VALUE:
-            st.rt, st.gap = m["t"], min(st.gap, gap)
-        if m["why"] == codec.WHY_EXIT and not silent:
-            u, w = st.eff(self.rows.uniform(key)), st.eff(st.w)
-            worth = (w / u) ** self.alpha if 0 < u < INF and w < INF else 1.0
-            # deadband reports at most once per reading: no more than gap / (shortest gap seen) here
-            self.static += c * min(worth, max(1.0, gap / st.gap))
-            st.exited(m["v"] if m["v"] != codec.NO_VALUE else None, w, gap, self.decay, self.memory)
-        elif m["why"] == codec.WHY_ASSIGN and key in self.narrowing:
-            if not s.old:
-                self.narrowing.discard(key)
-                if not self.narrowing:
-                    self._widen(coord)
-        else:
-            self.static += c
-        st.w = self._width(s)
-        if m["v"] != codec.NO_VALUE:
-            if not silent:
-                st.observe(m["v"])
-            for k in self.cuts.reported(coord, key, m["v"]):
-                self._recut(coord, k)
         if self.since is None:
             self.since = t
+        if self.loan is None:
+            self.loan = self.ceiling = self._hard()
+        silent = self._silent(coord, key)
+        v = m["v"] if m["v"] != codec.NO_VALUE else None
+        if meter:
+            st = self._source(coord, key)
+            st.accrue(t)
+            if m["why"] == codec.WHY_EXIT and not silent:
+                st.exited(v, st.eff(st.w), dk == 1, self.decay, self.memory)
+            st.w = self._width(s)
+            if v is not None and not silent:
+                st.observe(v)
+        if m["why"] == codec.WHY_ASSIGN and key in self.narrowing and not s.old:
+            self.narrowing.discard(key)
+            if not self.narrowing:
+                self._widen(coord)
+        elif m["why"] == codec.WHY_SYNC:
+            self._second(coord)
+        if v is not None and self.ceiling is not None:
+            was = self._silent(coord, key)
+            for k in self.cuts.reported(coord, key, v, meter):
+                if not self._affords(coord, 2.0 * self.cost(k), k not in led.off, True):
+                    self.cuts.uncut(k)      # a cut that does not fit the loan is not made; a cut source
+                    if k != key or was:     # whose re-cut or promotion does not becomes its shadow's twin
+                        self._sync(coord, k)
+                    continue
+                w = self._width(coord.cache.sources[k])
+                self._install(coord, k, self._home(coord, k)[0] if w == INF else w)
         self.seen += 1
         self.count += 1
+        self._guard(coord, t)
         if self.count >= (self.every or max(8, len(self.rows.of))):
             self.count = 0
             self._reallocate(coord, t)
 
-    def _recut(self, coord, key):
-        """Install ``key``'s new cuts (a promoted source gets its uniform width back)."""
-        w = self._width(coord.cache.sources[key])
-        self._install(coord, key, self.rows.uniform(key) if w == INF else w)
-
     def _send(self, coord, key, width):
-        self.spent += self.cost(key)
         if key in self.src:            # judged again once the new width has been seen at work
             self.src[key].fresh, self.src[key].mt = 0, coord.clock
         self.stats["moves"] += 1
@@ -252,37 +209,11 @@ class Estimated(Adaptive):
         best = max(range(len(ALPHAS)), key=lambda a: (ll[a] - (0 if a == 0 else _SWITCH), -a))
         return ALPHAS[best]
 
-    def _guard(self, coord, t):
-        """Back off to uniform widths when the estimated saving falls below the floor; True while backing off."""
-        if t < self.until:
-            return True
-        saved = self.static - self.spent
-        # moves paid up front are written off over the horizon they were priced to pay back in
-        self.credit = [c for c in self.credit if t < c[0] + c[2] and c[1] > 0]
-        if saved + math.fsum(m * (1.0 - (t - t0) / h) for t0, m, h in self.credit) >= self.floor:
-            # the loan is repaid from the saving: once it exceeds the loan, never fall behind deadband
-            self.floor = max(self.floor, min(0.0, saved - self.loan))
-            return False
-        self.stats["backoffs"] += 1
-        self.backoff = max(2 * self.backoff, t - self.since)
-        self.until = t + self.backoff
-        self.target, self.narrowing, self.credit = {}, set(), []
-        for key in sorted(self.rows.of):
-            s = coord.cache.sources.get(key)
-            if s is not None and s.filt.width != s.filt._r(self.rows.uniform(key)) and not self._silent(coord, key):
-                self._send(coord, key, self.rows.uniform(key))
-        self.loan /= 2.0                # each later try may lose half as much as the one before
-        self.floor = self.static - self.spent - self.loan
-        return True
-
     def _reallocate(self, coord, t):
-        if self.floor is None:
-            self.loan = self.guard if self.guard is not None else max(8.0, float(len(self.rows.of)))
-            self.floor = -self.loan
-        if self._confirming(coord) or self._guard(coord, t):
+        if self._confirming(coord) or not self._begin(coord, t):
             return
         src = coord.cache.sources
-        keys = [k for k in sorted(self.rows.of) if k in src and not self._silent(coord, k)]
+        keys = [k for k in sorted(self.src) if k in self.rows.of and not self._silent(coord, k)]
         for k in keys:
             self._source(coord, k).accrue(t)
         self.alpha = alpha = self._fit_alpha()
@@ -302,8 +233,7 @@ class Estimated(Adaptive):
         want = self._snap(want, weight, alpha)
         self.stats["reallocations"] += 1
         band = 1.0 + self.hysteresis
-        gain = var = msgs = 0.0
-        narrow, widen = [], []
+        cands = []
         for k in keys:
             s, st = src[k], self.src[k]
             w, w1 = self._width(s), want[k]
@@ -315,27 +245,64 @@ class Estimated(Adaptive):
             saving = st.saving(weight[k], alpha, e, e1, w1 > w and w1 / 2)
             if w1 > w and saving <= 0:
                 continue                # a widening that saves nothing is not worth its message
-            gain += saving
             # the rate behind it is measured from n²/n2 decayed exits (plus the prior's pseudo-exits)
             exits = (st.n * st.n / st.n2 if st.n > 0 else 0.0) + prior
-            var += saving * saving / exits if exits > 0 else INF
-            msgs += self.cost(k) * (2.0 if w1 < w else 1.0)
-            (narrow if w1 < w else widen).append(k)
+            cands.append((k, w, w1, saving, saving * saving / exits if exits > 0 else INF,
+                          self.cost(k) * (2.0 if w1 < w else 1.0)))
         # the estimate's span (memory reports per source), but no longer than the run so far: a run
         # is expected to last about as long again as it has lasted (short runs move little)
         horizon = min(self.memory * len(keys) / self.seen, 1.0) * (t - self.since)
-        if (not (narrow or widen) or (gain - math.sqrt(var)) * horizon < msgs
-                or self.static - self.spent - msgs < self.floor):
-            return                      # the messages are charged up front: within the loan or not at all
-        self.credit.append([t, 0.0, horizon])   # credited with the messages this move really sends
+        narrow, widen = self._choose(coord, cands, horizon)
+        if not widen:
+            return
         self.target = {k: want[k] for k in widen}
         for k in narrow:
             self._send(coord, k, want[k])
-            self.credit[-1][1] += 2.0 * self.cost(k)       # the downlink and its acknowledging report
             self.narrowing.add(k)
             self.target[k] = want[k]
         if not self.narrowing:
             self._widen(coord)
+
+    def _choose(self, coord, cands, horizon):
+        """The moves to make (narrowings, widenings) of the candidates (key, W, W', saving, its variance,
+        messages): widenings by their saving, each with the narrowings that free its room at the least
+        cost per unit of width, as far as the set's saving, one standard error below its estimate, pays
+        for its messages over ``horizon`` and the loan affords them with their sync."""
+        rows = self.rows
+        widths = {k: self._width(s) for k, s in coord.cache.sources.items() if k in rows.of}
+        slack = [b - u for b, u in zip(rows.budget, rows.used(widths))]
+        by_row = {}
+        for c in sorted((c for c in cands if c[2] < c[1]), key=lambda c: (-c[3] / (c[1] - c[2]), c[0])):
+            for j, _ in rows.of[c[0]]:
+                by_row.setdefault(j, []).append(c)
+        at = dict.fromkeys(by_row, 0)
+        chosen, taken = [], set()
+        for c in sorted((c for c in cands if c[2] > c[1]), key=lambda c: (-c[3], c[0])):
+            free, add, pos = list(slack), [], dict(at)
+            for j, kj in rows.of[c[0]]:
+                need = kj * (c[2] - c[1]) * (1 + _MARGIN)
+                line = by_row.get(j, ())
+                while free[j] < need and pos.get(j, 0) < len(line):
+                    n = line[pos[j]]
+                    pos[j] += 1
+                    if n[0] not in taken and n not in add:
+                        add.append(n)
+                        for i, ki in rows.of[n[0]]:
+                            free[i] += ki * (n[1] - n[2])
+                if free[j] < need:
+                    break
+            else:
+                trial = chosen + add + [c]
+                gain = math.fsum(x[3] for x in trial)
+                msgs = math.fsum(x[5] for x in trial)
+                new = sum(1 for x in trial if x[0] not in self.ledger.off)
+                if (gain - math.sqrt(math.fsum(x[4] for x in trial))) * horizon >= msgs and self._affords(coord, msgs, new):
+                    chosen, at = trial, pos
+                    taken.update(x[0] for x in add)
+                    for j, kj in rows.of[c[0]]:
+                        free[j] -= kj * (c[2] - c[1])
+                    slack = free
+        return [x[0] for x in chosen if x[2] < x[1]], [x[0] for x in chosen if x[2] > x[1]]
 
     def _confirming(self, coord):
         """Whether a move's narrowings still wait for their acknowledgements. An offline source sends
@@ -383,12 +350,12 @@ class Estimated(Adaptive):
         for k in order:
             w = widths[k]
             dw = min([self.target[k] - w] + [slack[j] / c for j, c in rows.of[k]]) * (1 - _MARGIN)
-            if dw <= 0 or (w > 0 and (w + dw) < w * (1.0 + self.hysteresis / 2)):
+            if (dw <= 0 or (w > 0 and (w + dw) < w * (1.0 + self.hysteresis / 2))
+                    or not self._affords(coord, self.cost(k), k not in self.ledger.off)):
                 continue
             for j, c in rows.of[k]:
                 slack[j] -= c * dw
             self._send(coord, k, w + dw)
-            self.credit[-1][1] += self.cost(k)
         self.target = {}
 
 

@@ -52,6 +52,14 @@ class Cuts:
         self.prec = {qid: q.precision for qid, q in qs.items() if q.kind in ("min", "max")}
         self.edge = {qid: e for qid, e in self.edge.items() if qid in keep}
 
+    def clear(self):
+        """Drop every cut (the sources go back to their bounds)."""
+        self.cut, self.edge = {}, {}
+
+    def uncut(self, key):
+        """Drop ``key``'s cuts (it keeps its bound)."""
+        self.cut = {p: c for p, c in self.cut.items() if p[1] != key}
+
     def constraints(self, coord, key):
         """The rung constraints of ``key``'s cuts, in query order."""
         out = []
@@ -79,8 +87,9 @@ class Cuts:
                 return False
         return out
 
-    def reported(self, coord, key, v):
-        """A report of ``key`` (value ``v``) was applied: the keys whose cuts changed, in order.
+    def reported(self, coord, key, v, cut=True):
+        """A report of ``key`` (value ``v``) was applied: the keys whose cuts changed, in order; ``cut``:
+        whether ``key`` itself may be cut.
 
         A source's cuts go together: it is out of all its MIN/MAX queries (silent) or of none, since a
         source still in one keeps its width and a cut for another would only cost messages."""
@@ -89,7 +98,7 @@ class Cuts:
         if not qids:
             return []
         # a source that a SUM/AVG query needs keeps a width anyway: no cut (but its reports move the extremes)
-        free = not any(coord.queries[qid].kind in ("sum", "avg") for qid in coord.by_source[key])
+        free = cut and not any(coord.queries[qid].kind in ("sum", "avg") for qid in coord.by_source[key])
         ends = {qid: self._inner(coord, coord.queries[qid]) for qid in qids}
         if free and (qids[0], key) in self.cut:
             if any(_side(coord.queries[qid]) * (v - self.cut[(qid, key)]) > 0 for qid in qids):

@@ -24,11 +24,10 @@ def _fgcd(a, b, tol):
 class Source:
     """Decayed exit count, exposures per α and Σ log W of one source (exposure accrued up to ``t``),
     and the quantum of its values: readings on a lattice of step q only ever exit whole quanta away."""
-    __slots__ = ("n", "n2", "e", "lw", "t", "w", "q", "changes", "last", "dmin", "dmax", "rt", "gap", "sat", "jumps", "fresh", "mt")
+    __slots__ = ("n", "n2", "e", "lw", "t", "w", "q", "changes", "last", "dmin", "dmax", "sat", "jumps", "fresh", "mt")
 
     def __init__(self, t, w):
         self.n, self.n2, self.lw, self.t, self.w = 0.0, 0.0, 0.0, t, w
-        self.rt, self.gap = None, INF   # reading time of the last report; shortest gap between two reports
         self.sat = 0.0                  # decayed count of exits at the next reading after a report
         self.jumps = []                 # the changes those exits reported (newest last, at most ``memory``)
         self.fresh, self.mt = 0, None   # exits since this rule last moved the width, and when it did
@@ -59,9 +58,9 @@ class Source:
             return w
         return 2.0 * q * (math.floor(w / (2.0 * q) + 1e-6) + 0.5)
 
-    def exited(self, v, w, gap, decay, memory):
-        """Count one exit at width ``w`` (value ``v`` or None), ``gap`` after the previous report."""
-        forced = self.gap < INF and gap < 1.5 * self.gap
+    def exited(self, v, w, forced, decay, memory):
+        """Count one exit at width ``w`` (value ``v`` or None); ``forced``: at the reading right after the
+        previous report."""
         self.n = self.n * decay + 1.0
         self.n2 = self.n2 * decay * decay + 1.0
         self.fresh += 1

@@ -1,10 +1,11 @@
-"""The width constraints queries impose and the burden-target system (Olston et al. 2003 App. A, B, D).
+"""The width constraints queries impose, their optimum and the burden-target system (Olston et al. 2003 App. A, B, D, F).
 
 ``Rows``: per query row j, Σ_i |K_ij|·W_i ≤ b_j (a weighted AVG: b_j = δ_j·|S_j|, a SUM: δ_j, a MIN/MAX:
 one single-object row W_i ≤ δ_j per object; padding φ_i taken off the budget), the uniform share of each
-row (§1.2) and ``fit`` (scale a violated row's members down). ``burden_targets``: App. B's linear system
-for the burden targets T_j, solved by LSMR. Shared by the shrink rule (``adaptive.py``), the estimated
-rule (``estimate.py``) and the static optimum (``optimal.py``); ``_per_key`` validates per-source parameters.
+row (§1.2) and ``fit`` (scale a violated row's members down). ``allocate``: the widths minimising
+Σ weight_i·W_i^(−α) under the rows (App. F). ``burden_targets``: App. B's linear system for the burden
+targets T_j, solved by LSMR. Shared by the shrink rule (``adaptive.py``), the estimated rule
+(``estimate.py``) and the static optimum (``optimal.py``); ``_per_key`` validates per-source parameters.
 """
 import math
 
@@ -93,6 +94,45 @@ class Rows:
         for s, f in factor.items():
             widths[s] = widths[s] * f
         return widths
+
+
+def allocate(rows, weight, alpha, lam=None, iters=20, tol=1e-4):
+    """Widths minimising Σ weight_i·W_i^(−α) under ``rows`` (App. F), and the row multipliers λ.
+
+    KKT: W_i = (α·weight_i / Σ_j λ_j·|K_ij|)^(1/(α+1)); λ_j is scaled by (used_j/b_j)^((α+1)/2) per pass
+    (exact in one pass for a single row) until no width moves by more than ``tol`` (the caller warm-starts
+    λ, so successive calls keep converging). Rows with no budget pin their sources at width 0. Plain
+    Python floats in a fixed order: the same widths in every process.
+    """
+    keys = sorted(rows.of)
+    m = len(rows.coef)
+    lam = list(lam) if lam is not None and len(lam) == m else [1.0] * m
+    zero = {s for j, c in enumerate(rows.coef) if rows.budget[j] <= 0 for s in c}
+    p = 1.0 / (alpha + 1.0)
+    step = (alpha + 1.0) / 2.0
+    widths, last = {}, {}
+    for it in range(iters):
+        moved = 0.0
+        for key in keys:
+            if key in zero:
+                widths[key] = 0.0
+                continue
+            d = math.fsum(lam[j] * k for j, k in rows.of[key])
+            w = widths[key] = (alpha * weight[key] / d) ** p if d > 0 else INF
+            w0 = last.get(key, 0.0)
+            moved = max(moved, abs(w - w0) / w if 0 < w < INF else (0.0 if w == w0 else 1.0))
+        if it == iters - 1 or moved < tol:
+            break
+        last = dict(widths)
+        for j, used in enumerate(rows.used(widths)):
+            b = rows.budget[j]
+            if b > 0:
+                r = used / b if used < INF else 1e6
+                lam[j] = min(max(lam[j] * max(r, 1e-6) ** step, 1e-300), 1e300)
+    for key in keys:
+        if widths[key] == INF:
+            widths[key] = rows.uniform(key)
+    return rows.fit(widths), lam
 
 
 def burden_targets(rows, burden, x0=None, eps=1e-8):

@@ -1,0 +1,171 @@
+"""Device-side meter of plain deadband (Olston et al. 2003 §1.2 uniform allocation, our no-regret guard): a shadow per moved source.
+
+A metered device (birth capability CAP_METER) counts, per source, the reports the ``deadband`` protocol
+would have made it send on the same readings (its uniform width and range constraints, the same filter
+models: constant, or chosen per source by ``edge.core.predict``). The backend flags METER exactly the
+controls that install deadband's filter. While a source's real filter is deadband's (a *twin*: it
+never got anything else since the meter began, or was synced back), its own reports are deadband's and
+count as they go. A control without METER that changes its filter (a move: a width from the adaptive
+rule, a MIN/MAX cut) forks a *shadow* first: a copy of the filter (and of its model chooser) that goes
+on as deadband would: every reading, every METER control (deadband's acknowledgement rule: a narrowing or
+a constraint change is acknowledged with the reading; else the reading is checked again), the line gaps
+of its own timer, the recentring of a birth; each report it would send is counted. A SYNC control
+(METER | SYNC) makes the shadow the real filter again, and the device acknowledges with the state taken
+(the centre, or the line and its origin ``o``): a twin from then on, so the two counts can never part.
+
+The count ``n`` and the source's reading count ``k`` ride in every report (codec kinds ``mreport`` /
+``mline``, modulo 2^16): the backend weighs real messages against deadband's exactly (precision.regret).
+Portable (MicroPython, CPython), float32-safe (a shadow is a copy: it rounds as the real filter does).
+"""
+from edge.core.codec import ACK, METER, SYNC, WHY_METER, WHY_SYNC
+
+_M16 = 0xFFFF
+EVERY = 8           # a moved source reports (WHY_METER) once its shadow has counted this many since its last report,
+MOST = 1 << 14      # twice as many after each such report (up to this: far from 2^16, so n never wraps unseen)
+
+
+class Meter:
+    def __init__(self, n):
+        self.shadows = [None] * n       # per source: None (a twin), or [filter, chooser or None]
+        self.n = [0] * n                # reports deadband would have sent, modulo 2^16
+        self.k = [0] * n                # readings, modulo 2^16
+        self.sent = [0] * n             # n as the source's latest report carried it
+        self.every = [EVERY] * n        # unseen counts that make a moved source report
+
+    def count(self, i):
+        self.n[i] = (self.n[i] + 1) & _M16
+
+    def fork(self, agent, i):
+        """Source ``i``'s real filter is about to leave deadband's: a shadow carries on from here."""
+        ch = agent.alt[i].copy() if agent.alt is not None else None
+        self.shadows[i] = [agent.filters[i].copy(), ch]
+        self.every[i] = EVERY
+
+    def _report(self, agent, i, g, ch, t, constant=False):
+        self.count(i)
+        v = agent.values[i]
+        if ch is None:
+            g.recenter(v)
+        else:
+            ch.report(g, t, v, agent.allow, constant)
+
+    def sample(self, agent, i, t, v):
+        """A reading of source ``i`` at device time ``t`` (before the real filter's report)."""
+        self.k[i] = (self.k[i] + 1) & _M16
+        sh = self.shadows[i]
+        if sh is not None:
+            g, ch = sh
+            if ch is not None:
+                ch.sample(t, v, g.width)
+                g.at(t)
+            if g.center is None or g.check(v):
+                self._report(agent, i, g, ch, t)
+
+    def due(self, i):
+        """Whether moved source ``i`` should report for its count alone: its shadow counted ``every`` reports
+        the backend has not heard of (a silent source's saving would stay unseen). ``every`` doubles with each
+        such report since the source moved: the backend always knows at least about half of what the move has
+        saved, at a cost logarithmic in the saving."""
+        return self.shadows[i] is not None and (self.n[i] - self.sent[i]) & _M16 >= self.every[i]
+
+    def seen(self, i, count):
+        """``count`` readings of source ``i`` that changed nothing (a simulator hands them over late)."""
+        self.k[i] = (self.k[i] + count) & _M16
+
+    def take(self, agent, i, t, kind, m):
+        """Deadband's control ``m`` (a ``width`` or ``filter``) for the shadow of source ``i``."""
+        g, ch = self.shadows[i]
+        if kind == "filter":
+            cons = [(c["l"], c["u"]) for c in m["cons"]]
+            ack = g._cons(cons) != g.cons or g._r(m["width"]) < g.width
+            g.set_filter(m["width"], cons, g.epoch)
+        else:
+            ack = g._r(m["width"]) < g.width
+            g.set_width(m["width"], g.epoch)
+        if agent.values[i] is not None and (ack or g.check(agent.values[i])):
+            self._report(agent, i, g, ch, t)
+
+    def birth(self, values):
+        """A birth recentres every filter on its source's latest reading (``Agent.start``): shadows too."""
+        for i, sh in enumerate(self.shadows):
+            if sh is not None and values[i] is not None:
+                sh[0].recenter(values[i])
+
+    def stamp(self, i, fields, kind):
+        """Add the counts to a report's ``fields``; the metered kind of ``kind`` (report or line)."""
+        fields["n"] = self.sent[i] = self.n[i]
+        fields["k"] = self.k[i]
+        if fields["why"] == WHY_METER:
+            self.every[i] = min(2 * self.every[i], MOST)
+        if kind == "line":
+            fields["o"] = fields["t"]
+            return "mline"
+        return "mreport"
+
+
+def control(agent, now, i, kind, m):
+    """A ``width``/``filter``/``bound`` control for source ``i`` of a metered device, or one flagged METER
+    (which starts the meter). Returns the acknowledgement of a SYNC, else None (the real filter then applies
+    the control as usual)."""
+    if agent.meter is None:
+        agent.meter = Meter(len(agent.filters))
+    mt = agent.meter
+    sh = mt.shadows[i]
+    flags = m["ack"]
+    if sh is None:
+        f = agent.filters[i]
+        move = kind == "bound" or not flags & METER and (f._r(m["width"]) != f.width or kind == "filter" and
+                                                         f._cons([(c["l"], c["u"]) for c in m["cons"]]) != f.cons)
+        if not move and not flags & SYNC:
+            return None                 # deadband's own control (or one sent again): the twin takes it
+        mt.fork(agent, i)               # deadband's filter goes on in the shadow
+        if move:
+            return None
+    if flags & METER:
+        mt.take(agent, i, now, kind, m)
+    if not flags & SYNC:
+        return None
+    sh = mt.shadows[i]
+    if sh is not None:                  # the shadow becomes the real filter (and model chooser)
+        g, ch = sh
+        g.epoch = m["epoch"]
+        agent.filters[i] = g
+        if ch is not None:
+            agent.alt[i] = ch
+        mt.shadows[i] = None
+    g = agent.filters[i]
+    if g.center is None or not flags & ACK or (agent.segs and i in agent.segs):
+        return []
+    agent.stats["reports"] += 1
+    fields = {"src": i, "epoch": g.epoch, "t": now, "v": g.center, "why": WHY_SYNC}
+    if getattr(g, "slope", 0.0):
+        fields["v"], fields["slope"], fields["gap"] = g.v0, g.slope, g.gap
+        mt.stamp(i, fields, "line")
+        fields["o"] = g.t0
+        return [agent._up(now, "mline", fields)]
+    return [agent._up(now, mt.stamp(i, fields, "report"), fields)]
+
+
+def deadline(agent):
+    """The earliest time a shadow's line passes its gap without a reading (None: none)."""
+    t = None
+    for sh in agent.meter.shadows:
+        if sh is not None and sh[1] is not None and sh[0].slope and sh[0].center is not None:
+            d = _due(sh)
+            if t is None or d < t:
+                t = d
+    return t
+
+
+def _due(sh):
+    g, ch = sh
+    return (ch.last if ch.last > g.t0 else g.t0) + g.gap
+
+
+def gaps(agent, now):
+    """Shadows whose line passed its gap: deadband's device would report its last reading as a constant."""
+    for i, sh in enumerate(agent.meter.shadows):
+        if sh is not None and sh[1] is not None and sh[0].slope and sh[0].center is not None:
+            at = _due(sh)
+            if at <= now:
+                agent.meter._report(agent, i, sh[0], sh[1], at, True)

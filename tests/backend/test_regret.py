@@ -1,0 +1,118 @@
+"""Exact no-regret (precision.regret, edge.core.meter): adaptive never sends more than deadband plus its loan, at any prefix.
+
+The oracle is a deadband run of the same workload: every message either run puts on the network (up and
+down, births and configs included) is stamped with the time it left, and at every instant t the adaptive
+run must have sent no more than the deadband run by t plus the loan (max(8, queried sources)). The ledger
+must also be exact: at the end its real − deadband equals the two runs' difference, less the reports the
+devices' meters counted that no report carried to the backend yet. Workloads: bench workloads, real
+traces, the irregular occupancy counts, query changes, devices that do not meter, and random ones.
+"""
+import bisect
+import math
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from backend.bench import report as bench
+from backend.bench import suite
+from backend.sim import engine
+
+
+def _run(spec, protocol, params=None):
+    """The run's messages as they left, (time, direction, device) in order, and the simulation."""
+    sim = engine.Simulation(dict(spec, protocol=protocol, params=dict(spec.get("params", {}), **(params or {}))))
+    sent, send = [], sim.send
+
+    def record(now, hop, end, payload, link=None):
+        sent.append((now, hop, end))
+        return send(now, hop, end, payload, link)
+    sim.send = record
+    assert sim.run()["violations"] == 0
+    return sent, sim
+
+
+def _worst(ours, theirs):
+    """The largest excess of ``ours`` over ``theirs`` (message send times) at any instant."""
+    return max(bisect.bisect_right(ours, t) - bisect.bisect_right(theirs, t) for t in ours) if ours else 0
+
+
+def _check(spec, params=None):
+    """Adaptive against deadband on ``spec``: the bound at every prefix and the ledger's exactness."""
+    dead, _ = _run(spec, "deadband")
+    ours, sim = _run(spec, "adaptive", params)
+    dt, ot = sorted(m[0] for m in dead), sorted(m[0] for m in ours)
+    p = sim.protocol
+    loan = p._hard()
+    assert _worst(ot, dt) <= loan
+    unseen = 0
+    for dev, a in sim.agents.items():
+        for j, name in enumerate(a.names):
+            got = p.ledger.counts.get(name)
+            if a.meter is not None and got is not None:
+                unseen += (a.meter.n[j] - got[0]) & 0xFFFF
+    assert len(ot) - len(dt) == p.ledger.gap() - unseen
+    return ours, dead, p
+
+
+@pytest.mark.parametrize("case", ["hetero-24", "extremes-20", "real-temps-24", "occupancy-30", "query-mix-20"])
+def test_never_more_than_deadband_plus_the_loan_on_bench_workloads(tmp_path, case):
+    spec = dict(bench.workloads(0.3, data_dir=str(tmp_path)))[case]
+    _check(spec)
+
+
+@pytest.mark.parametrize("case", ["eu-stocks", "co2-baseline", "ppg"])
+def test_never_more_than_deadband_plus_the_loan_on_traces_where_adaptive_moves(tmp_path, case):
+    c = suite.convert(str(tmp_path), [case], log=lambda *a: None)[0]
+    spec = suite.workload(c, str(tmp_path), None)
+    spec["queries"].append({"id": "mx", "kind": "max", "precision": spec["queries"][0]["precision"],
+                            "sources": "all"})
+    _check(spec)
+
+
+def test_a_loan_too_small_for_any_move_leaves_adaptive_exactly_deadband(tmp_path):
+    spec = dict(bench.workloads(0.3, data_dir=str(tmp_path)))["hetero-24"]
+    ours, dead, p = _check(spec, {"guard": 1})
+    assert sorted(ours) == sorted(dead) and p.stats["moves"] == 0
+
+
+def test_query_changes_and_devices_that_do_not_meter(tmp_path, monkeypatch):
+    # half the devices do not meter (a micro:bit behind its gateway, older firmware): their sources keep
+    # deadband's filter, and the others still move; precisions change, queries go and come
+    spec = dict(bench.workloads(0.3, data_dir=str(tmp_path)))["hetero-24"]
+    spec["events"] = [{"time": 400, "set_precision": {"id": "b", "precision": 150.0}},
+                      {"time": 700, "remove_query": "m"},
+                      {"time": 900, "add_query": {"id": "m2", "kind": "max", "sources": ["s%d" % i for i in range(6)],
+                                                  "precision": 30.0}}]
+    agent = engine.Agent
+    monkeypatch.setattr(engine, "Agent", lambda device, sources, **kw: agent(
+        device, sources, meter=int(device[1:]) % 2 == 0, **kw))
+    ours, dead, p = _check(spec)
+    assert p.stats["moves"] > 0 and p.stats["syncs"] > 0
+    plain = lambda run: sorted(m for m in run if int(m[2][1:]) % 2)
+    assert plain(ours) == plain(dead)          # to the instant, up and down
+
+
+@st.composite
+def _workloads(draw):
+    n = draw(st.integers(2, 10))
+    ids = ["s%d" % i for i in range(n)]
+    lo = draw(st.sampled_from([0.05, 0.2, 0.5]))
+    queries = [{"id": "a", "kind": draw(st.sampled_from(["avg", "sum"])), "precision": draw(st.sampled_from([2.0, 5.0, 12.0])),
+                "sources": "all" if draw(st.booleans()) else sorted(draw(st.sets(st.sampled_from(ids), min_size=1)))}]
+    if draw(st.booleans()):
+        queries.append({"id": "m", "kind": draw(st.sampled_from(["max", "min"])), "precision": draw(st.sampled_from([2.0, 6.0])),
+                        "sources": sorted(draw(st.sets(st.sampled_from(ids), min_size=1, max_size=4)))})
+    delay = draw(st.sampled_from([0.0, 0.0, 0.3]))
+    return {"seed": draw(st.integers(0, 10 ** 6)), "duration": draw(st.integers(300, 1500)),
+            "network": {"delay": delay, "jitter": delay / 3},
+            "sources": {"generator": "random_walk", "count": n, "per_device": draw(st.sampled_from([1, 2])),
+                        "start": [90, 110], "step": [lo, draw(st.sampled_from([1.0, 3.0, 8.0]))],
+                        "steps": draw(st.sampled_from(["normal", "binary"]))},
+            "queries": queries}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_workloads())
+def test_never_more_than_deadband_plus_the_loan_on_random_workloads(spec):
+    _check(spec)

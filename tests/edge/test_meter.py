@@ -1,0 +1,227 @@
+"""The device's deadband meter (edge.core.meter) against deadband's own device and a brute-force replay, on every prefix.
+
+A metered ``Agent`` gets random readings and the controls the backend's adaptive rule may send: deadband's
+filter flagged METER (while the source is deadband's twin), moves (not flagged), SYNC. Two oracles run the
+same readings at the same deadband filters: a plain ``Agent`` that is only ever sent deadband's controls
+(deadband's own device: its reports, line models and their gap reports included) and, for constant filters,
+plain deadband written out from scratch (bound test, range membership, acknowledgement of a narrowing or a
+constraint change). After every reading, timer and control the meter's count must equal each oracle's and
+its reading count the readings so far, in every report it sends too. After a SYNC the metered agent reports
+exactly what deadband's device reports until it is moved again. Runs under CPython and MicroPython, in double
+and in emulated float32 (a single-precision board).
+"""
+from edge.agent import Agent
+from edge.core import codec
+from edge.core.float32 import f32
+from portable import Rng, ctl, session
+
+
+class Deadband:
+    """Plain constant deadband for one source, from scratch."""
+
+    def __init__(self, rnd):
+        self.r = rnd or (lambda x: x)
+        self.w, self.cons, self.c, self.mask, self.count = 0.0, [], None, 0, 0
+
+    def _mask(self, v):
+        m = 0
+        for b, (lo, hi) in enumerate(self.cons):
+            if lo <= v <= hi:
+                m |= 1 << b
+        return m
+
+    def _out(self, v):
+        r = self.r
+        h = self.w / 2
+        return (self.c is None or v < r(self.c - h) or v > r(self.c + h)
+                or (bool(self.cons) and self._mask(v) != self.mask))
+
+    def reading(self, v):
+        if self._out(v):
+            self.count += 1
+            self.c, self.mask = v, self._mask(v)
+
+    def control(self, w, cons, ack, v):
+        r = self.r
+        self.w, self.cons = r(w), [(r(lo), r(hi)) for lo, hi in cons]
+        if self.c is not None:
+            self.mask = self._mask(self.c)
+        if v is not None and (ack or self._out(v)):
+            self.count += 1
+            self.c, self.mask = v, self._mask(v)
+
+
+class Reference:
+    """Deadband's device: a plain agent sent deadband's controls only; its reports counted."""
+
+    def __init__(self, rnd, lines, unit):
+        self.a = Agent("ref", ["x"], rnd=rnd, lines=lines, meter=False, unit=unit)
+        session(self.a)
+        if lines:
+            self.a.handle_message(0, ctl(self.a, "setup", seq=2, period=0, shrink=0.0, beat=0, t0=0, now=0,
+                                         tick=0, allow=3))
+        self.seq, self.epoch, self.count, self.out, self.lines = 3, 1, 0, [], 0
+
+    def _got(self, out):
+        self.out = [codec.decode(p)[1] for _, p in out]
+        self.count += len(out)
+        self.lines += sum(1 for m in self.out if m.get("slope"))
+
+    def control(self, t, kind, w, cons, ack):
+        fields = {"seq": self.seq, "src": 0, "epoch": self.epoch, "width": w, "ack": ack}
+        if kind == "filter":
+            fields["cons"] = [{"l": lo, "u": hi} for lo, hi in cons]
+        else:
+            fields["period"] = 0
+        self.seq, self.epoch = self.seq + 1, self.epoch + 1
+        self._got(self.a.handle_message(t, ctl(self.a, kind, **fields)))
+
+    def timer(self, t):
+        d = self.a.next_deadline()
+        self._got(self.a.handle_timer(t) if d is not None and d <= t else [])
+
+    def sample(self, t, v):
+        self._got(self.a.handle_sample(t, 0, v))
+
+
+def _decode(out):
+    return [codec.decode(p) for _, p in out]
+
+
+def _counted(a, out, k):
+    """Every report in ``out`` is metered and carries the meter's counts, ``k`` readings so far."""
+    for kind, m in out:
+        assert kind in ("mreport", "mline") and m["n"] == a.meter.n[0] and m["k"] == k & 0xFFFF
+
+
+def _said(out):
+    """What reports state: (time, value, slope), from decoded (kind, fields) pairs or fields alone."""
+    ms = [m[1] if isinstance(m, tuple) else m for m in out]
+    return [(m["t"], m["v"], m.get("slope", 0.0)) for m in ms]
+
+
+def _run(seed, rnd, lines, unit=1):
+    rng = Rng(seed)
+    a = Agent("d", ["x"], rnd=rnd, lines=lines, unit=unit)
+    session(a)
+    if lines:
+        a.handle_message(0, ctl(a, "setup", seq=2, period=0, shrink=0.0, beat=0, t0=0, now=0, tick=0, allow=3))
+    ref, brute = Reference(rnd, lines, unit), Deadband(rnd)
+    db = (2.0, [])                      # deadband's filter (width, ranges), as the backend knows it
+    # the backend's first control is deadband's width, flagged METER: the meter starts there
+    a.handle_message(0, ctl(a, "width", seq=3, src=0, epoch=1, period=0, width=2.0, ack=codec.METER))
+    ref.control(0, "width", 2.0, [], 0)
+    brute.control(2.0, [], False, None)
+    seq, epoch, t, v = 4, 2, 0, 100.0
+    k, value, twin, lined = 0, None, True, 0
+    step = 1000 if unit == 1000 else 1.0
+    for _ in range(1500):
+        t += step * (1 + (rng.below(40) == 0) * rng.below(6))     # irregular: now and then a long gap
+        out = _decode(a.handle_timer(t)) if a.next_deadline() is not None and a.next_deadline() <= t else []
+        ref.timer(t)
+        if twin:
+            assert _said(out) == _said(ref.out)
+        _counted(a, out, k)
+        out = []
+        if rng.below(150) == 0:         # a reconnect: a birth recentres every filter on the latest reading
+            for agent in (a, ref.a):
+                session(agent, now=t, seq=seq)
+                if lines:
+                    agent.handle_message(t, ctl(agent, "setup", seq=seq + 1, period=0, shrink=0.0, beat=0, t0=0,
+                                                now=0, tick=0, allow=3))
+            ref.seq = seq = seq + 2
+            if value is not None:
+                brute.c, brute.mask = value, brute._mask(value)
+        elif rng.below(25) == 0:        # a control
+            w = rng.choice([0.5, 1.0, 2.0, 3.0, 5.0])
+            cons = [(98.0, 102.0)] if rng.below(3) == 0 else []
+            what = rng.below(3)         # 0: a move, 1: deadband's filter (METER), 2: SYNC
+            if what == 0:
+                kind = "filter" if cons or rng.below(2) else "width"
+                fields = {"width": w, "ack": codec.ACK if rng.below(2) else 0}
+                f = a.filters[0]
+                if twin and f._r(w) == f.width and (kind == "width" or f._cons(cons) == f.cons):
+                    ref.control(t, kind, w, cons, fields["ack"])    # deadband's control sent again: its device
+                    brute.control(w, cons if kind == "filter" else db[1], fields["ack"], value)   # gets it too
+            else:
+                if what == 2 and rng.below(2):
+                    w, cons = db        # a SYNC that keeps deadband's filter
+                kind = "filter" if cons != db[1] or what == 2 else "width"
+                ack = cons != db[1] or ref.a.filters[0]._r(w) < ref.a.filters[0].width
+                if (w, cons) != db:     # deadband sends its control when its filter changes, as the backend does
+                    ref.control(t, "filter" if cons != db[1] else "width", w, cons, codec.ACK if ack else 0)
+                    brute.control(w, cons, ack, value)
+                db = (w, cons)
+                fields = {"width": w, "ack": (codec.ACK if ack or what == 2 else 0) | codec.METER
+                          | (codec.SYNC if what == 2 else 0)}
+            fields.update(seq=seq, src=0, epoch=epoch)
+            if kind == "filter":
+                fields["cons"] = [{"l": lo, "u": hi} for lo, hi in cons]
+            else:
+                fields["period"] = 0
+            seq, epoch = seq + 1, epoch + 1
+            out += _decode(a.handle_message(t, ctl(a, kind, **fields)))
+            if what == 0:
+                twin = twin and a.meter.shadows[0] is None
+            elif what == 2:
+                twin = True
+                if value is not None:       # acknowledged under the control's epoch
+                    assert len(out) == 1 and out[-1][0] in ("mreport", "mline") and out[-1][1]["why"] == codec.WHY_SYNC
+                    assert out[-1][1]["epoch"] == epoch - 1
+                f, g = a.filters[0], ref.a.filters[0]       # the real filter took deadband's state exactly
+                assert (f.width, f.cons, f.center, getattr(f, "slope", 0.0)) == (g.width, g.cons, g.center,
+                                                                                  getattr(g, "slope", 0.0))
+            assert (a.meter.shadows[0] is None) == twin
+        else:                           # a reading
+            calm = (t // (60 * step)) % 3     # drifts with little noise (lines pay), and a noisy walk
+            v += rng.uniform(-0.02, 0.02) + 0.2 * (calm - 1.5) if calm else rng.uniform(-0.6, 0.6)
+            if rnd is not None:
+                v = rnd(v)
+            value, k = v, k + 1
+            brute.reading(v)
+            ref.sample(t, v)
+            a_new = a.handle_sample(t, 0, v)
+            out += _decode(a_new)
+            if twin:                    # deadband's twin reports what deadband's device reports
+                assert _said(out[len(out) - len(_decode(a_new)):]) == _said(ref.out)
+        n = a.meter.n[0]
+        assert n == ref.count & 0xFFFF and a.meter.k[0] == k & 0xFFFF
+        if not lines:
+            assert n == brute.count & 0xFFFF
+        _counted(a, out, k)
+        sh = a.meter.shadows[0]
+        lined += sh is not None and sh[1] is not None and bool(sh[0].slope)
+    assert ref.count > 30 and (lines or ref.lines + lined == 0)
+    return ref.lines, lined
+
+
+def test_the_meter_counts_what_deadband_would_send_on_every_prefix():
+    for seed in range(5):
+        _run(seed, None, False)
+
+
+def test_the_meter_follows_deadbands_line_models_and_their_gaps():
+    runs = [_run(seed, None, True) for seed in range(5, 9)] + [_run(9, None, True, unit=1000)]  # (ms: a board)
+    # the runs go through lines: deadband's device reports them, and moved sources' shadows follow them
+    assert sum(r[0] for r in runs) > 20 and sum(r[1] for r in runs) > 20
+
+
+def test_the_meter_is_exact_on_a_float32_board():
+    for seed in range(10, 13):
+        _run(seed, f32, False)
+    _run(13, f32, True, unit=1000)
+
+
+def test_metered_reports_round_trip_and_plain_agents_never_send_them():
+    for kind, fields in (("mreport", {"src": 1, "epoch": 2, "seq": 3, "t": 4.5, "v": 6.25, "why": 0, "n": 65535,
+                                      "k": 7}),
+                         ("mline", {"src": 1, "epoch": 2, "seq": 3, "t": 4.5, "v": 6.25, "why": 0, "slope": 0.5,
+                                    "gap": 2.0, "n": 0, "k": 65535, "o": 4.0})):
+        assert codec.decode(codec.encode(kind, fields)) == (kind, fields)
+        assert codec.PLAIN[kind] in ("report", "line")
+    a = Agent("d", ["x"])
+    assert a.caps & codec.CAP_METER and not Agent("d", ["x"], meter=False).caps & codec.CAP_METER
+    session(a)
+    a.handle_message(0.0, ctl(a, "width", seq=2, src=0, epoch=1, period=0, width=1.0, ack=0))
+    kinds = [codec.decode(p)[0] for i in range(50) for _, p in a.handle_sample(float(i), 0, float(i % 7))]
+    assert kinds and set(kinds) == {"report"} and a.meter is None
