@@ -190,7 +190,8 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         observer = Observer(broker)
         from backend.ui import hooks as ui_hooks                                # --ui
         dash = ui_hooks.demo(ui, broker, observer, devices, out)                # --ui
-        settings = host.settings(protocol=protocol, period=period, shrink=shrink, latency=latency, beat=host.LIVE_BEAT)
+        settings = host.settings(protocol=protocol, period=period, shrink=shrink, latency=latency, beat=host.LIVE_BEAT,
+                                 skew=host.LIVE_SKEW)
         out("backend: bridge -> spool -> Spark Structured Streaming (%s, transformWithStateInPandas, RocksDB), "
             "protocol %s, latency tolerance %.2fs, trigger %.2fs" % (master, protocol, latency, trigger))
         t0 = time.monotonic()

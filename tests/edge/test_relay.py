@@ -183,7 +183,7 @@ def test_bad_input_is_counted_not_raised():
     assert relay.stats["bad_items"] == 7
     assert relay.handle_message(1.0, b"\x01") == []
     assert relay.handle_message(1.0, moq("q", 5.0, 1.0, 0, 0.1)) == []
-    assert relay.handle_sensor(1.0, codec.encode("beat", {"seq": 1, "t": 1.0})) == []
+    assert relay.handle_sensor(1.0, codec.encode("mark", {"seq": 1, "t": 1.0})) == []
     assert relay.stats["bad_messages"] == 3
     out = relay.handle_sensor(2.0, codec.encode("blob", {"src": 0, "seq": 1, "t": 2.0, "tag": TAG_RAW,
                                                          "data": encode_raw(4)}))

@@ -6,7 +6,9 @@ A change that may narrow it keeps the previous mirror alive as well until an upl
 epoch confirms that the device applied it; meanwhile ``known`` is the hull of both. Only the exact
 current epoch confirms: an epoch the backend has not assigned yet is stale, not a confirmation.
 A report whose true time is uncertain (a device clock within ±σ, ``integrity``) keeps the mirrors from
-before it in ``prior`` until the latest instant it can have happened (``hold``/``release``).
+before it in ``prior`` until the latest instant it can have happened (``hold``/``release``); a guarded
+report (the device reports any reading leaving the hull of its bound before and the value, edge.agent)
+states meanwhile that hull instead of the whole new band (``tight``).
 The mirror of a float32 device (birth capability CAP_F32) computes in float32 as the device does
 and pads what it states by one float32 step (edge.core.interval).
 
@@ -23,7 +25,7 @@ from edge.core.predict import LineFilter, horizon
 
 class Source:
     __slots__ = ("key", "device", "index", "filt", "old", "prior", "online", "_n", "_period", "clock", "last_t",
-                 "value", "unit", "due")
+                 "value", "unit", "due", "tight")
 
     def __init__(self, key, device, index, width, epoch, single=False, unit=1, clock=None):
         self.key = key
@@ -34,6 +36,7 @@ class Source:
         self.filt = LineFilter(width, (), epoch, f32 if single else None, single)
         self.old = []          # mirrors of states the device may still be in
         self.prior = []        # (until, mirror): states the device may have been in until then
+        self.tight = None      # (until, value): a guarded report's value, stated until then instead of the band
         self.online = True
         self.clock = clock or [0]      # the cache's period counter (shared by every source)
         self._n, self._period = 0, self.clock[0]
@@ -94,8 +97,13 @@ class BoundCache:
         s = self.sources.get(key)
         if s is None:
             return -math.inf, math.inf
-        lo, hi = self._known(s, s.filt)
-        for f in s.old + [f for _, f in s.prior] if s.prior else s.old:
+        if s.tight is not None and s.tight[0] > self.now:
+            lo = hi = s.tight[1]
+            mirrors = [f for _, f in s.prior]
+        else:
+            lo, hi = self._known(s, s.filt)
+            mirrors = s.old + [f for _, f in s.prior] if s.prior else s.old
+        for f in mirrors:
             a, b = self._known(s, f)
             if a < lo:
                 lo = a
@@ -177,15 +185,19 @@ class BoundCache:
             for _, f in s.prior:
                 f.shrink(s_frac)
 
-    def hold(self, key, until):
-        """Before a report that may have happened as late as ``until``: keep the current mirrors."""
+    def hold(self, key, until, tight=None):
+        """Before a report that may have happened as late as ``until``: keep the current mirrors; ``tight``
+        (a guarded report's value): state it instead of the new band until then."""
         s = self.sources[key]
         s.prior += [(until, f.copy()) for f in [s.filt] + s.old]
+        s.tight = None if tight is None else (until, tight)
 
     def release(self, key, now):
         """Drop the held mirrors whose time is over by ``now``."""
         s = self.sources[key]
         s.prior = [(u, f) for u, f in s.prior if u > now]
+        if s.tight is not None and s.tight[0] <= now:
+            s.tight = None
 
     def _keep_old(self, s):
         s.old.append(s.filt.copy())

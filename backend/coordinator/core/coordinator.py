@@ -26,8 +26,10 @@ from backend.coordinator.core.downlink import Downlink
 from backend.coordinator.core.integrity import Integrity
 from backend.coordinator.core.resync import Resync
 from backend.coordinator.core.queries import QueryError, parse_query
+from backend.coordinator.core.reserve import Reserve
 from backend.coordinator.core.segments import Mirror
 from backend.coordinator.core.uplink import Uplink
+from backend.coordinator.core.vouch import Vouch
 
 
 class _Known:
@@ -41,10 +43,10 @@ class _Known:
         return key in self.coord.cache.sources or key in self.coord.declared_set
 
 
-class Coordinator(Downlink, Resync, Uplink):
-    def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, lazy=True, incarnation=0,
+class Coordinator(Downlink, Resync, Uplink, Vouch):
+    def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=None, t0=0.0, lazy=True, incarnation=0,
                  models=1, skew=0.0, echo=False):
-        if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or beat < 0 or skew < 0:
+        if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or (beat or 0) < 0 or skew < 0:
             raise ValueError("need period >= 1 ms, 0 <= shrink < 1, latency >= 0, beat >= 0, skew >= 0")
         self.protocol = protocol
         self.period = period            # T, the adjustment period
@@ -53,7 +55,7 @@ class Coordinator(Downlink, Resync, Uplink):
         # applied at t − σ and arrives by t + σ + λ (integrity.py)
         self.tolerance = latency + 2 * skew
         self.latency = protocol.queue_latency(self.tolerance)
-        self.beat = beat
+        self.beat = beat                # the heartbeat B of every device (None: per device, heartbeat.py)
         # echo: downlinks leave when the driver says (the Spark job publishes a batch's controls after
         # it), seen as ``handle_echo``; round-trip waits start there, not when a control was made
         self.echo = echo
@@ -85,8 +87,12 @@ class Coordinator(Downlink, Resync, Uplink):
         self.models = getattr(protocol, "models", None) or Models()
         self.segments = Mirror()        # segment mode and final answers of lag queries
         self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
-        self.integrity = Integrity(self.latency, beat, skew)    # gaps, silence, skew (issue #20)
+        self.integrity = Integrity(self.latency, beat, skew, net=latency)    # gaps, silence, clocks (issue #20)
+        self.unclocked = {}             # source keys whose device clock is known less well than ±σ (degraded)
         self.revoked = {}               # query id -> [t_from, t_to] of answers found wrong, for the next change
+        self.beats = {}                 # query id -> {heartbeat B: sources of the query at it} (vouch.py)
+        self.reserve = Reserve()        # the precision each query keeps off its widths for clock skew
+        self.replan = {}                # queries whose reserve moved: their widths are planned again
 
     # -- queries ----------------------------------------------------------------
     def add_query(self, spec, now=None):
@@ -117,6 +123,7 @@ class Coordinator(Downlink, Resync, Uplink):
 
     def _parse(self, spec):
         q = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
+        q.reserve = self.reserve.get(q.id)
         self.segments.check(self, q)
         return q
 
@@ -128,6 +135,7 @@ class Coordinator(Downlink, Resync, Uplink):
         self.queries[q.id] = q
         for s in q.sources:
             self.by_source.setdefault(s, {})[q.id] = None
+        self._requeried(q, old)
         self.dirty[q.id] = None
         try:
             self._changed(q, now, old)
@@ -140,6 +148,7 @@ class Coordinator(Downlink, Resync, Uplink):
     def remove_query(self, qid, now=None):
         self._catch_up(now)
         self._unregister(qid, now)
+        self.reserve.drop(qid)
         return self._flush(now)
 
     def _unregister(self, qid, now, old=None, segments=True):
@@ -149,6 +158,7 @@ class Coordinator(Downlink, Resync, Uplink):
         for s in q.sources:
             self.by_source[s].pop(qid, None)
         self.dirty.pop(qid, None)
+        self.beats.pop(qid, None)
         self.last.pop(qid, None)
         self.running.pop(qid, None)
         self._changed(q, now, old)
@@ -164,6 +174,7 @@ class Coordinator(Downlink, Resync, Uplink):
         spec = self.queries[qid].spec()
         spec["precision"] = precision
         self.queries[qid] = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
+        self.queries[qid].reserve = self.reserve.get(qid)
         self.dirty[qid] = None
         self._changed(self.queries[qid], now)
         return self._flush(now)
@@ -248,6 +259,12 @@ class Coordinator(Downlink, Resync, Uplink):
         self._release(now)
         self._integrity(now)
         self._answers(self.clock)
+        for qid in self.replan:         # a reserve moved (reserve.py): plan the query's widths again
+            q = self.queries.get(qid)
+            if q is not None:
+                q.reserve = self.reserve.get(qid)
+                self._changed(q, None)
+        self.replan.clear()
         if self.segments.final:     # every uplink stamped up to now − λ is in: final answers up to there
             self.out += self.segments.answers(self, max(self.clock, now - self.latency))
         return self._flush(None)
@@ -294,7 +311,7 @@ class Coordinator(Downlink, Resync, Uplink):
     # -- answers ----------------------------------------------------------------------
     def degraded(self, q):
         """Whether a source of ``q`` is offline, or waits for a filter the protocol counts on."""
-        return q.meets(self.models.off_since) or q.meets(self.integrity.unsure)
+        return q.meets(self.models.off_since) or q.meets(self.integrity.unsure) or q.meets(self.unclocked)
 
     def _answers(self, t):
         self.cache.now = t
@@ -319,7 +336,8 @@ class Coordinator(Downlink, Resync, Uplink):
             offline = self.degraded(q)
             fields["degraded"] = bool(fields.get("degraded")) or offline
             if offline:
-                fields["reason"] = self.integrity.why(q, self.cache.sources) + self.models.reason(q, self)
+                fields["reason"] = self.integrity.why(q, self.cache.sources, self.unclocked) + self.models.reason(q, self)
+            self._vouch(q, fields, t)
             revoked = self.revoked.pop(qid, None)
             if self.last.get(qid) != fields or revoked:
                 self.last[qid] = fields

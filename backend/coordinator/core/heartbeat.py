@@ -1,0 +1,118 @@
+"""Per-device heartbeat and ack mode (DESIGN.md §4 bounded withdrawal): how long a loss can stay unseen.
+
+* **Heartbeat B.** A device silent for B sends a ``mark`` (edge.core.delivery); the backend finds a lost
+  last report from the mark's number and a device gone quiet when nothing comes for B + λ + margin. By
+  default B is per device, ``AUTO`` × the mean interval between its numbered uplinks (the current silence
+  included), at least max(10·λ, 1 s) and at most an hour, rounded to a power of 2 s; the device is told
+  (in its ``config``) when its B moves by more than 2×, so a talking device never sends a mark and a quiet
+  one sends few. Until a smaller B has surely reached the device (λ after its next uplink heard past
+  the old B), the watchdog waits the old one. A number given as the setting fixes B for every device; 0
+  turns marks and the watchdog off.
+* **Ack mode.** The first time a gap is seen on a device's link, the backend sends it a ``link`` with a
+  resend timeout rto = 2λ + RTO_MARGIN and acknowledges every uplink it hears from it; the device resends
+  what is not acknowledged after rto, 3·rto and 7·rto, so a gap of an uplink it kept is waited for
+  λ + 7·rto before it counts as lost. On a clean network no device is switched on.
+
+``bound`` is what an answer states as ``withdraw_within``: the longest a wrong provisional answer over the
+device's sources can stand before it is withdrawn (a loss unseen for B, found by the mark or the watchdog,
+and the wait for a resend that never comes).
+"""
+AUTO = 4.0              # B = AUTO × mean interval between uplinks
+FLOOR = 10.0            # ... at least FLOOR·λ
+LEAST = 1.0             # ... and at least this (s)
+MOST = 3600.0           # ... and at most an hour
+START = 30.0            # B before a device's uplinks have been timed
+RING = 8                # arrivals timed per device
+RTO_MARGIN = 0.05       # s added to the round trip 2λ for the resend timeout
+TRIES = 7               # the device's resends reach 7·rto after it sent (edge.core.delivery)
+
+
+class Heartbeats:
+    def __init__(self, beat, latency, net, margin):
+        self.auto = beat is None
+        self.fixed = 0.0 if beat is None else beat
+        self.latency = latency          # the queue's λ (with the skew it covers)
+        self.net = net                  # λ of the network alone (the round trip is at most 2·net)
+        self.margin = margin
+        self.rto = 2 * net + RTO_MARGIN
+        self.dev = {}                   # device -> [B told, B waited, arrivals, ack mode since or None, told when]
+        self.stats = {"acked": 0, "links": 0, "beats": 0}
+
+    def first(self):
+        """B of a device not timed yet (the fixed B, or START within the bounds)."""
+        return _pow2(min(max(START, FLOOR * self.latency, LEAST), MOST)) if self.auto else self.fixed
+
+    def _d(self, device):
+        d = self.dev.get(device)
+        if d is None:
+            b = self.first()
+            d = self.dev[device] = [b, b, [], None, None]
+        return d
+
+    def beat(self, device):
+        """B as the watchdog waits it (and answers state it): the B told, or the larger one told before
+        while the config telling it may not have arrived."""
+        return self._d(device)[1]
+
+    def told(self, device):
+        """The B to put in ``device``'s config (recorded as told)."""
+        return self._d(device)[0]
+
+    def heard(self, device, now, numbered):
+        """An uplink from ``device`` heard at ``now`` (``numbered``: not a mark). Returns (B waited before,
+        whether B moved by more than 2× and the device is to be told)."""
+        d = self._d(device)
+        was = d[1]
+        if d[1] != d[0] and now >= d[4] + d[1] + self.latency:
+            d[1] = d[0]             # past the old B: the config telling the new one has reached it
+        ring = d[2]
+        if numbered:
+            ring.append(now)
+            if len(ring) > RING:
+                del ring[0]
+        if not self.auto or len(ring) < 2:
+            return was, False
+        mean = (now - ring[0]) / (len(ring) - (0 if now > ring[-1] else 1))
+        raw = min(max(AUTO * mean, FLOOR * self.latency, LEAST), MOST)
+        if raw > 2 * d[0] or 2 * raw < d[0]:        # (the B told is a power of 2: a band of 4× holds it)
+            b = d[0] = _pow2(raw)
+            d[4] = now
+            d[1] = max(d[1], b)
+            self.stats["beats"] += 1
+            return was, True
+        return was, False
+
+    # -- ack mode ----------------------------------------------------------------------------
+    def acking(self, device):
+        d = self.dev.get(device)
+        return d is not None and d[3] is not None
+
+    def switch_on(self, device, now):
+        """A gap on ``device``'s link: ack mode from now (the caller sends the ``link``); False if on already."""
+        d = self._d(device)
+        if d[3] is not None:
+            return False
+        d[3] = now
+        self.stats["links"] += 1
+        return True
+
+    def wait(self, device, sent):
+        """How long a gap is waited for before it counts as lost: λ, or λ + 7·rto for an uplink the device
+        kept (sent, event time ``sent``, once the ``link`` had surely reached it)."""
+        d = self.dev.get(device)
+        if d is None or d[3] is None or sent < d[3] + self.net:
+            return self.latency
+        return self.latency + TRIES * self.rto
+
+    def bound(self, b):
+        """The longest a wrong provisional answer over a device of heartbeat ``b`` stands (an answer's
+        ``withdraw_within``): a loss unseen for B, then the watchdog's wait or a gap's in ack mode."""
+        return b + 2 * self.latency + self.margin + TRIES * self.rto
+
+
+def _pow2(b):
+    """``b`` rounded to a power of 2 (s) within [LEAST, MOST]: a device's B takes few values."""
+    p = LEAST
+    while p * 1.5 < b and p * 2 <= MOST:
+        p *= 2
+    return p
