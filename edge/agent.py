@@ -39,8 +39,11 @@ def current(inc, kind, got):
     """Whether a control of backend incarnation ``got`` may be applied by a device configured by
     incarnation ``inc`` (None: none since its latest birth): one of ``inc`` itself, or a config (or
     ``setup``, or a request for a birth) of a later run (32-bit serial order, RFC 1982), which the
-    device then adopts. A replayed control of an earlier run, config or not, is dropped."""
+    device then adopts, or, before any config, a ``link`` or ``ack`` (delivery settings, not controls: one
+    that overtook the config counts). A replayed control of an earlier run, config or not, is dropped."""
     if got == inc:
+        return True
+    if inc is None and (kind == "link" or kind == "ack"):
         return True
     later = inc is None or 0 < (got - inc) & 0xFFFFFFFF < 0x80000000
     return (kind == "config" or kind == "setup" or kind == "rebirth") and later

@@ -8,10 +8,11 @@
   one sends few. Until a smaller B has surely reached the device (λ after its next uplink heard past
   the old B), the watchdog waits the old one. A number given as the setting fixes B for every device; 0
   turns marks and the watchdog off.
-* **Ack mode.** The first time a gap is seen on a device's link, the backend sends it a ``link`` with a
-  resend timeout rto = 2λ + RTO_MARGIN and acknowledges every uplink it hears from it; the device resends
-  what is not acknowledged after rto, 3·rto and 7·rto, so a gap of an uplink it kept is waited for
-  λ + 7·rto before it counts as lost. On a clean network no device is switched on.
+* **Ack mode.** The first time a gap is seen on any device's link (the network loses or reorders), the
+  backend sends every device a ``link`` with a resend timeout rto = 2λ + RTO_MARGIN (a device born later
+  gets it with its birth) and acknowledges every uplink it hears; a device resends what is not
+  acknowledged after rto, 3·rto and 7·rto, so a gap of an uplink it kept is waited for λ + 3·rto (two
+  tries) from when it was seen before it counts as lost. On a clean network no device is switched on.
 
 ``bound`` is what an answer states as ``withdraw_within``: the longest a wrong provisional answer over the
 device's sources can stand before it is withdrawn (a loss unseen for B, found by the mark or the watchdog,
@@ -22,9 +23,9 @@ FLOOR = 10.0            # ... at least FLOOR·λ
 LEAST = 1.0             # ... and at least this (s)
 MOST = 3600.0           # ... and at most an hour
 START = 30.0            # B before a device's uplinks have been timed
-RING = 8                # arrivals timed per device
+RING = 32               # arrivals timed per device
 RTO_MARGIN = 0.05       # s added to the round trip 2λ for the resend timeout
-TRIES = 7               # the device's resends reach 7·rto after it sent (edge.core.delivery)
+TRIES = 3               # a gap is waited for the device's first two resends (rto, 3·rto: edge.core.delivery)
 
 
 class Heartbeats:
@@ -35,6 +36,7 @@ class Heartbeats:
         self.net = net                  # λ of the network alone (the round trip is at most 2·net)
         self.margin = margin
         self.rto = 2 * net + RTO_MARGIN
+        self.lossy = None               # when a gap was first seen on any link (ack mode for every device)
         self.dev = {}                   # device -> [B told, B waited, arrivals, ack mode since or None, told when]
         self.stats = {"acked": 0, "links": 0, "beats": 0}
 
@@ -46,7 +48,7 @@ class Heartbeats:
         d = self.dev.get(device)
         if d is None:
             b = self.first()
-            d = self.dev[device] = [b, b, [], None, None]
+            d = self.dev[device] = [b, b, [], self.lossy, None]
         return d
 
     def beat(self, device):
@@ -88,16 +90,19 @@ class Heartbeats:
         return d is not None and d[3] is not None
 
     def switch_on(self, device, now):
-        """A gap on ``device``'s link: ack mode from now (the caller sends the ``link``); False if on already."""
-        d = self._d(device)
-        if d[3] is not None:
-            return False
-        d[3] = now
-        self.stats["links"] += 1
-        return True
+        """A gap on ``device``'s link: the devices to switch to ack mode now (every one known, the first
+        time; the caller sends each a ``link``)."""
+        self._d(device)
+        if self.lossy is not None:
+            return []
+        self.lossy = now
+        for d in self.dev.values():
+            d[3] = now
+        self.stats["links"] += len(self.dev)
+        return list(self.dev)
 
     def wait(self, device, sent):
-        """How long a gap is waited for before it counts as lost: λ, or λ + 7·rto for an uplink the device
+        """How long a gap is waited for before it counts as lost: λ, or λ + 3·rto for an uplink the device
         kept (sent, event time ``sent``, once the ``link`` had surely reached it)."""
         d = self.dev.get(device)
         if d is None or d[3] is None or sent < d[3] + self.net:

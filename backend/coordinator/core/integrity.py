@@ -8,7 +8,7 @@ due deadline (a heap, one entry per device and kind), never per device per call.
   above the highest seen opens a gap for every number skipped (and a heartbeat ``mark``, which repeats
   the latest number used, for its own number too); one inside a gap fills it (reordering, a resend);
   anything else is a duplicate. A gap still open after its wait (λ; λ + 7·rto for an uplink the device
-  keeps in ack mode, ``heartbeat``) is a lost uplink. The first gap on a device's link turns ack mode on.
+  keeps in ack mode, ``heartbeat``) is a lost uplink. The first gap seen turns ack mode on.
 * **Silence.** With a heartbeat (B per device, ``heartbeat``), a device that sends nothing for
   B + λ + margin is silent (a lost last report whose mark was lost too, a partition, a lost birth).
 * **Event time.** A report stamped ``t`` happened at a true time in [t − hi, t − lo], the bounds of the
@@ -94,8 +94,7 @@ class Integrity(Waits):
         for k in range(max(k0, k1 - WINDOW), k1):
             d["missing"][(d["high"] + k) & 0xFFFFFFFF] = (now + wait, after)
             self.stats["gaps"] += 1
-        if self.links.switch_on(device, now):
-            self.news["link"].append(device)
+        self.news["link"] += self.links.switch_on(device, now)
 
     # -- uplinks ---------------------------------------------------------------------------
     def accept(self, now, device, boot, seq, t, birth=False, mark=False):
