@@ -178,8 +178,9 @@ class Fleet:
                                          os.path.join(self.folder, "truth-%s.csv" % n), path)
         return [self.devices[n] for n in names]
 
-    def start(self, kind, name, source, boot=None):
-        """Start device ``name`` of ``kind`` with a ``source`` dict (``name``, ``kind`` walk|csv, ...) or a list."""
+    def start(self, kind, name, source, boot=None, skew=0.0):
+        """Start device ``name`` of ``kind`` with a ``source`` dict (``name``, ``kind`` walk|csv, ...) or a list;
+        ``skew``: its clock runs that many seconds ahead of the host's (edge.runtime.pump)."""
         sources = source if isinstance(source, list) else [source]
         if kind == "microbit":
             raise FleetError("micro:bits start with start_microbits (they share gateways)")
@@ -193,6 +194,8 @@ class Fleet:
                    "period": self.period, "width": self.width, "ground_truth": truth, "sources": sources}
             if boot is not None:
                 cfg["boot"] = boot
+            if skew:
+                cfg["clock_skew_ms"] = int(round(skew * 1000))
             path = os.path.join(self.folder, "%s.json" % name)
             with open(path, "w") as f:
                 json.dump(cfg, f)
@@ -204,6 +207,8 @@ class Fleet:
                      "width = %r" % self.width, "ground_truth = %s" % json.dumps(truth)]
             if boot is not None:
                 lines.append("boot = %d" % boot)
+            if skew:
+                lines.append("clock_skew = %r" % float(skew))
             lines += ["[broker]", 'host = "%s"' % self.broker.host, "port = %d" % self.broker.port,
                       "keepalive = %d" % self.keepalive]
             for src in sources:

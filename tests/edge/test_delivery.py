@@ -27,7 +27,7 @@ def test_a_mark_repeats_the_latest_number_and_is_stamped_when_data_is_complete()
 def test_ack_mode_resends_the_same_bytes_with_backoff_until_acknowledged():
     a = Agent("d", ["x"], width=1.0)
     session(a)
-    a.handle_message(0.0, ctl(a, "link", seq=2, rto=500))
+    a.handle_message(0.0, ctl(a, "link", seq=2, rto=500, guard=0))
     first = a.handle_sample(1.0, "x", 0.0)
     second = a.handle_sample(2.0, "x", 5.0)
     assert a.next_deadline() == 1.5
@@ -41,7 +41,7 @@ def test_ack_mode_resends_the_same_bytes_with_backoff_until_acknowledged():
     a.handle_message(3.1, ctl(a, "ack", seq=4, upto=s1 + 1, now=3100))
     assert a.delivery.held == [] and a.next_deadline() is None
     a.handle_sample(4.0, "x", 9.0)
-    a.handle_message(4.1, ctl(a, "link", seq=5, rto=0))     # ack mode off: nothing kept any more
+    a.handle_message(4.1, ctl(a, "link", seq=5, rto=0, guard=0))     # ack mode off: nothing kept any more
     assert a.delivery.held == [] and _up(a.handle_sample(5.0, "x", 20.0)) and a.delivery.held == []
 
 
@@ -71,3 +71,25 @@ def test_marks_wait_while_something_else_goes_out_and_resends_are_heard_as_uplin
     d.link(2)
     p = d.number(11, "report", {"src": 0, "epoch": 0, "t": 11.0, "v": 1.0, "why": 0})
     assert d.due(13, False, 13) == [p] and d.last == 13 and d.deadline() == 17
+
+
+def test_a_guard_reports_what_leaves_the_hull_of_the_bound_before_and_the_value():
+    a = Agent("d", ["x"], width=2.0)
+    session(a)
+    a.handle_message(0.0, ctl(a, "link", seq=2, rto=0, guard=300))     # 0.3 s
+    a.handle_sample(0.0, "x", 10.0)                      # first report: bound [9, 11], no guard yet
+    out = _up(a.handle_sample(1.0, "x", 11.5))           # leaves it: guarded; the backend states [9, 11.5]
+    assert out[0][1]["why"] == codec.WHY_EXIT | codec.GUARDED and a.guards[0] == (1.3, 9.0, 11.5)
+    assert a.handle_sample(1.1, "x", 11.0) == []         # inside the band [10.5, 12.5] and the hull
+    assert not a.filters[0].check(12.0)                  # inside the band, outside the hull: reported
+    assert _up(a.handle_sample(1.2, "x", 12.0))[0][1]["why"] == codec.WHY_EXIT | codec.GUARDED
+    assert a.guards[0] == (1.5, 9.0, 12.0)               # chained: the hull before it, not the band
+    assert a.handle_sample(1.6, "x", 12.4) == [] and 0 not in a.guards       # past the guard: the band only
+
+
+def test_without_a_guard_reports_are_not_flagged():
+    a = Agent("d", ["x"], width=2.0)
+    session(a)
+    a.handle_sample(0.0, "x", 10.0)
+    out = _up(a.handle_sample(1.0, "x", 11.5))
+    assert out[0][1]["why"] == codec.WHY_EXIT and a.guards == {}

@@ -7,8 +7,8 @@ epoch confirms that the device applied it; meanwhile ``known`` is the hull of bo
 current epoch confirms: an epoch the backend has not assigned yet is stale, not a confirmation.
 A report whose true time is uncertain (a device clock within ±σ, ``integrity``) keeps the mirrors from
 before it in ``prior`` until the latest instant it can have happened (``hold``/``release``); a guarded
-report (the device reports any reading leaving the hull of its bound before and the value, edge.agent)
-states meanwhile that hull instead of the whole new band (``tight``).
+report (the device reports any reading within its guard time that leaves the hull of its bound before and
+the value: edge.agent) states meanwhile the hull of every mirror before it and the value (``tight``).
 The mirror of a float32 device (birth capability CAP_F32) computes in float32 as the device does
 and pads what it states by one float32 step (edge.core.interval).
 
@@ -36,7 +36,7 @@ class Source:
         self.filt = LineFilter(width, (), epoch, f32 if single else None, single)
         self.old = []          # mirrors of states the device may still be in
         self.prior = []        # (until, mirror): states the device may have been in until then
-        self.tight = None      # (until, value): a guarded report's value, stated until then instead of the band
+        self.tight = None      # (until, lo, hi): a guarded report's hull, stated until then
         self.online = True
         self.clock = clock or [0]      # the cache's period counter (shared by every source)
         self._n, self._period = 0, self.clock[0]
@@ -98,12 +98,9 @@ class BoundCache:
         if s is None:
             return -math.inf, math.inf
         if s.tight is not None and s.tight[0] > self.now:
-            lo = hi = s.tight[1]
-            mirrors = [f for _, f in s.prior]
-        else:
-            lo, hi = self._known(s, s.filt)
-            mirrors = s.old + [f for _, f in s.prior] if s.prior else s.old
-        for f in mirrors:
+            return s.tight[1], s.tight[2]
+        lo, hi = self._known(s, s.filt)
+        for f in s.old + [f for _, f in s.prior] if s.prior else s.old:
             a, b = self._known(s, f)
             if a < lo:
                 lo = a
@@ -120,6 +117,9 @@ class BoundCache:
         if s is None:
             return 0, 1
         sure, maybe = 1, 0
+        if s.tight is not None and s.tight[0] > self.now:         # (as ``known``)
+            a, b = rng
+            return int(a <= s.tight[1] and s.tight[2] <= b), int(s.tight[2] >= a and s.tight[1] <= b)
         for f in [s.filt] + s.old + [f for _, f in s.prior]:       # (as ``known``: held states too)
             a, b = _member(f, rng)
             sure &= a
@@ -187,17 +187,27 @@ class BoundCache:
 
     def hold(self, key, until, tight=None):
         """Before a report that may have happened as late as ``until``: keep the current mirrors; ``tight``
-        (a guarded report's value): state it instead of the new band until then."""
+        (a guarded report's value): state until then the hull of it and of every mirror before it (a tight
+        hull in force and the band it stands for included: the device guards from its bound)."""
         s = self.sources[key]
-        s.prior += [(until, f.copy()) for f in [s.filt] + s.old]
-        s.tight = None if tight is None else (until, tight)
+        t = s.tight if s.tight is not None and s.tight[0] > self.now else None
+        s.tight = None
+        lo, hi = self.known(key)
+        if t is not None:
+            lo, hi = min(lo, t[1]), max(hi, t[2])
+        if tight is None:
+            if t is not None:       # the tight hull in force stays among the states
+                f = s.filt.copy()
+                f.set_bound(lo, hi, f.epoch)
+                s.prior.append((t[0], f))
+            s.prior += [(until, f.copy()) for f in [s.filt] + s.old]
+            return
+        s.tight = (max(until, t[0]) if t else until, min(lo, tight), max(hi, tight))
 
     def release(self, key, now):
         """Drop the held mirrors whose time is over by ``now``."""
         s = self.sources[key]
         s.prior = [(u, f) for u, f in s.prior if u > now]
-        if s.tight is not None and s.tight[0] <= now:
-            s.tight = None
 
     def _keep_old(self, s):
         s.old.append(s.filt.copy())

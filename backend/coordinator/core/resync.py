@@ -14,7 +14,6 @@ import heapq
 import math
 
 from backend.coordinator.core.integrity import CHECK, CONTROL, FILTER, LOST_STATE, RETRY
-from backend.coordinator.core.offsets import RESOLUTION
 from backend.coordinator.core.segments import before
 from edge.core.codec import NO_VALUE
 
@@ -73,7 +72,7 @@ class Resync:
             self._suspect(device, last)     # it lost its state after that report
         if m["v"] != NO_VALUE and m["hull"] > self.clock:     # it may have happened as late as that
             # a guarded report: until then the value was in the bound before it or at the reported value
-            tight = m.get("guarded") and m["hull"] - m["t"] <= 2 * ig.offsets.sigma + RESOLUTION
+            tight = m.get("guarded") and m["hull"] - m["t"] <= self.devices[device]["guard"]
             self.cache.hold(key, m["hull"], m["v"] if tight else None)
             self._later(m["hull"], device, "expire", {"key": key})
         return True
@@ -173,11 +172,16 @@ class Resync:
         else:
             self.assign_width(key, s.filt.width, confirm=confirm)
 
-    def _link(self, device):
-        """Tell ``device`` its resend timeout (ack mode, or 0) and its guard 2σ (GUARDED reports)."""
-        ig = self.integrity
+    def _link(self, device, guard=None):
+        """Tell ``device`` its resend timeout (ack mode, or 0) and its guard (GUARDED reports): 2σ after a
+        birth, then twice the uncertainty of its clock once that is known (``_deliver``). Only a smaller guard
+        is believed at once (the device may not have the new one yet: a larger one it does not keep is
+        unsound, a smaller one costs nothing)."""
+        ig, d = self.integrity, self.devices[device]
+        ms = round(2000 * ig.offsets.sigma) if guard is None else guard
+        d["guard"] = ms / 1000 if guard is None else min(d["guard"], ms / 1000)
         self.send(device, "link", {"rto": round(ig.links.rto * 1000) if ig.links.acking(device) else 0,
-                                   "guard": round(2000 * ig.offsets.sigma)})
+                                   "guard": ms})
 
     def _deliver(self, now, device, kind, new):
         """After an uplink from ``device`` (``new``: not a duplicate): acknowledge it in ack mode, switch a
@@ -205,6 +209,11 @@ class Resync:
                 d["acked"] = upto
                 ig.links.stats["acked"] += 1
                 self.send(device, "ack", {"upto": upto, "now": round(now * 1000)})
+        if d["guard"] > 0 and kind != "birth":       # the guard follows the clock's uncertainty down
+            lo, hi = ig.offsets.bounds(device, now)
+            want = math.ceil(2000 * (hi - lo)) + 2
+            if 4 * want <= 1000 * d["guard"]:
+                self._link(device, want)
         unclocked = not ig.clocked(device, now)
         if unclocked != (d["keys"] and d["keys"][0] in self.unclocked):
             for key in d["keys"]:

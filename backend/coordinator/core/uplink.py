@@ -37,11 +37,12 @@ class Uplink:
         if d is None:
             d = self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False,
                                         "to": 0, "single": False, "inc": None, "lines": False, "asked": None,
-                                        "rebirth": None, "unsent": {}, "gone": False, "acked": None}
+                                        "rebirth": None, "unsent": {}, "gone": False, "acked": None, "guard": 0.0}
         return d
 
     def handle_uplink(self, now, device, payload, retained=False):
         """Take one uplink payload from ``device``; ``retained`` marks a broker-retained birth."""
+        self.wall = now
         self._catch_up(now)        # lateness is judged against the ticks a per-period coordinator ran
         try:
             kind, m = codec.decode(payload)

@@ -86,7 +86,7 @@ class Vouch:
         for key in q.sources[:SCAN]:
             s = self.cache.sources.get(key)
             if s is not None:
-                held = held or bool(s.prior)
+                held = held or bool(s.prior) or s.tight is not None and s.tight[0] > self.cache.now
                 narrowing = narrowing or bool(s.old)
         causes = (["clock skew"] if held or (len(q.sources) > SCAN and self.integrity.offsets.sigma > 0) else []) \
             + (["a narrowing not confirmed yet"] if narrowing or len(q.sources) > SCAN else [])
