@@ -2,9 +2,12 @@
 Mosquitto, every answer checked against the agents' ground truth logs.
 
 * Agent clocks off by +20 ms and −50 ms (``edge.runtime.pump`` skew: the agent reads the host clock plus it,
-  its ground truth stays on the host clock) under the live coordinator's defaults (σ = LIVE_SKEW): nothing
-  is degraded once every source has a bound — no "clock skew", no "offline", no revocation — and no answer
-  misses the truth.
+  its ground truth stays on the host clock) under the live coordinator's defaults (σ = LIVE_SKEW): once
+  every source has a bound nothing says "clock skew" or "offline" and nothing is revoked; each clock's
+  measured bounds hold its offset; no answer misses the truth or is wider than its precision unflagged.
+  (A report's instant is uncertain by the round trip to its device whatever its offset, a clock off by 0
+  too: an answer during that is wider than the widths by the reading's overshoot, and says so until the
+  query's reserve has learned it; the share is printed.)
 * A hostile network between the coordinator and Mosquitto (``backend/live/netfault.py``: device messages
   lost, duplicated and reordered at the MQTT packet level, both ways) with the same skewed agents: no
   answer wrong unless degraded or withdrawn, none wider than its precision, every wrong provisional
@@ -43,8 +46,8 @@ def run(tmp_path, seconds, faults=None):
     proxy = Proxy((broker.host, broker.port)) if faults else None
     fleet = live = thread = None
     try:
-        specs = [{"id": "total", "kind": "sum", "sources": ["s_" + n for n in names], "precision": 4.0 * len(names)},
-                 {"id": "top", "kind": "max", "sources": ["s_m0", "s_c0"], "precision": 2.0}]
+        specs = [{"id": "total", "kind": "sum", "sources": ["s_" + n for n in names], "precision": 2.0 * len(names)},
+                 {"id": "top", "kind": "max", "sources": ["s_m0", "s_c0"], "precision": 1.0}]
         host = Host(protocol="adaptive", period=fc.PERIOD, latency=hostmod.LIVE_LATENCY, skew=hostmod.LIVE_SKEW,
                     t0=time.time(), declared=[s for q in specs for s in q["sources"]])
         answers = []
@@ -54,7 +57,7 @@ def run(tmp_path, seconds, faults=None):
         thread = live.start_thread()
         fleet = Fleet(broker, str(tmp_path / "fleet"), width=2.0, keepalive=5)
         for i, n in enumerate(names):
-            fleet.start("micropython" if n[0] == "m" else "cpython", n, walk_source("s_" + n, 50 + i, step=0.4),
+            fleet.start("micropython" if n[0] == "m" else "cpython", n, walk_source("s_" + n, 50 + i, step=0.5),
                         skew=SKEWS[n])
         fc.wait(lambda: fc.all_online(live, names), 30, "every device's birth",
                 lambda: fc.offline(live, fleet, broker, names))
@@ -84,15 +87,15 @@ def run(tmp_path, seconds, faults=None):
 
 
 def bounded_from(answers, qid):
-    """The time of ``qid``'s first answer that is not 'no bound yet' (start-up: sources not reported yet)."""
-    return min(a["time"] for a in answers if a["query"] == qid and not a.get("reason", "").startswith("no bound"))
+    """The time of ``qid``'s first answer not degraded (start-up: every source born, reported and settled)."""
+    return min(a["time"] for a in answers if a["query"] == qid and not a["degraded"])
 
 
 def figures(answers, specs, rows, end):
     """Per query: the simulator's provisional figures (backend/sim/withdrawal.py) and precision misses."""
     out = {}
-    wrong = {}
-    checked = checker.violations(specs, rows, answers, end, wrong)
+    rows = [r for r in rows if r[0] <= end]         # (the answers after ``end`` are not checked)
+    checked = checker.violations(specs, rows, answers, end)
     for q in specs:
         mine = [a for a in answers if a["query"] == q["id"] and a["time"] <= end]
         pub = [(a["time"], a["lo"], a["hi"], a["degraded"]) for a in mine]
@@ -122,8 +125,11 @@ def test_clocks_off_by_tens_of_ms_degrade_nothing(mosquitto, tmp_path):
         {q: {k: f[k] for k in ("instants", "degraded_share", "withdrawn_share", "violations")} for q, f in figs.items()},
         {d: tuple(round(x * 1000, 1) for x in live.coord.integrity.offsets.bounds(d, time.time())) for d in SKEWS}))
     for q in specs:
-        after = [a for a in answers if a["query"] == q["id"] and a["time"] > bounded_from(answers, q["id"])]
-        assert after and not [a for a in after if a["degraded"]], [a for a in after if a["degraded"]][:3]
+        after = [a for a in answers if a["query"] == q["id"] and bounded_from(answers, q["id"]) < a["time"] <= end]
+        bad = [a["reason"] for a in after if a["degraded"] and not a["reason"].startswith("wider than precision")]
+        wide = sum(a["degraded"] for a in after) / len(after)
+        print("%s: %.3f of the answers after start-up wider than δ while a report time was uncertain" % (q["id"], wide))
+        assert after and not bad and wide < 0.15, (bad[:5], wide)
         assert not any("revoked" in a for a in answers if a["query"] == q["id"])
         assert figs[q["id"]]["violations"] == 0 and figs[q["id"]]["precision_misses"] == 0
     for d, skew in SKEWS.items():           # each clock's bounds hold its lead
@@ -143,4 +149,5 @@ def test_a_hostile_network_between_coordinator_and_broker(mosquitto, tmp_path):
         assert f["withdraw_delay_max"] is None or f["withdraw_delay_max"] <= 5.0, (q, f)
         assert f["degraded_share"] + f["withdrawn_share"] <= 0.35, (q, f)
     assert ig.links.lossy is not None and ig.links.stats["acked"] > 0
-    assert not any("clock skew" in a.get("reason", "") for a in answers)
+    assert not any(a.get("reason", "").startswith("clock skew: ") or "; clock skew: " in a.get("reason", "")
+                   for a in answers)          # (the alarm: a clock known less well than ±σ)

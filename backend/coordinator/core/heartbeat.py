@@ -9,10 +9,14 @@
   the old B), the watchdog waits the old one. A number given as the setting fixes B for every device; 0
   turns marks and the watchdog off.
 * **Ack mode.** The first time a gap is seen on any device's link (the network loses or reorders), the
-  backend sends every device a ``link`` with a resend timeout rto = 2λ + RTO_MARGIN (a device born later
-  gets it with its birth) and acknowledges every uplink it hears; a device resends what is not
-  acknowledged after rto, 3·rto and 7·rto, so a gap of an uplink it kept is waited for λ + 3·rto (two
-  tries) from when it was seen before it counts as lost. On a clean network no device is switched on.
+  backend sends every device a ``link`` with a resend timeout rto (a device born later gets it with its
+  birth) and acknowledges every uplink it hears; a device resends what is not acknowledged after rto,
+  3·rto and 7·rto, so a gap of an uplink it kept is waited for λ + 3·rto (two tries) from when it was seen
+  before it counts as lost. rto is 2λ + RTO_MARGIN until the device's round trips are timed (a probe's
+  reply, a report acknowledging a control), then twice the longest of the last RTTS + RTO_MARGIN, at least
+  RTO_LEAST: a resend should arrive before the queue releases the time of the report it replaces, so it is
+  not even late. The gap wait uses the largest rto told since the device's birth (the device may not have
+  a smaller one yet). On a clean network no device is switched on.
 
 ``bound`` is what an answer states as ``withdraw_within``: the longest a wrong provisional answer over the
 device's sources can stand before it is withdrawn (a loss unseen for B, found by the mark or the watchdog,
@@ -24,7 +28,9 @@ LEAST = 1.0             # ... and at least this (s)
 MOST = 3600.0           # ... and at most an hour
 START = 30.0            # B before a device's uplinks have been timed
 RING = 32               # arrivals timed per device
-RTO_MARGIN = 0.05       # s added to the round trip 2λ for the resend timeout
+RTO_MARGIN = 0.05       # s added to the round trip for the resend timeout
+RTO_LEAST = 0.1         # s: the shortest resend timeout
+RTTS = 8                # round trips timed per device
 TRIES = 3               # a gap is waited for the device's first two resends (rto, 3·rto: edge.core.delivery)
 
 
@@ -37,7 +43,8 @@ class Heartbeats:
         self.margin = margin
         self.rto = 2 * net + RTO_MARGIN
         self.lossy = None               # when a gap was first seen on any link (ack mode for every device)
-        self.dev = {}                   # device -> [B told, B waited, arrivals, ack mode since or None, told when]
+        # device -> [B told, B waited, arrivals, ack mode since or None, B told when, rto told, rto waited, rtts]
+        self.dev = {}
         self.stats = {"acked": 0, "links": 0, "beats": 0}
 
     def first(self):
@@ -48,7 +55,7 @@ class Heartbeats:
         d = self.dev.get(device)
         if d is None:
             b = self.first()
-            d = self.dev[device] = [b, b, [], self.lossy, None]
+            d = self.dev[device] = [b, b, [], self.lossy, None, self.rto, self.rto, []]
         return d
 
     def beat(self, device):
@@ -107,7 +114,29 @@ class Heartbeats:
         d = self.dev.get(device)
         if d is None or d[3] is None or sent < d[3] + self.net:
             return self.latency
-        return self.latency + TRIES * self.rto
+        return self.latency + TRIES * d[6]
+
+    def timeout(self, device):
+        """The resend timeout to tell ``device`` (recorded as told)."""
+        d = self._d(device)
+        d[6] = max(d[6], d[5])
+        return d[5]
+
+    def born(self, device):
+        """A birth: from now on the device waits what it is told next (a reboot forgot the rest)."""
+        d = self._d(device)
+        d[6] = d[5]
+
+    def timed(self, device, rtt):
+        """A round trip of ``rtt`` s to ``device`` and back; True when its rto is to be told anew."""
+        d = self._d(device)
+        d[7].append(rtt)
+        del d[7][:-RTTS]
+        want = min(max(2 * max(d[7]) + RTO_MARGIN, RTO_LEAST), self.rto)
+        if not (want < 0.5 * d[5] or want > 1.5 * d[5]):
+            return False
+        d[5] = want
+        return d[3] is not None
 
     def bound(self, b):
         """The longest a wrong provisional answer over a device of heartbeat ``b`` stands (an answer's

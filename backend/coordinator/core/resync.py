@@ -15,7 +15,7 @@ import math
 
 from backend.coordinator.core.integrity import CHECK, CONTROL, FILTER, LOST_STATE, RETRY
 from backend.coordinator.core.segments import before
-from edge.core.codec import NO_VALUE
+from edge.core.codec import NO_VALUE, WHY_ASSIGN
 
 UP = -1         # the coordinator's event order of uplinks within one timestamp
 ECHO = 0xFFFF   # the probe id of a request for a clock echo (its reply bounds the clock's lead from above)
@@ -38,7 +38,7 @@ class Resync:
         self.rx[device] = (boot, m["seq"])
         d = self.devices.get(device)
         if d is not None and stamped and kind in ("report", "reply", "line") and m["src"] < len(d["keys"]):
-            ig.echo(device, d["keys"][m["src"]], m["epoch"], m["t"], m.get("probe"))
+            ig.echo(device, d["keys"][m["src"]], m["epoch"], m["t"], now, m.get("probe"), m.get("why") == WHY_ASSIGN)
         if kind in ("report", "reply", "line", "birth"):
             m["hull"] = ig.cover(device, m["t"]) if stamped else now
             m.setdefault("boot", rx[0] if rx else None)
@@ -180,7 +180,7 @@ class Resync:
         ig, d = self.integrity, self.devices[device]
         ms = round(2000 * ig.offsets.sigma) if guard is None else guard
         d["guard"] = ms / 1000 if guard is None else min(d["guard"], ms / 1000)
-        self.send(device, "link", {"rto": round(ig.links.rto * 1000) if ig.links.acking(device) else 0,
+        self.send(device, "link", {"rto": round(ig.links.timeout(device) * 1000) if ig.links.acking(device) else 0,
                                    "guard": ms})
 
     def _deliver(self, now, device, kind, new):

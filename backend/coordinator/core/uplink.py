@@ -133,6 +133,7 @@ class Uplink:
             d["online"], d["gone"] = False, False
             self._set_online(device, True)
             self.send_config(device)
+            self.integrity.links.born(device)
             if self.integrity.links.acking(device) or self.integrity.offsets.sigma > 0:    # (a reboot forgets it)
                 self._link(device)
         for i, rec in enumerate(m["sources"], m["first"]):

@@ -30,12 +30,15 @@ class Waits:
         if wall is not None:
             self.left[key] = (epoch, wall)
 
-    def echo(self, device, key, epoch, t, probe=None):
-        """A report of ``key`` stamped ``t`` (device s) carrying ``epoch`` (or a reply to ``probe``): if a
-        downlink assigned that epoch (asked that probe), the device sent it after that left."""
+    def echo(self, device, key, epoch, t, now, probe=None, prompt=False):
+        """A report of ``key`` stamped ``t`` (device s) carrying ``epoch`` (or a reply to ``probe``) heard at
+        ``now``: if a downlink assigned that epoch (asked that probe), the device sent it after that left;
+        if it answered at once (a reply, or ``prompt``: a report acknowledging it), it timed a round trip."""
         at = self.left.pop(("probe", key) if probe is not None else key, None)
         if at is not None and at[0] == (epoch if probe is None else probe):
             self.offsets.echoed(device, t, at[1])
+            if (probe is not None or prompt) and self.links.timed(device, now - at[1]):
+                self.news["link"].append(device)
 
     def unconfirmed(self, key, epoch, t):
         """Whether a report of ``key`` stamped ``t`` (event time) still carries an epoch older than a

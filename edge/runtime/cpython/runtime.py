@@ -124,7 +124,8 @@ class Runtime:
             self.client.disconnect()
         if self.truth is not None:
             self.truth.close()
-        stats = dict(self.agent.stats, outbox=len(self.pump.outbox), outbox_dropped=self.pump.outbox.dropped)
+        stats = dict(self.agent.stats, outbox=len(self.pump.outbox), outbox_dropped=self.pump.outbox.dropped,
+                     **self.agent.delivery.stats)
         print(json.dumps({"stats": stats}), flush=True)
 
 

@@ -95,6 +95,7 @@ def main(path, hook=None, more_inputs=None, synced=None):
     stats = {"outbox": len(pump.outbox), "outbox_dropped": pump.outbox.dropped, "inbox_overflows": link.overflows,
              "link_failures": link.failures, "heap_free": gc.mem_free(), "heap_used": gc.mem_alloc(), "heap_peak": peak}
     stats.update(agent.stats)
+    stats.update(agent.delivery.stats)
     # counters first: saying goodbye waits for the broker's PUBACK, which a loaded broker may not send
     # before the launcher's stop timeout
     print(json.dumps({"stats": stats}))
