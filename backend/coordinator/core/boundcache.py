@@ -204,6 +204,19 @@ class BoundCache:
             return
         s.tight = (max(until, t[0]) if t else until, min(lo, tight), max(hi, tight))
 
+    def widen(self, key, v):
+        """A report of ``v`` that a newer one superseded arrived late: while that newer one's instant is
+        uncertain the value may still have been in ``v``'s band (its bound before did not know it)."""
+        s = self.sources[key]
+        f = max([s.filt] + s.old, key=lambda g: g.width).copy()
+        f.recenter(v)
+        lo, hi = f.known()
+        if s.tight is not None and s.tight[0] > self.now:
+            s.tight = (s.tight[0], min(s.tight[1], lo), max(s.tight[2], hi))
+        until = max([u for u, _ in s.prior] + [self.now])
+        if until > self.now:
+            s.prior.append((until, f))
+
     def release(self, key, now):
         """Drop the held mirrors whose time is over by ``now``."""
         s = self.sources[key]

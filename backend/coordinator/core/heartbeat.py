@@ -2,10 +2,12 @@
 
 * **Heartbeat B.** A device silent for B sends a ``mark`` (edge.core.delivery); the backend finds a lost
   last report from the mark's number and a device gone quiet when nothing comes for B + λ + margin. By
-  default B is per device, ``AUTO`` × the mean interval between its numbered uplinks (the current silence
-  included), at least max(10·λ, 1 s) and at most an hour, rounded to a power of 2 s; the device is told
-  (in its ``config``) when its B moves by more than 2×, so a talking device never sends a mark and a quiet
-  one sends few. Until a smaller B has surely reached the device (λ after its next uplink heard past
+  default B is per device, ``AUTO`` × the mean interval between the instants it was heard sending numbered
+  uplinks (uplinks less than ``DISTINCT`` apart are one instant; the current silence included), at least
+  max(10·λ, LEAST) and at most a week, rounded to a power of 2 s; the device is told (in its ``config``)
+  when that is more than twice its B (it has been quiet: fewer marks) or, once the network has shown a
+  gap, less than a quarter of it (it talks: a loss is found sooner; on a clean network not worth a
+  downlink), so a talking device never sends a mark and a quiet one sends few. Until a smaller B has surely reached the device (λ after its next uplink heard past
   the old B), the watchdog waits the old one. A number given as the setting fixes B for every device; 0
   turns marks and the watchdog off.
 * **Ack mode.** The first time a gap is seen on any device's link (the network loses or reorders), the
@@ -24,8 +26,9 @@ and the wait for a resend that never comes).
 """
 AUTO = 4.0              # B = AUTO × mean interval between uplinks
 FLOOR = 10.0            # ... at least FLOOR·λ
-LEAST = 1.0             # ... and at least this (s)
-MOST = 3600.0           # ... and at most an hour
+LEAST = 4.0             # ... and at least this (s)
+DISTINCT = 0.05         # s: uplinks heard closer than this are one instant (several sources reporting a reading)
+MOST = 7 * 86400.0      # ... and at most a week (an hourly B would out-talk a device reading daily)
 START = 30.0            # B before a device's uplinks have been timed
 RING = 32               # arrivals timed per device
 RTO_MARGIN = 0.05       # s added to the round trip for the resend timeout
@@ -75,7 +78,7 @@ class Heartbeats:
         if d[1] != d[0] and now >= d[4] + d[1] + self.latency:
             d[1] = d[0]             # past the old B: the config telling the new one has reached it
         ring = d[2]
-        if numbered:
+        if numbered and not (ring and now - ring[-1] < DISTINCT):
             ring.append(now)
             if len(ring) > RING:
                 del ring[0]
@@ -83,7 +86,7 @@ class Heartbeats:
             return was, False
         mean = (now - ring[0]) / (len(ring) - (0 if now > ring[-1] else 1))
         raw = min(max(AUTO * mean, FLOOR * self.latency, LEAST), MOST)
-        if raw > 2 * d[0] or 2 * raw < d[0]:        # (the B told is a power of 2: a band of 4× holds it)
+        if raw > 2 * d[0] or (4 * raw < d[0] and self.lossy is not None):     # (B is a power of 2)
             b = d[0] = _pow2(raw)
             d[4] = now
             d[1] = max(d[1], b)

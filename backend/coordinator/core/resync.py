@@ -58,6 +58,9 @@ class Resync:
         long enough before, flags the device; a report from a skewed clock holds the prior bound."""
         ig = self.integrity
         if ig.superseded(device, m["boot"], m["src"], m["seq"]):
+            if m["v"] != NO_VALUE:
+                self.cache.widen(key, m["v"])       # (the newer one's hold did not know its bound)
+                self._touch(key)
             return False
         if ig.answered(device, key, m["epoch"]) | ("probe" in m and ig.answered(device, ("probe", key), m["probe"])):
             self._trust(device)         # the control it was suspect for is in force
