@@ -177,13 +177,18 @@ class BoundCache:
             self.refresh(s, t)
         return keys
 
-    def shrink(self, s_frac):
+    def shrink(self, s_frac, hold=None):
+        """A periodic shrink; ``hold``: {key: until} whose mirrors from before it stay in force until then."""
+        kept = {key: [(until, f.copy()) for f in [self.sources[key].filt] + self.sources[key].old]
+                for key, until in (hold or {}).items()}
         for s in self.sources.values():
             s.filt.shrink(s_frac)
             for f in s.old:
                 f.shrink(s_frac)
             for _, f in s.prior:
                 f.shrink(s_frac)
+        for key, prior in kept.items():
+            self.sources[key].prior += prior
 
     def hold(self, key, until, tight=None):
         """Before a report that may have happened as late as ``until``: keep the current mirrors; ``tight``

@@ -293,7 +293,7 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
             if tick_t == t:
                 self.tick += 1
                 if self.shrink:
-                    self.cache.shrink(self.shrink)
+                    self.cache.shrink(self.shrink, self._shrink_hold(t))
                     self.dirty_src.update(dict.fromkeys(self.cache.sources))
                 self.protocol.period(self, t)
                 for key in self.models.off_since:    # offline widening grows with time

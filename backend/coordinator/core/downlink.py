@@ -80,7 +80,7 @@ class Downlink:
         """It left by ``at`` (event time + λ, or the echo), the adapter's clock reading ``wall`` at most."""
         if type(what) is not tuple:
             self.integrity.sent(what, token, at - self.latency, unsafe, wall)
-        else:
+        elif self.integrity.left.get(what, (None,))[0] != token:   # (asked again: a reply may answer the first)
             self.integrity.left[what] = (token, wall)       # a reply comes after it (offsets)
         if wait is not None:
             self.integrity.expect(device, what, token, at, *wait)

@@ -82,9 +82,10 @@ class Heartbeats:
             ring.append(now)
             if len(ring) > RING:
                 del ring[0]
-        if not self.auto or len(ring) < 2:
+        n = len(ring) - (0 if ring and now - ring[-1] >= DISTINCT else 1)     # intervals timed (the silence too)
+        if not self.auto or n < 1:
             return was, False
-        mean = (now - ring[0]) / (len(ring) - (0 if now > ring[-1] else 1))
+        mean = (now - ring[0]) / n
         raw = min(max(AUTO * mean, FLOOR * self.latency, LEAST), MOST)
         if raw > 2 * d[0] or (4 * raw < d[0] and self.lossy is not None):     # (B is a power of 2)
             b = d[0] = _pow2(raw)

@@ -91,6 +91,20 @@ class Resync:
             return False
         return True
 
+    def _shrink_hold(self, t):
+        """A periodic shrink at tick ``t``: a device whose clock may be behind shrinks as late as t − lo
+        (its clock's lower bound): until then the mirror keeps its bound from before the shrink too.
+        Returns {key: until} for ``BoundCache.shrink``."""
+        hold = {}
+        if self.integrity.offsets.sigma <= 0:
+            return hold
+        for key, s in self.cache.sources.items():
+            until = self.integrity.cover(s.device, t)
+            if until > t:
+                hold[key] = until
+                self._later(until, s.device, "expire", {"key": key})
+        return hold
+
     def _later(self, t, device, kind, m):
         self.n += 1
         heapq.heappush(self.queue, (t, UP, self.n, device, kind, m))
