@@ -75,7 +75,7 @@ class Resync:
             self._suspect(device, last)     # it lost its state after that report
         if m["v"] != NO_VALUE and m["hull"] > self.clock:     # it may have happened as late as that
             # a guarded report: until then the value was in the bound before it or at the reported value
-            tight = m.get("guarded") and m["hull"] - m["t"] <= self.devices[device]["guard"]
+            tight = m.get("guarded") and m["hull"] - m["t"] <= (self.devices[device]["guard"] or 0.0)
             self.cache.hold(key, m["hull"], m["v"] if tight else None)
             self._later(m["hull"], device, "expire", {"key": key})
         return True
@@ -163,6 +163,10 @@ class Resync:
         if s is None or s.device != device:
             return
         self.integrity.stats["resent"] += 1
+        if tries == 0:      # the device may have dropped it waiting for a config that was lost: both again
+            self.send_config(device)
+            if self.integrity.links.acking(device) or self.integrity.offsets.sigma > 0:
+                self._link(device)
         if type(what) is tuple:         # a probe or its reply lost: ask again, same id
             self.probe(key, token, tries + 1)
         elif stage == RETRY:            # the mirror covers its loss: send it again
@@ -191,12 +195,13 @@ class Resync:
 
     def _link(self, device, guard=None):
         """Tell ``device`` its resend timeout (ack mode, or 0) and its guard (GUARDED reports): 2σ after a
-        birth, then twice the uncertainty of its clock once that is known (``_deliver``). Only a smaller guard
-        is believed at once (the device may not have the new one yet: a larger one it does not keep is
-        unsound, a smaller one costs nothing)."""
+        birth, then twice the uncertainty of its clock once that is known (``_deliver``), the same again when
+        a control went unanswered. The smallest guard told is what is believed (the device may not have a
+        later, larger one: believing that is unsound; a device that has a larger one reports more)."""
         ig, d = self.integrity, self.devices[device]
-        ms = round(2000 * ig.offsets.sigma) if guard is None else guard
-        d["guard"] = ms / 1000 if guard is None else min(d["guard"], ms / 1000)
+        ms = (round(2000 * ig.offsets.sigma) if d["guard"] is None else round(1000 * d["guard"])) if guard is None \
+            else guard
+        d["guard"] = ms / 1000 if d["guard"] is None else min(d["guard"], ms / 1000)
         self.send(device, "link", {"rto": round(ig.links.timeout(device) * 1000) if ig.links.acking(device) else 0,
                                    "guard": ms})
 
@@ -226,7 +231,7 @@ class Resync:
                 d["acked"] = upto
                 ig.links.stats["acked"] += 1
                 self.send(device, "ack", {"upto": upto, "now": round(now * 1000)})
-        if d["guard"] > 0 and kind != "birth":       # the guard follows the clock's uncertainty down
+        if d["guard"] and kind != "birth":          # the guard follows the clock's uncertainty down
             lo, hi = ig.offsets.bounds(device, now)
             want = math.ceil(2000 * (hi - lo)) + 2
             if 4 * want <= 1000 * d["guard"]:

@@ -37,7 +37,7 @@ class Uplink:
         if d is None:
             d = self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False,
                                         "to": 0, "single": False, "inc": None, "lines": False, "asked": None,
-                                        "rebirth": None, "unsent": {}, "gone": False, "acked": None, "guard": 0.0}
+                                        "rebirth": None, "unsent": {}, "gone": False, "acked": None, "guard": None}
         return d
 
     def handle_uplink(self, now, device, payload, retained=False):

@@ -67,7 +67,7 @@ class Vouch:
             fields["heartbeat"] = b
             fields["withdraw_within"] = self.integrity.links.bound(b)
         if fields["degraded"] or "lo" not in fields or fields.get("guarantee") == "probabilistic" \
-                or q.kind not in ("sum", "avg", "min", "max") or "lag" in q.extra:
+                or q.kind not in ("sum", "avg", "min", "max", "count") or "lag" in q.extra:
             return
         lo, hi = fields["lo"], fields["hi"]
         if self.reserve.observe(q, t, hi - lo):
