@@ -19,6 +19,7 @@ returns ``[(channel, payload)]``. Bad items and messages are counted, never rais
 import struct
 
 from edge.core import codec
+from edge.core.delivery import Delivery
 from edge.core.sketch import HCount, check_item
 
 INF = float("inf")
@@ -125,7 +126,7 @@ class RelayNode:
             raise ValueError("relay sum_rule must be 'derived' (η·S_r/S_f) or 'paper' (η·S_f/S_r)")
         self.sum_rule = sum_rule
         self.boot = boot
-        self.seq = 0
+        self.delivery = Delivery(16)    # numbers, heartbeat marks (config.beat), ack mode (edge.core.delivery)
         self.queries = {}               # querying-metadata: qid -> (tb, te, agg, η)
         self.fdi = {}                   # k -> [f_e, f_r]
         self.t0 = self.tb = self.te = None
@@ -137,14 +138,14 @@ class RelayNode:
 
     # -- outgoing -------------------------------------------------------------------
     def _blob(self, t, tag, data):
-        self.seq = (self.seq + 1) & 0xFFFFFFFF
-        return ("up", codec.encode("blob", {"src": 0, "seq": self.seq, "t": t, "tag": tag, "data": data}))
+        return ("up", self.delivery.number(t, "blob", {"src": 0, "t": t, "tag": tag, "data": data}))
 
     def _birth(self, now):
-        self.seq = (self.seq + 1) & 0xFFFFFFFF
-        return ("state", codec.encode("birth", {
-            "seq": self.seq, "t": now, "boot": self.boot, "fw": FIRMWARE, "caps": CAP_RELAY, "first": 0,
-            "sources": [{"name": self.device, "epoch": 0, "width": INF, "v": INF}]}))
+        out = ("state", self.delivery.number(now, "birth", {
+            "t": now, "boot": self.boot, "fw": FIRMWARE, "caps": CAP_RELAY, "first": 0,
+            "sources": [{"name": self.device, "epoch": 0, "width": INF, "v": INF}]}, False))
+        self.delivery.born(now)
+        return out
 
     def start(self, now):
         self.t0 = self.tb = self.th = now
@@ -170,15 +171,16 @@ class RelayNode:
         return end
 
     def next_deadline(self):
+        t = self.delivery.deadline()
         if self.te is None or self.te == INF:
-            return None
-        return self.te + self.lag
+            return t
+        return self.te + self.lag if t is None else min(t, self.te + self.lag)
 
     def handle_timer(self, now):
         out = []
         while self.te is not None and self.te != INF and now >= self.te + self.lag:
             out.extend(self._close())
-        return out
+        return out + [("up", p) for p in self.delivery.due(now, bool(out), now)]
 
     def correct_factor(self, tb, te):
         """δ for the lifetime (tb, te]: Theorem 1 (COUNT) and Theorem 2 (SUM) for each overlapping query."""
@@ -282,8 +284,14 @@ class RelayNode:
             return []
         if kind == "rebirth":
             return [self._birth(now)]
+        if kind == "config" or kind == "setup":
+            self.delivery.beat = m["beat"] / 1000
+        elif kind == "link":
+            self.delivery.link(m["rto"] / 1000)
+        elif kind == "ack":
+            self.delivery.acked(m["upto"])
         if kind != "moq":
-            return []                           # config and the like do not concern a relay
+            return []                           # widths and the like do not concern a relay
         if m["op"] == 0:
             self.queries.pop(m["qid"], None)
             return []
