@@ -137,8 +137,9 @@ class RelayNode:
                       "late": 0, "bad_items": 0, "bad_messages": 0}
 
     # -- outgoing -------------------------------------------------------------------
-    def _blob(self, t, tag, data):
-        return ("up", self.delivery.number(t, "blob", {"src": 0, "t": t, "tag": tag, "data": data}))
+    def _blob(self, now, t, tag, data):
+        """A body stamped ``t`` sent at ``now`` (the delivery's clock: heartbeat and resend times)."""
+        return ("up", self.delivery.number(now, "blob", {"src": 0, "t": t, "tag": tag, "data": data}))
 
     def _birth(self, now):
         out = ("state", self.delivery.number(now, "birth", {
@@ -179,8 +180,11 @@ class RelayNode:
     def handle_timer(self, now):
         out = []
         while self.te is not None and self.te != INF and now >= self.te + self.lag:
-            out.extend(self._close())
-        return out + [("up", p) for p in self.delivery.due(now, bool(out), now)]
+            out.extend(self._close(now))
+        # a mark proves the data complete through the last closed lifetime (frequent items are only counted
+        # until their correct body) and, for items forwarded raw, through now − lag (the sensor hop's delay)
+        done = now - self.lag if self.tb is None or not self.fdi else min(self.tb, now - self.lag)
+        return out + [("up", p) for p in self.delivery.due(now, bool(out), done)]
 
     def correct_factor(self, tb, te):
         """δ for the lifetime (tb, te]: Theorem 1 (COUNT) and Theorem 2 (SUM) for each overlapping query."""
@@ -193,7 +197,7 @@ class RelayNode:
                     d = min(d, eta * (self.sr / self.sf if self.sum_rule == "derived" else self.sf / self.sr))
         return d
 
-    def _close(self):
+    def _close(self, now):
         tb, te = self.tb, self.te
         # Generate-Crb (Algorithm 3)
         delta = self.correct_factor(tb, te)
@@ -202,7 +206,7 @@ class RelayNode:
             fe, fr = self.fdi[k]
             if abs(fe - fr) > delta * fr:
                 recs.append((k, fr - fe))
-        out = [self._blob(te, TAG_CRB, d) for d in encode_bodies(TAG_CRB, (tb, delta), recs)]
+        out = [self._blob(now, te, TAG_CRB, d) for d in encode_bodies(TAG_CRB, (tb, delta), recs)]
         self.stats["crb"] += len(recs)
         self.stats["lifetimes"] += 1
         for qid in [q for q, v in self.queries.items() if v[1] <= te]:
@@ -219,7 +223,7 @@ class RelayNode:
                     self.fdi[k] = [c, 0]
                     prb.append((k, c))
             if prb:
-                out.extend(self._blob(te, TAG_PRB, d) for d in encode_bodies(TAG_PRB, nxt, prb))
+                out.extend(self._blob(now, te, TAG_PRB, d) for d in encode_bodies(TAG_PRB, nxt, prb))
                 self.stats["prb"] += len(prb)
         # Processing-within-Tp (Algorithm 2) starts afresh
         self.sketch.clear()
@@ -259,7 +263,7 @@ class RelayNode:
                     self.stats["filtered"] += 1
                     return []
         self.stats["raw"] += 1
-        return [self._blob(t, TAG_RAW, encode_raw(k))]
+        return [self._blob(now, t, TAG_RAW, encode_raw(k))]
 
     def handle_sensor(self, now, payload):
         """A sensor's uplink payload: a ``blob`` carrying one raw item body."""

@@ -83,8 +83,11 @@ def test_a_guard_reports_what_leaves_the_hull_of_the_bound_before_and_the_value(
     assert a.handle_sample(1.1, "x", 11.0) == []         # inside the band [10.5, 12.5] and the hull
     assert not a.filters[0].check(12.0)                  # inside the band, outside the hull: reported
     assert _up(a.handle_sample(1.2, "x", 12.0))[0][1]["why"] == codec.WHY_EXIT | codec.GUARDED
-    assert a.guards[0] == (1.5, 9.0, 12.0)               # chained: the hull before it, not the band
-    assert a.handle_sample(1.6, "x", 12.4) == [] and 0 not in a.guards       # past the guard: the band only
+    # from its bound [10.5, 12.5] (what the backend states includes it: BoundCache.hold), not the guard before
+    assert a.guards[0] == (1.5, 10.5, 12.5)
+    assert not a.filters[0].check(12.7) and _up(a.handle_sample(1.3, "x", 12.7))     # in the band, not the hull
+    assert a.guards[0] == (1.6, 11.0, 13.0)
+    assert a.handle_sample(1.7, "x", 12.4) == [] and 0 not in a.guards       # past the guard: the band only
 
 
 def test_without_a_guard_reports_are_not_flagged():
