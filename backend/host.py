@@ -17,14 +17,21 @@ import json
 import math
 from itertools import islice
 
+from backend.coordinator.core.admission import RATE, registry_owners
 from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.core.queries import QueryError
 from backend.coordinator.protocols import make
 
 
-# The settings every driver accepts, with the one set of defaults (T and S of Olston et al. §3.1).
-SETTINGS = {"protocol": "deadband", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": None,
-            "skew": 0.0, "t0": None, "params": None, "models": None, "echo": False}
+# The settings every driver accepts, with the one set of defaults (T and S of Olston et al. §3.1). The
+# protocol is the product's, adaptive, for every live driver; a simulator workload names its own (its
+# default stays deadband, ``backend.sim.workload``: a workload file is an experiment record).
+SETTINGS = {"protocol": "adaptive", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": None,
+            "skew": 0.0, "t0": None, "params": None, "models": None, "echo": False, "registry": None,
+            "rate": RATE}
+# ``registry``: a credentials.json whose ``sources`` ({device: [source, ...]}, written by ``quietfleet broker``
+# and ``quietfleet fleet``) say which device may name which source in its birth; ``rate``: the messages/s a
+# device may send before it is quarantined (0: no limit). Both: coordinator/core/admission.py.
 # Filter models devices may use (edge.core.predict): the setting ``models`` or ``params.models``; None
 # takes ``DEFAULT_MODELS``. "choose" picks constant or linear per source online by measured cost.
 MODELS = {"constant": 1, "linear": 2, "choose": 3}
@@ -42,6 +49,9 @@ LIVE_BEAT = None
 # NTP keeps real devices within tens of ms.
 LIVE_SKEW = 0.1
 LIVE_SETTINGS = ("protocol", "period", "shrink", "latency", "beat", "models", "skew")
+# How a spec's error begins while its sources are not born yet: a state (logged at INFO), not a refusal.
+WAITING = "waiting for sources"
+
 
 def settings(given=None, **overrides):
     """Complete settings: ``SETTINGS`` updated by ``given`` and ``overrides``; unknown keys are an error."""
@@ -51,7 +61,7 @@ def settings(given=None, **overrides):
             if key not in SETTINGS:
                 raise ValueError("unknown setting %r (have: %s)" % (key, ", ".join(SETTINGS)))
             s[key] = value
-    for key in ("period", "shrink", "latency", "skew") + (("t0",) if s["t0"] is not None else ()) \
+    for key in ("period", "shrink", "latency", "skew", "rate") + (("t0",) if s["t0"] is not None else ()) \
             + (("beat",) if s["beat"] is not None else ()):
         v = s[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -62,6 +72,8 @@ def settings(given=None, **overrides):
     if s["params"] and "models" in s["params"]:       # every driver passes params: models may ride there
         s["params"] = dict(s["params"])
         s["models"] = s["params"].pop("models")
+    if s["rate"] < 0 or not isinstance(s["registry"] or "", str):
+        raise ValueError("setting rate must be at least 0 and registry a path, got %r, %r" % (s["rate"], s["registry"]))
     if s["models"] is not None and s["models"] not in MODELS:
         raise ValueError("setting models must be one of %s, got %r" % (", ".join(MODELS), s["models"]))
     return s
@@ -82,7 +94,22 @@ def build(given=None, **overrides):
         raise ValueError("protocol %s: %s" % (s["protocol"], e))
     return Coordinator(protocol, period=s["period"], shrink=s["shrink"] if protocol.shrinks else 0.0,
                        latency=s["latency"], beat=s["beat"], t0=s["t0"] or 0.0,
-                       models=MODELS[s["models"] or DEFAULT_MODELS], skew=s["skew"], echo=bool(s["echo"]))
+                       models=MODELS[s["models"] or DEFAULT_MODELS], skew=s["skew"], echo=bool(s["echo"]),
+                       owners=owners(s["registry"]), rate=s["rate"])
+
+
+def owners(registry):
+    """``{source: device}`` from a registry file (``SETTINGS``), or None without one."""
+    if not registry:
+        return None
+    try:
+        with open(registry) as f:
+            sources = json.load(f).get("sources") or {}
+        if not isinstance(sources, dict) or not all(isinstance(v, list) for v in sources.values()):
+            raise ValueError("its sources must be {device: [source, ...]}")
+        return registry_owners(sources)
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError("registry %s: %s" % (registry, e))
 
 
 def new_incarnation(now, previous=None):
@@ -172,6 +199,11 @@ class Host:
     def next_deadline(self):
         return self.coord.next_deadline()
 
+    def alerts(self):
+        """Warnings since the last call, one line each (device, reason): refused sources, conflicts, bad
+        messages, floods, implausible times and values (``coordinator.core.admission``), rate-limited."""
+        return self.coord.admission.drain()
+
     def link_lost(self, now):
         """The driver lost its broker (the live client's disconnect, the bridge's ``link`` record): blind
         until ``link_restored``, every device counts as gone at ``now - λ``, so answers degrade as the
@@ -221,6 +253,8 @@ class Host:
         now = self._clock(now)
         if not isinstance(qid, str) or not qid:
             return self._bad(qid, "a query needs a non-empty string id, got %r" % (qid,))
+        if self._same(qid, spec):
+            return []                       # the spec it runs (a retained spec again after a reconnect)
         out = self._remove(now, qid)
         if self._empty(spec):
             return out + [("retract", qid)]
@@ -246,6 +280,18 @@ class Host:
             return self._bad(qid, str(e))
         self.specs[qid]["precision"] = precision
         return out
+
+    def _same(self, qid, spec):
+        """Whether ``spec`` (dict or JSON text) is exactly the spec query ``qid`` runs or waits with."""
+        have = self.specs.get(qid) or self.pending.get(qid)
+        if have is None or self._empty(spec):
+            return False
+        if isinstance(spec, (bytes, bytearray, str)):
+            try:
+                spec = json.loads(spec)
+            except ValueError:
+                return False
+        return isinstance(spec, dict) and dict(spec, id=spec.get("id", qid)) == have
 
     @staticmethod
     def _empty(spec):
@@ -276,7 +322,7 @@ class Host:
         if missing:
             self.pending[qid] = spec
             self._left[qid] = missing[::-1]
-            return [("error", qid, "waiting for sources %s to be born" % ", ".join(missing[:5]))]
+            return [("error", qid, "%s %s to be born" % (WAITING, ", ".join(missing[:5])))]
         try:
             out = self.coord.add_query(spec, self.event_time(now))
         except QueryError as e:
@@ -338,6 +384,10 @@ def digest(host, sources=True, queries=True):
          "sources_known": len(coord.cache.sources), "online": coord.cache.up}
     if queries:
         d["queries"] = {qid: coord.last.get(qid) for qid in sorted(coord.queries)}
+    flagged = coord.admission.devices
+    d["offenders"] = {dev: dict(flagged[dev]) for dev in sorted(flagged, key=lambda k: (-sum(flagged[k].values()), k))[:20]}
+    d["in_quarantine"] = sorted(coord.admission.until)
+    d["contested"] = {k: list(v) for k, v in coord.admission.contested.items()}
     if host is not coord:
         d.update(records=host.records, pending=sorted(host.pending), host_stats=dict(host.stats),
                  protocol=host.settings["protocol"], now=host.now if math.isfinite(host.now) else None)

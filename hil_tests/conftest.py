@@ -43,7 +43,7 @@ def hil(port, tmp_path_factory):
     host = os.environ.get("QF_BROKER_HOST", "127.0.0.1")
     broker = Broker(str(d / "broker"), "h", ["hil"], host=host).start()
     cfg = {"fleet": "h", "device": "hil", "password": broker.credentials("hil")[1], "host": host,
-           "port": broker.port, "keepalive": 2, "period": 0.05, "width": 1.0, "outbox": 32,
+           "port": broker.device_port, "keepalive": 2, "period": 0.05, "width": 1.0, "outbox": 32,
            "sources": [{"name": "x", "kind": "walk", "start": 0.0, "step": 0.5, "seed": 11}],
            "board": {"watchdog_ms": 8000}}
     if os.environ.get("QF_WIFI_SSID"):

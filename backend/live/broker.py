@@ -18,6 +18,15 @@ from edge.core import topics
 
 INSTALL_HINT = "Mosquitto is required: install it with `apt-get install mosquitto` (Debian/Ubuntu)."
 BACKEND_USER = "backend"
+# The broker's limits (mosquitto.conf(5)); README "Security" says why each number.
+# max_packet_size: the largest legitimate message is the backend's (an answer or a spec naming sources,
+# about 70 bytes a source name at most); a device's is at most codec.MAX_PAYLOAD (4096) bytes plus its
+# topic. A client sending a larger packet is disconnected.
+MAX_PACKET = 256 * 1024
+MAX_INFLIGHT = 20           # QoS 1 messages in flight to one client (Mosquitto's default)
+# QoS 1 messages queued for one client beyond those: the backend's session holds the whole fleet's uplinks
+# while it reconnects, and a device's its controls while it is offline
+MAX_QUEUED = 20000
 
 
 class BrokerError(RuntimeError):
@@ -42,22 +51,26 @@ def free_port(host="127.0.0.1"):
         return s.getsockname()[1]
 
 
-def acl_text(fleet, gateways=None):
-    """ACL: a device writes only its own up/state and reads only its own ctl; backend reads/writes the fleet;
-    a gateway (``gateways``: {gateway: [sensor, ...]}) also has exactly those rights on each of its sensors."""
-    lines = ["user %s" % BACKEND_USER, "topic readwrite %s" % topics.fleet_all(fleet), ""]
-    for gw in sorted(gateways or {}):
-        lines.append("user %s" % gw)
-        for s in gateways[gw]:
-            lines += ["topic write %s" % topics.device(fleet, s, "up"), "topic write %s" % topics.device(fleet, s, "state"),
-                      "topic read %s" % topics.device(fleet, s, "ctl")]
-        lines.append("")
-    return "\n".join(lines + [
+def acl_text(fleet):
+    """The device listener's ACL: a login (a device, a gateway, a sensor behind a gateway) writes only its
+    own up/state and reads only its own ctl."""
+    return "\n".join([
         "pattern write %s" % topics.device(fleet, "%u", "up"),
         "pattern write %s" % topics.device(fleet, "%u", "state"),
         "pattern read %s" % topics.device(fleet, "%u", "ctl"),
         "",
     ])
+
+
+def backend_acl_text(fleet):
+    """The backend listener's ACL: the backend reads and writes the whole fleet."""
+    return "\n".join(["user %s" % BACKEND_USER, "topic readwrite %s" % topics.fleet_all(fleet), ""])
+
+
+def endpoint(cred, user=BACKEND_USER):
+    """``(host, port)`` where ``user`` connects, from a credentials.json: the backend listener for the
+    backend, the device listener for everyone else (one ``port`` for both on a broker of one's own)."""
+    return cred["host"], cred["port"] if user == BACKEND_USER else cred.get("device_port") or cred["port"]
 
 
 def _openssl(*args, cwd):
@@ -82,13 +95,17 @@ class Broker:
     """A Mosquitto process for one fleet: ``with Broker(dir, "f1", ["d1", "d2"]) as b: b.credentials("d1")``."""
 
     def __init__(self, directory, fleet, devices, port=None, tls=False, host="127.0.0.1", verbose=False,
-                 gateways=None):
+                 gateways=None, sources=None, device_port=None, max_packet=MAX_PACKET):
         self.directory = os.path.abspath(directory)
         self.fleet = fleet
-        self.gateways = {g: list(s) for g, s in (gateways or {}).items()}   # gateway -> its sensors (no login)
+        # gateway -> its sensors; each sensor has a login of its own, which only its gateway holds
+        self.gateways = {g: list(s) for g, s in (gateways or {}).items()}
         self.devices = list(devices) + [g for g in sorted(self.gateways) if g not in devices]
+        self.sources = {d: list(v) for d, v in (sources or {}).items()}   # the registry: device -> its sources
         self.host = host
-        self.port = port
+        self.port = port                    # the backend listener: the backend's login only, any client id
+        self.device_port = device_port      # devices, gateways, sensors: client id = login (no takeover)
+        self.max_packet = max_packet
         self.tls = tls
         self.tls_port = None
         self.verbose = verbose
@@ -107,31 +124,42 @@ class Broker:
         if os.path.exists(self.credentials_file):
             with open(self.credentials_file) as f:
                 old = json.load(f)
-        users = {BACKEND_USER: None}
-        for d in self.devices + [s for g in self.gateways.values() for s in g]:
+        sensors = [s for g in sorted(self.gateways) for s in self.gateways[g]]
+        logins = self.devices + [s for s in sensors if s not in self.devices]
+        for d in logins + list(self.sources):
             if d == BACKEND_USER or "/" in d or "+" in d or "#" in d or ":" in d or not d:
                 raise ValueError("invalid device name %r" % d)
-        for d in self.devices:
-            users[d] = None
-        for u in users:
+        unknown = [d for d in self.sources if d not in logins]
+        if unknown:
+            raise ValueError("sources given for %s, which %s no login here" % (", ".join(unknown),
+                                                                             "has" if len(unknown) == 1 else "have"))
+        for u in [BACKEND_USER] + logins:
             self.passwords[u] = old.get("users", {}).get(u) or secrets.token_urlsafe(18)
         if self.port is None:
             self.port = old.get("port") or free_port(self.host)
+        if self.device_port is None:
+            self.device_port = old.get("device_port") or free_port(self.host)
         if self.tls and self.tls_port is None:
             self.tls_port = old.get("tls_port") or free_port(self.host)
-        pwfile = os.path.join(self.directory, "passwd")
-        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.writelines("%s:%s\n" % (u, p) for u, p in self.passwords.items())
-        subprocess.run([passwd, "-U", pwfile], check=True, capture_output=True)   # hash in place
-        with open(os.path.join(self.directory, "acl"), "w") as f:
-            f.write(acl_text(self.fleet, self.gateways))
+        files = {}
+        for name, users, acl in (("backend", [BACKEND_USER], backend_acl_text(self.fleet)),
+                                 ("devices", logins, acl_text(self.fleet))):
+            pw = files[name] = os.path.join(self.directory, "passwd-" + name), os.path.join(self.directory, "acl-" + name)
+            fd = os.open(pw[0], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.writelines("%s:%s\n" % (u, self.passwords[u]) for u in users)
+            subprocess.run([passwd, "-U", pw[0]], check=True, capture_output=True)   # hash in place
+            with open(pw[1], "w") as f:
+                f.write(acl)
         lines = [
             "# generated by backend/live/broker.py for fleet %s" % self.fleet,
-            "per_listener_settings false",
-            "allow_anonymous false",
-            "password_file %s" % pwfile,
-            "acl_file %s" % os.path.join(self.directory, "acl"),
+            # Each listener has its own logins: devices cannot log in on the backend's, where client ids are
+            # free (the backend's components each have their own); on the devices' a client id is its login,
+            # so no device can take another's id and knock it off (mosquitto.conf(5) use_username_as_clientid)
+            "per_listener_settings true",
+            "max_packet_size %d" % self.max_packet,
+            "max_inflight_messages %d" % MAX_INFLIGHT,
+            "max_queued_messages %d" % MAX_QUEUED,
             "persistence true",
             "persistence_location %s/" % os.path.join(self.directory, "db"),
             # save after every change (queued QoS 1 message, retained message, subscription). Mosquitto
@@ -155,21 +183,26 @@ class Broker:
             # As root mosquitto drops to the `mosquitto` user, which cannot read files under a
             # private (0700) directory such as a test's tmp_path; stay root for this local broker.
             lines.append("user root")
-        lines += ["", "listener %d %s" % (self.port, self.host)]
+        def listener(port, name):
+            out = ["", "listener %d %s" % (port, self.host), "allow_anonymous false",
+                   "password_file %s" % files[name][0], "acl_file %s" % files[name][1]]
+            return out + (["use_username_as_clientid true"] if name == "devices" else [])
+        lines += listener(self.port, "backend") + listener(self.device_port, "devices")
         if self.tls:
             certs = os.path.join(self.directory, "certs")
             if not os.path.exists(os.path.join(certs, "server.crt")):
                 os.makedirs(certs, exist_ok=True)
                 make_certificates(certs)
-            lines += ["", "listener %d %s" % (self.tls_port, self.host),
-                      "cafile %s" % os.path.join(certs, "ca.crt"),
-                      "certfile %s" % os.path.join(certs, "server.crt"),
-                      "keyfile %s" % os.path.join(certs, "server.key"),
-                      "tls_version tlsv1.2"]
+            lines += listener(self.tls_port, "devices") + [
+                "cafile %s" % os.path.join(certs, "ca.crt"),
+                "certfile %s" % os.path.join(certs, "server.crt"),
+                "keyfile %s" % os.path.join(certs, "server.key"),
+                "tls_version tlsv1.2"]
         with open(self.conf, "w") as f:
             f.write("\n".join(lines) + "\n")
-        info = {"fleet": self.fleet, "host": self.host, "port": self.port, "tls_port": self.tls_port,
-                "ca": self.ca_file if self.tls else None, "users": self.passwords}
+        info = {"fleet": self.fleet, "host": self.host, "port": self.port, "device_port": self.device_port,
+                "tls_port": self.tls_port, "ca": self.ca_file if self.tls else None, "users": self.passwords,
+                "sources": self.sources, "gateways": self.gateways, "max_packet": self.max_packet}
         fd = os.open(self.credentials_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(info, f, indent=1)
@@ -182,6 +215,10 @@ class Broker:
         """``(username, password)`` of a device, or of the backend with ``BACKEND_USER``."""
         return device, self.passwords[device]
 
+    def port_for(self, user):
+        """The listener ``user`` logs in on: the backend's for the backend, the devices' for everyone else."""
+        return self.port if user == BACKEND_USER else self.device_port
+
     # -- process ----------------------------------------------------------------
     def start(self, timeout=10.0):
         mosquitto, _ = find_mosquitto()
@@ -193,7 +230,7 @@ class Broker:
         logf.close()
         atexit.register(self.stop)      # never leave a broker behind when the caller crashes
         deadline = time.monotonic() + timeout
-        ports = [p for p in (self.port, self.tls_port) if p]
+        ports = [p for p in (self.port, self.device_port, self.tls_port) if p]
         while ports:
             if self.proc.poll() is not None:
                 raise BrokerError("mosquitto exited with %s: %s" % (self.proc.returncode, self._log_tail()))
@@ -246,25 +283,45 @@ class Broker:
         self.stop()
 
 
+def parse_sources(items):
+    """``["dev1=t1,t2", ...]`` (``--source``) -> ``{"dev1": ["t1", "t2"]}``."""
+    out = {}
+    for item in items or []:
+        device, sep, names = item.partition("=")
+        names = [n for n in names.split(",") if n]
+        if not sep or not device or not names:
+            raise ValueError("--source wants DEVICE=SOURCE[,SOURCE...], got %r" % item)
+        out.setdefault(device, []).extend(names)
+    return out
+
+
 def broker_main(args):
-    """``quietfleet broker``: run Mosquitto in the foreground for a fleet. ``args`` has
-    ``dir``, ``fleet``, ``devices`` (a count or a list of names), and optional ``port``, ``tls``."""
+    """``quietfleet broker``: run Mosquitto in the foreground for a fleet until SIGINT/SIGTERM, which stop
+    it (its port free again). ``args`` has ``dir``, ``fleet``, ``devices`` (a count or a list of names), and
+    optional ``port``, ``device_port``, ``tls``, ``source`` (the registry: ``DEVICE=SOURCE,...`` items)."""
+    import signal
     devices = args.devices
     if isinstance(devices, int):
         devices = ["dev%d" % i for i in range(1, devices + 1)]
     try:
         broker = Broker(args.dir, args.fleet, devices, port=getattr(args, "port", None),
-                        tls=getattr(args, "tls", False))
+                        device_port=getattr(args, "device_port", None), tls=getattr(args, "tls", False),
+                        sources=parse_sources(getattr(args, "source", None)))
         broker.generate()
-    except BrokerError as e:
-        print(e, file=sys.stderr)
+        stop = []
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+        signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+        broker.start()
+    except (BrokerError, ValueError, OSError) as e:
+        print("quietfleet broker: %s" % e, file=sys.stderr)
         return 2
-    print("mosquitto for fleet %s on %s:%d%s" % (broker.fleet, broker.host, broker.port,
-                                                   " (TLS on %d)" % broker.tls_port if broker.tls else ""))
-    print("credentials: %s" % broker.credentials_file)
+    print("mosquitto for fleet %s: devices on %s:%d%s, backend on %s:%d" % (
+        broker.fleet, broker.host, broker.device_port, " (TLS on %d)" % broker.tls_port if broker.tls else "",
+        broker.host, broker.port))
+    print("credentials: %s (log: %s)" % (broker.credentials_file, broker.log))
     sys.stdout.flush()
-    mosquitto, _ = find_mosquitto()
-    try:
-        return subprocess.call([mosquitto, "-c", broker.conf])
-    except KeyboardInterrupt:
-        return 0
+    while not stop and broker.running():
+        time.sleep(0.1)
+    code = broker.proc.returncode if not stop else 0
+    broker.stop()
+    return code or 0

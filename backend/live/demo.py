@@ -12,13 +12,13 @@ import math
 import os
 import queue
 import shutil
+import signal
 import sys
 import tempfile
 import time
 
 from backend import host
 from backend.live.broker import Broker, BrokerError, find_mosquitto
-from backend.coordinator.protocols import PROTOCOLS
 from backend.live.checker import deadband_reports, explain, time_of, violations
 from backend.live.fleet import HEAP, Fleet, micropython_available
 from edge.core import topics
@@ -91,10 +91,6 @@ def site_workload(folder, duration=90.0, cpython=6, micropython=3, rate=10.0):
             "network": {"delay": 0.05, "jitter": 0.05}, "params": {"period": 5, "shrink": 0.05}}
 
 
-def default_protocol():
-    return "adaptive" if "adaptive" in PROTOCOLS else "deadband"
-
-
 class Observer:
     """A backend-side MQTT client that counts uplink/ctl messages and keeps the latest answers."""
 
@@ -165,7 +161,7 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
     are counted from when the queries' filters have reached the devices (at least ``settle`` s after the
     queries were registered, every query answered, no control message for ``QUIET`` s): the registration transient (every reading reported until then) is the same for any
     protocol, and the offline deadband replay cannot reproduce it."""
-    protocol = protocol or default_protocol()
+    protocol = protocol or host.SETTINGS["protocol"]
     find_mosquitto()
     if micropython and not micropython_available():
         out("MicroPython unix port not found: running CPython agents only")
@@ -183,15 +179,17 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
     from backend.spark.service import Backend
     from backend.spark import job
     try:
+        sources = dict({name: [src["name"] for src in srcs] for _, name, srcs in plan},
+                       **{b: ["s_" + b] for b in bits})
         broker = Broker(os.path.join(workdir, "broker"), FLEET, [name for _, name, _ in plan],
-                        gateways=gateways).start()
-        out("broker: mosquitto on %s:%d, %d device accounts, ACL per device (a gateway: its sensors' topics)"
-            % (broker.host, broker.port, len(plan) + len(gateways)))
+                        gateways=gateways, sources=sources).start()
+        out("broker: mosquitto on %s:%d (devices), %d device logins, ACL per login, client id bound to its login, "
+            "sources provisioned per device" % (broker.host, broker.device_port, len(plan) + len(bits)))
         observer = Observer(broker)
         from backend.ui import hooks as ui_hooks                                # --ui
         dash = ui_hooks.demo(ui, broker, observer, devices, out)                # --ui
         settings = host.settings(protocol=protocol, period=period, shrink=shrink, latency=latency, beat=host.LIVE_BEAT,
-                                 skew=host.LIVE_SKEW)
+                                 skew=host.LIVE_SKEW, registry=broker.credentials_file)
         out("backend: bridge -> spool -> Spark Structured Streaming (%s, transformWithStateInPandas, RocksDB), "
             "protocol %s, latency tolerance %.2fs, trigger %.2fs" % (master, protocol, latency, trigger))
         t0 = time.monotonic()
@@ -317,6 +315,10 @@ def _table(r, out):
         "all held (0 violations)" if r["violations"] == 0 else "%d VIOLATIONS" % r["violations"]))
 
 
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
 def main(args):
     """Run the demo with Spark's own console chatter (its JVM and Python workers write to the
     inherited stdout/stderr) sent to a log file that is kept only if something fails."""
@@ -329,6 +331,7 @@ def main(args):
     os.dup2(fd, 2)
     os.close(fd)
     code = 1
+    signal.signal(signal.SIGTERM, _interrupt)       # SIGTERM stops the demo as Ctrl-C does: children too
     try:
         r = run(duration=args.duration, cpython=args.cpython, micropython=args.micropython,
                 protocol=args.protocol, latency=host.LIVE_LATENCY if args.latency is None else args.latency,
@@ -340,6 +343,9 @@ def main(args):
         code = 2
     except RuntimeError as e:
         console.write("quietfleet demo: %s\n" % e)
+    except KeyboardInterrupt:
+        console.write("quietfleet demo: stopped\n")
+        code = 130
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

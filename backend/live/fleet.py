@@ -160,9 +160,10 @@ class Fleet:
             self.boards[name] = qemu.Board(hexfile)
         for gw, sensors in gateway_plan([("microbit", n) for n in names]).items():
             cfg = {"fleet": self.broker.fleet, "gateway": gw, "password": self.broker.credentials(gw)[1],
-                   "host": self.broker.host, "port": self.broker.port, "keepalive": self.keepalive,
+                   "host": self.broker.host, "port": self.broker.device_port, "keepalive": self.keepalive,
                    "truth": self.folder, "relay": relay,
-                   "sensors": [{"name": n, "port": self.boards[n].port, "source": "s_" + n} for n in sensors]}
+                   "sensors": [{"name": n, "port": self.boards[n].port, "source": "s_" + n,
+                                "password": self.broker.credentials(n)[1]} for n in sensors]}
             path = os.path.join(self.folder, "%s.json" % gw)
             with open(path, "w") as f:
                 json.dump(cfg, f)
@@ -190,7 +191,7 @@ class Fleet:
         log = open(os.path.join(self.folder, "%s.log" % name), "a")
         if kind == "micropython":
             cfg = {"fleet": self.broker.fleet, "device": name, "password": self.broker.credentials(name)[1],
-                   "host": self.broker.host, "port": self.broker.port, "keepalive": self.keepalive,
+                   "host": self.broker.host, "port": self.broker.device_port, "keepalive": self.keepalive,
                    "period": self.period, "width": self.width, "ground_truth": truth, "sources": sources}
             if boot is not None:
                 cfg["boot"] = boot
@@ -209,7 +210,7 @@ class Fleet:
                 lines.append("boot = %d" % boot)
             if skew:
                 lines.append("clock_skew = %r" % float(skew))
-            lines += ["[broker]", 'host = "%s"' % self.broker.host, "port = %d" % self.broker.port,
+            lines += ["[broker]", 'host = "%s"' % self.broker.host, "port = %d" % self.broker.device_port,
                       "keepalive = %d" % self.keepalive]
             for src in sources:
                 lines.append("[sources.%s]" % src["name"])
@@ -306,13 +307,17 @@ def write_trace(rows, path, base=0.0):
     return path
 
 
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
 def fleet_main(args):
     """``quietfleet fleet``: a broker and a fleet (for a coordinator of your own: ``quietfleet coordinator``).
     With ``--out`` it also runs a live coordinator answering a SUM over every source and an AVG over half of
     them, and writes the result there: agents per kind, messages up/down, violations against the devices'
     ground truth."""
     from backend.live.broker import Broker, BrokerError
-    from backend.host import LIVE_LATENCY, LIVE_SKEW, Host
+    from backend.host import LIVE_LATENCY, LIVE_SKEW, SETTINGS, Host
     from backend.live.checker import violations
     from backend.live.coordinator import LiveCoordinator
     counts = {"micropython": args.micropython, "cpython": args.cpython, "arm64": args.arm64,
@@ -323,11 +328,12 @@ def fleet_main(args):
               file=sys.stderr)
         return 2
     plan = gateway_plan(names)
+    signal.signal(signal.SIGTERM, _interrupt)       # SIGTERM stops the fleet as Ctrl-C does: children too
     try:
         if args.arm64 or getattr(args, "gateway", None) == "arm64":
             arm64_root(setup=True)
         broker = Broker(os.path.join(args.dir, "broker"), args.fleet, [n for k, n in names if k != "microbit"],
-                        port=args.port, gateways=plan)
+                        port=args.port, gateways=plan, sources={n: ["s_" + n] for _, n in names})
         broker.generate()
         broker.start()
     except (BrokerError, FleetError) as e:
@@ -338,8 +344,9 @@ def fleet_main(args):
              {"id": "mean", "kind": "avg", "sources": sources[:max(1, len(sources) // 2)], "precision": 4.0}]
     answers, live, thread = [], None, None
     if args.out:
-        coord = Host(protocol="deadband", period=2.0, shrink=0.0, latency=LIVE_LATENCY, skew=LIVE_SKEW, t0=time.time(),
-                     declared=sources)
+        coord = Host(protocol=getattr(args, "protocol", None) or SETTINGS["protocol"], period=2.0, shrink=0.0,
+                     latency=LIVE_LATENCY, skew=LIVE_SKEW, t0=time.time(), declared=sources,
+                     registry=broker.credentials_file)
         live = LiveCoordinator(coord, args.fleet, broker.host, broker.port, broker.credentials("backend")[1],
                                queries=specs, answers=answers, client_id="qf-%s-fleet-check" % args.fleet)
         thread = live.start_thread()

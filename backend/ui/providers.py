@@ -5,7 +5,11 @@ A provider is any callable returning a dict (every key optional; the page shows 
 * ``samples``: readings taken over the window, i.e. the uplinks send-everything would have sent;
 * ``deadband``: an estimate of plain deadband's messages over the same window;
 * ``ours``: our messages over that window (default: uplinks + downlinks the dashboard saw on the broker);
-* ``window``: what the window is, in words; ``driver``: who answers; ``extra``: {label: value} to show.
+* ``window``: what the window is, in words; ``driver``: who answers; ``extra``: {label: value} to show;
+* ``security``: the coordinator's counters of refused input (``SECURITY``: refused sources, conflicts, bad
+  messages, quarantines and the messages they dropped, implausible times, non-finite values) and
+  ``offenders`` {device: {counter: n}} (``backend.coordinator.core.admission``); the page shows them under
+  the totals.
 
 The dashboard calls it from its own refresher thread every ``backend.ui.server.PROVIDER_EVERY`` seconds,
 never from a request, so a slow provider (the demo replays deadband) does not slow the page; an
@@ -13,6 +17,27 @@ exception is shown on the page, not raised.
 """
 import math
 import time
+
+
+# counter -> label on the page (backend.coordinator.core.admission.COUNTERS, plus the flood's drops)
+SECURITY = {"refused": "refused sources", "conflicts": "source conflicts", "bad_messages": "bad messages",
+            "quarantined": "quarantines (flood)", "flooded": "messages dropped in quarantine",
+            "stamps": "implausible times", "values": "non-finite values"}
+
+
+def security(stats, offenders):
+    """The ``security`` part of a provider's answer from coordinator counters and per-device findings."""
+    out = {k: stats.get(k, 0) for k in SECURITY}
+    out["offenders"] = offenders
+    return out
+
+
+def security_extra(sec):
+    """The non-zero security counters as ``extra`` rows, and the worst offenders."""
+    rows = {label: sec[k] for k, label in SECURITY.items() if sec.get(k)}
+    if sec.get("offenders"):
+        rows["offending devices"] = ", ".join(list(sec["offenders"])[:5])
+    return rows
 
 
 class CoordinatorTotals:
@@ -29,6 +54,11 @@ class CoordinatorTotals:
         out = {"driver": "live coordinator (%s)" % live.host.settings["protocol"],
                "extra": {"uplinks received": live.stats["uplinks"], "downlinks sent": live.stats["downlinks"],
                          "answer changes": live.stats["answers"], "sources known": len(live.host.coord.cache.sources)}}
+        coord = live.host.coord
+        flagged = coord.admission.devices
+        worst = sorted(flagged, key=lambda k: (-sum(flagged[k].values()), k))[:20]
+        out["security"] = security(coord.stats, {d: dict(flagged[d]) for d in worst})
+        out["extra"].update(security_extra(out["security"]))
         static, spent = getattr(proto, "static", None), getattr(proto, "spent", None)
         if isinstance(static, float) and isinstance(spent, float) and math.isfinite(static) and static > 0:
             out.update(deadband=round(static, 1), ours=round(spent, 1),
@@ -47,9 +77,16 @@ class BackendTotals:
         groups = st.get("groups") or {}
         records = sum(g.get("records", 0) for g in groups.values())
         late = sum((g.get("stats") or {}).get("late", 0) for g in groups.values())
-        return {"driver": "Spark backend (%s)" % self.backend.settings.get("protocol"),
-                "extra": {"batch": st.get("batch"), "records applied": records, "groups": len(groups),
-                          "late reports": late}}
+        stats, offenders = {}, {}
+        for g in groups.values():
+            for k in SECURITY:
+                stats[k] = stats.get(k, 0) + (g.get("stats") or {}).get(k, 0)
+            offenders.update(g.get("offenders") or {})
+        sec = security(stats, offenders)
+        extra = {"batch": st.get("batch"), "records applied": records, "groups": len(groups), "late reports": late}
+        extra.update(security_extra(sec))
+        return {"driver": "Spark backend (%s)" % self.backend.settings.get("protocol"), "extra": extra,
+                "security": sec}
 
 
 class DemoTotals:

@@ -31,7 +31,7 @@ def client(broker, user, password=None, client_id=None, clean_session=True):
     c.on_message = lambda cl, u, m: c.inbox.put((m.topic, m.payload, m.retain))
     c.on_connect = lambda cl, u, f, rc, p: c.connack.put(rc)
     c.on_subscribe = lambda cl, u, mid, rcs, p: c.connack.put(("suback", [r.value for r in rcs]))
-    c.connect(broker.host, broker.port, keepalive=10)
+    c.connect(broker.host, broker.port_for(user), keepalive=10)
     c.loop_start()
     return c
 
@@ -97,7 +97,7 @@ def start_cpython_agent(tmp, broker, device, sources, period=0.05, width=1.0, ex
     """Write device.toml for ``device`` and start ``python -m edge.runtime.cpython.runtime`` on it."""
     lines = ['fleet = "%s"' % broker.fleet, 'device = "%s"' % device, 'password = "%s"' % broker.credentials(device)[1],
              "period = %r" % period, "width = %r" % width, 'ground_truth = "truth-%s.csv"' % device, extra,
-             "[broker]", "port = %d" % broker.port, "keepalive = 5"]
+             "[broker]", "port = %d" % broker.device_port, "keepalive = 5"]
     for name, spec in sources:
         lines.append("[sources.%s]" % name)
         lines += ["%s = %s" % (k, json.dumps(v)) for k, v in spec.items()]
@@ -111,7 +111,7 @@ def start_cpython_agent(tmp, broker, device, sources, period=0.05, width=1.0, ex
 def start_micropython_agent(tmp, broker, device, sources, mpy_dir, period=0.05, width=1.0, heap="32k"):
     """Write a JSON config and start the unix-port agent from precompiled ``.mpy`` with a limited heap."""
     cfg = {"fleet": broker.fleet, "device": device, "password": broker.credentials(device)[1],
-           "host": broker.host, "port": broker.port, "keepalive": 5, "period": period, "width": width,
+           "host": broker.host, "port": broker.device_port, "keepalive": 5, "period": period, "width": width,
            "ground_truth": os.path.join(tmp, "truth-%s.csv" % device),
            "sources": [dict(spec, name=name) for name, spec in sources]}
     path = os.path.join(tmp, "%s.json" % device)

@@ -13,17 +13,26 @@ from edge.core import topics
 
 def test_acl_is_exactly_the_design():
     lines = [l for l in brokermod.acl_text("f").splitlines() if l]
-    assert lines == ["user backend", "topic readwrite qf/f/#", "pattern write qf/f/d/%u/up",
-                     "pattern write qf/f/d/%u/state", "pattern read qf/f/d/%u/ctl"]
+    assert lines == ["pattern write qf/f/d/%u/up", "pattern write qf/f/d/%u/state", "pattern read qf/f/d/%u/ctl"]
+    assert [l for l in brokermod.backend_acl_text("f").splitlines() if l] == ["user backend", "topic readwrite qf/f/#"]
 
 
 def test_generated_files_and_credentials(broker):
     conf = open(broker.conf).read()
-    for line in ("listener %d 127.0.0.1" % broker.port, "allow_anonymous false", "persistence true"):
+    for line in ("listener %d 127.0.0.1" % broker.port, "listener %d 127.0.0.1" % broker.device_port,
+                 "allow_anonymous false", "persistence true", "per_listener_settings true",
+                 "use_username_as_clientid true", "max_packet_size %d" % brokermod.MAX_PACKET):
         assert line in conf
+    # the client id is bound to the login on the devices' listener only (the backend's components share a login)
+    backend_part = conf[conf.index("listener %d " % broker.port):conf.index("listener %d " % broker.device_port)]
+    assert "use_username_as_clientid" not in backend_part and "passwd-backend" in backend_part
     info = json.load(open(broker.credentials_file))
     assert set(info["users"]) == {"backend", "A", "B", "C", "M"} and info["port"] == broker.port
-    assert "A:" + broker.credentials("A")[1] not in open(broker.directory + "/passwd").read()   # hashed
+    assert info["device_port"] == broker.device_port and brokermod.endpoint(info, "A") == ("127.0.0.1", broker.device_port)
+    for name in ("devices", "backend"):
+        text = open(broker.directory + "/passwd-" + name).read()
+        assert "A:" + broker.credentials("A")[1] not in text     # hashed
+        assert ("A:" in text) == (name == "devices") and ("backend:" in text) == (name == "backend")
 
 
 def test_retained_messages_survive_a_restart_on_the_same_port(broker):
@@ -48,7 +57,7 @@ def test_tls_listener_with_generated_ca(tmp_path):
         c.tls_set(ca_certs=b.ca_file, tls_version=ssl.PROTOCOL_TLS_CLIENT)
         results = []
         c.on_connect = lambda cl, u, f, rc, p: results.append(rc.is_failure)
-        c.connect("127.0.0.1", b.tls_port)
+        c.connect("127.0.0.1", b.tls_port)                  # a device listener: client id = login
         for _ in range(30):
             c.loop(0.1)
             if results:

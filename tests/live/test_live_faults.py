@@ -36,6 +36,7 @@ class Via:
 
     def __init__(self, broker, proxy):
         self.broker, self.fleet, self.host, self.port = broker, broker.fleet, proxy.host, proxy.port
+        self.device_port = proxy.port
 
     def credentials(self, device):
         return self.broker.credentials(device)
@@ -51,7 +52,7 @@ def env(mosquitto, tmp_path):
         names = Fleet.names(nm, nc)
         broker = made["broker"] = Broker(str(tmp_path / "broker"), "t", [n for _, n in names]).start()
         if proxy:
-            made["proxy"] = Proxy((broker.host, broker.port))
+            made["proxy"] = Proxy((broker.host, broker.device_port if proxy == "agents" else broker.port))
         specs = fc.queries(["s_" + n for _, n in names])
         host = Host(protocol="deadband", period=fc.PERIOD, shrink=0.0, latency=latency, beat=beat, t0=time.time(),
                     declared=[s for q in specs for s in q["sources"]])

@@ -94,28 +94,100 @@ def test_wrong_password_unknown_user_and_anonymous_are_refused(broker):
     anon.disconnect()
 
 
-def test_gateway_has_exactly_its_sensors_topics(tmp_path):
-    """A gateway publishes for its own sensors only (and reads only their ctl); not for another gateway's
-    sensor nor for a device; sensors behind a gateway have no login of their own."""
+def test_gateway_sensors_have_logins_of_their_own_and_the_gateway_only_its_own_topics(tmp_path):
+    """A sensor behind a gateway logs in as itself (its password only in its gateway's config): each of
+    the gateway's MQTT sessions has its own login, hence its own client id on a listener that binds them.
+    The gateway's login publishes its own topics only, never a sensor's or another gateway's."""
     from backend.live.broker import Broker
     with Broker(tmp_path / "gwbroker", "t", ["A"], gateways={"G": ["S1", "S2"], "H": ["S3"]}) as b:
-        assert "S1" not in b.passwords and "G" in b.passwords
+        assert {"G", "H", "S1", "S2", "S3"} <= set(b.passwords)
         be = client(b, "backend")
-        g = client(b, "G")
-        assert connected(be)[0] and connected(g)[0]
+        g, s1 = client(b, "G"), client(b, "S1")
+        assert connected(be)[0] and connected(g)[0] and connected(s1)[0]
         subscribe(be, "qf/t/#")
-        for topic in ("qf/t/d/S1/ctl", "qf/t/d/S3/ctl", "qf/t/d/A/ctl"):
-            subscribe(g, topic)
-        for topic in ("qf/t/d/S3/up", "qf/t/d/S3/state", "qf/t/d/A/up", "qf/t/d/S1/ctl", "qf/t/q/x/spec"):
+        subscribe(s1, "qf/t/d/+/ctl")
+        for topic in ("qf/t/d/S1/up", "qf/t/d/S3/state", "qf/t/d/A/up", "qf/t/d/S1/ctl", "qf/t/q/x/spec"):
             g.publish(topic, b"spoof", qos=1).wait_for_publish(2)
-        for topic in ("qf/t/d/S1/up", "qf/t/d/S2/state", "qf/t/d/G/up"):
-            g.publish(topic, b"ok", qos=1).wait_for_publish(2)
-        for topic in ("qf/t/d/S1/ctl", "qf/t/d/S3/ctl", "qf/t/d/A/ctl"):
+        for topic in ("qf/t/d/S2/up", "qf/t/d/G/up"):
+            s1.publish(topic, b"spoof", qos=1).wait_for_publish(2)
+        s1.publish("qf/t/d/S1/up", b"ok", qos=1).wait_for_publish(2)
+        g.publish("qf/t/d/G/up", b"ok", qos=1).wait_for_publish(2)
+        for topic in ("qf/t/d/S1/ctl", "qf/t/d/S2/ctl"):
             be.publish(topic, b"ctl-" + topic.encode(), qos=1).wait_for_publish(2)
         seen = _topics(be)
-        assert {("qf/t/d/S1/up", b"ok"), ("qf/t/d/S2/state", b"ok"), ("qf/t/d/G/up", b"ok")} <= set(seen)
+        assert {("qf/t/d/S1/up", b"ok"), ("qf/t/d/G/up", b"ok")} <= set(seen)
         assert not [s for s in seen if s[1] == b"spoof"]
-        got = _topics(g)
-        assert got == [("qf/t/d/S1/ctl", b"ctl-qf/t/d/S1/ctl")], got
-        close(g)
-        close(be)
+        assert _topics(s1) == [("qf/t/d/S1/ctl", b"ctl-qf/t/d/S1/ctl")]
+        for c in (g, s1, be):
+            close(c)
+
+
+def _drops(c):
+    c.drops = []
+    c.on_disconnect = lambda cl, u, f, rc, p: c.drops.append(rc)
+    return c
+
+
+def test_a_device_cannot_take_another_devices_client_id(broker):
+    """The issue's attack: dev1's login with dev2's client id knocked dev2 off (and each kicked the other every
+    second). On the devices' listener the client id is the login, so the intruder is just dev1."""
+    b = _drops(client(broker, "B", client_id="qf-t-B"))
+    assert connected(b)[0]
+    subscribe(b, topics.device("t", "B", "ctl"))
+    intruders = [_drops(client(broker, "A", client_id=cid)) for cid in ("qf-t-B", "B")]
+    assert all(connected(c)[0] for c in intruders)
+    be = client(broker, "backend")
+    assert connected(be)[0]
+    time.sleep(1.5)
+    be.publish(topics.device("t", "B", "ctl"), b"for-B", qos=1).wait_for_publish(2)
+    assert b.inbox.get(timeout=2)[:2] == (topics.device("t", "B", "ctl"), b"for-B")
+    assert b.drops == [] and b.is_connected()
+    log = open(broker.log).read()
+    assert "Client B already connected" not in log      # (the two intruders, both A now, knock each other off)
+    for c in intruders + [b, be]:
+        close(c)
+
+
+def test_devices_cannot_log_in_on_the_backend_listener_where_client_ids_are_free(broker):
+    import paho.mqtt.client as mqtt_
+    c = mqtt_.Client(mqtt_.CallbackAPIVersion.VERSION2, client_id="qf-t-coordinator", protocol=mqtt_.MQTTv311)
+    c.username_pw_set(*broker.credentials("A"))
+    c.connack = []
+    c.on_connect = lambda cl, u, f, rc, p: c.connack.append(rc.is_failure)
+    c.connect(broker.host, broker.port)
+    deadline = time.monotonic() + 3
+    while not c.connack and time.monotonic() < deadline:
+        c.loop(0.1)
+    assert c.connack == [True]
+    c.disconnect()
+    # the backend's components (coordinator, bridge, dashboard, query tool) share its login, each its own id
+    comps = [client(broker, "backend", client_id=cid) for cid in ("qf-t-coordinator", "qf-bridge-t", "qf-t-ui-1")]
+    assert all(connected(x)[0] for x in comps)
+    for x in comps:
+        subscribe(x, topics.device("t", "+", "up"))
+    a = client(broker, "A")
+    assert connected(a)[0]
+    a.publish(topics.device("t", "A", "up"), b"hello", qos=1).wait_for_publish(2)
+    assert all(x.inbox.get(timeout=2)[1] == b"hello" for x in comps)
+    for x in comps + [a]:
+        close(x)
+
+
+def test_a_packet_over_the_limit_disconnects_its_sender_and_never_arrives(broker):
+    from backend.live.broker import MAX_PACKET
+    from edge.core.codec import MAX_PAYLOAD
+    be = client(broker, "backend")
+    assert connected(be)[0]
+    subscribe(be, topics.device("t", "+", "up"))
+    a = _drops(client(broker, "A"))
+    assert connected(a)[0]
+    a.publish(topics.device("t", "A", "up"), b"x" * MAX_PAYLOAD, qos=1).wait_for_publish(2)   # the largest legit
+    assert be.inbox.get(timeout=2)[1] == b"x" * MAX_PAYLOAD
+    a.publish(topics.device("t", "A", "up"), b"y" * (1 << 20), qos=1)        # the issue's 1 MB uplink
+    deadline = time.monotonic() + 3
+    while not a.drops and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert a.drops and MAX_PACKET < (1 << 20)
+    assert [m for m in _topics(be, 1.0) if len(m[1]) > MAX_PAYLOAD] == []
+    close(a)
+    close(be)

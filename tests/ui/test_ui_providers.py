@@ -44,3 +44,26 @@ def test_coordinator_and_backend_totals():
     out = BackendTotals(svc)()
     assert out["extra"] == {"batch": 7, "records applied": 105, "groups": 2, "late reports": 2}
     assert BackendTotals(SimpleNamespace(settings={}, status=lambda: None))()["extra"]["records applied"] == 0
+
+
+def test_security_counters_reach_the_dashboard_from_both_drivers():
+    """A refused birth and bad messages, as the live coordinator counts them and as a Spark group's digest
+    carries them, in the totals' ``security`` and as rows the page shows; the state model passes them on."""
+    from backend.host import digest
+    from backend.ui.state import DashboardState
+    from edge.agent import Agent
+    host = Host(protocol="deadband")
+    host.coord.admission.owners, host.coord.admission.provisioned = {"t1": "dev1"}, frozenset({"dev1"})
+    host.uplink(1.0, "evil", Agent("evil", ["t1"], boot=1).start(1.0)[0][1])
+    for _ in range(3):
+        host.uplink(1.5, "evil", b"\x07")
+    live = SimpleNamespace(host=host, stats={"uplinks": 4, "downlinks": 0, "answers": 0})
+    out = CoordinatorTotals(live)()
+    assert out["security"]["refused"] == 1 and out["security"]["bad_messages"] == 3
+    assert out["security"]["offenders"] == {"evil": {"refused": 1, "bad_messages": 3}}
+    assert out["extra"]["refused sources"] == 1 and out["extra"]["offending devices"] == "evil"
+    svc = SimpleNamespace(settings={"protocol": "deadband"}, status=lambda: {
+        "batch": 1, "groups": {"f": dict(digest(host, False, False), records=5)}})
+    spark = BackendTotals(svc)()
+    assert spark["security"] == out["security"] and spark["extra"]["bad messages"] == 3
+    assert DashboardState("f").totals(out)["security"]["refused"] == 1

@@ -157,7 +157,7 @@ class BoundCache:
 
     def refresh(self, s, t):
         """Schedule the next restatement of line source ``s`` after time ``t``."""
-        s.due = t + horizon(s.filt.gap) / s.unit
+        s.due = max(t + horizon(s.filt.gap) / s.unit, math.nextafter(t, math.inf))   # (a gap below t's ulp)
         heapq.heappush(self.due, (s.due, s.key))
 
     def next_due(self):

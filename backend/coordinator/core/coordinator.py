@@ -20,6 +20,7 @@ import heapq
 import math
 
 from backend.coordinator.core import aggregate
+from backend.coordinator.core.admission import RATE, Admission
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
 from backend.coordinator.core.downlink import Downlink
@@ -45,7 +46,7 @@ class _Known:
 
 class Coordinator(Downlink, Resync, Uplink, Vouch):
     def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=None, t0=0.0, lazy=True, incarnation=0,
-                 models=1, skew=0.0, echo=False):
+                 models=1, skew=0.0, echo=False, owners=None, rate=RATE):
         if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or (beat or 0) < 0 or skew < 0:
             raise ValueError("need period >= 1 ms, 0 <= shrink < 1, latency >= 0, beat >= 0, skew >= 0")
         self.protocol = protocol
@@ -89,6 +90,8 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
         self.integrity = Integrity(self.latency, beat, skew, net=latency)    # gaps, silence, clocks (issue #20)
         self.unclocked = {}             # source keys whose device clock is known less well than ±σ (degraded)
+        # who may claim a source, floods, implausible stamps and values (DESIGN.md §10): counters in stats
+        self.admission = Admission(owners, skew, rate, self.stats)
         self.revoked = {}               # query id -> [t_from, t_to] of answers found wrong, for the next change
         self.beats = {}                 # query id -> {heartbeat B: sources of the query at it} (vouch.py)
         self.reserve = Reserve()        # the precision each query keeps off its widths for clock skew
@@ -310,8 +313,10 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
 
     # -- answers ----------------------------------------------------------------------
     def degraded(self, q):
-        """Whether a source of ``q`` is offline, or waits for a filter the protocol counts on."""
-        return q.meets(self.models.off_since) or q.meets(self.integrity.unsure) or q.meets(self.unclocked)
+        """Whether a source of ``q`` is offline, waits for a filter the protocol counts on, has a clock known less
+        well than ±σ, or is contested."""
+        return q.meets(self.models.off_since) or q.meets(self.integrity.unsure) or q.meets(self.unclocked) \
+            or q.meets(self.admission.contested)
 
     def _answers(self, t):
         self.cache.now = t
@@ -336,7 +341,10 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
             offline = self.degraded(q)
             fields["degraded"] = bool(fields.get("degraded")) or offline
             if offline:
-                fields["reason"] = self.integrity.why(q, self.cache.sources, self.unclocked) + self.models.reason(q, self)
+                why = self.integrity.why(q, self.cache.sources, self.unclocked) + self.admission.why(q, self.cache.sources)
+                if q.meets(self.models.off_since) or q.meets(self.integrity.unsure):
+                    why += self.models.reason(q, self)
+                fields["reason"] = why.rstrip("; ")
             self._vouch(q, fields, t)
             revoked = self.revoked.pop(qid, None)
             if self.last.get(qid) != fields or revoked:

@@ -9,6 +9,7 @@ import heapq
 from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, CAP_LINE, newer
 from edge.core import codec
 from edge.core.float32 import f32
+from backend.coordinator.core.admission import BAD
 from backend.coordinator.core.resync import UP
 
 ECHO_WAIT = 30.0    # s a birth request may wait for its echo before it is made again (echo mode)
@@ -44,12 +45,17 @@ class Uplink:
         """Take one uplink payload from ``device``; ``retained`` marks a broker-retained birth."""
         self.wall = now
         self._catch_up(now)        # lateness is judged against the ticks a per-period coordinator ran
+        passed = self.admission.take(now, device)
+        if passed is not True:
+            if passed:                  # a flood starts its quarantine: what it drops is lost
+                self._quarantine(device)
+            return self._advance(now)
         try:
             kind, m = codec.decode(payload)
             if codec.SCHEMAS[kind][1] != "up":
                 raise codec.CodecError("downlink kind on an uplink topic")
-        except codec.CodecError:
-            self.stats["bad_messages"] += 1
+        except codec.CodecError as e:
+            self.admission.note(now, device, BAD, str(e))
             return self._advance(now)
         rx = self.rx.get(device)
         if kind == "gone":
@@ -81,6 +87,8 @@ class Uplink:
             m["td"] = m["t"]            # the line's origin in device units
         if ms:
             m["t"] = m["t"] / 1000
+        if not self.admission.plausible(now, device, kind, m, self.unit.get(device, 1)):     # dropped alone
+            return self._advance(now)
         t = self._admit(now, device, kind, m, rx)
         if t is None:
             self.stats["duplicates"] += kind != "mark"
@@ -110,6 +118,12 @@ class Uplink:
         self._ask_birth(device, now)
         return self._advance(now)
 
+    def _quarantine(self, device):
+        """``device`` flooded: degraded from now (its dropped messages are lost) until a birth after it."""
+        if device in self.devices and device in self.integrity.dev:
+            self.integrity.flag(device, "quarantined (flood)", self.wall)
+            self._suspect(device, self.clock)
+
     def _set_online(self, device, online):
         d = self.devices[device]
         if d["online"] != online:
@@ -126,6 +140,8 @@ class Uplink:
         reconnect). Controls sent from now on answer this birth; earlier ones are dropped by the device."""
         d = self._device(device)
         if m["first"] == 0:
+            for key in self.admission.born(device):     # the sources it contested are no longer
+                self._touch(key)
             d["boot"], d["seq"] = m["boot"], m["seq"]
             d["to"] = (m["boot"] ^ m["seq"]) & 0xFFFFFFFF
             d["single"] = bool(m["caps"] & CAP_F32)
@@ -139,8 +155,9 @@ class Uplink:
         for i, rec in enumerate(m["sources"], m["first"]):
             key = rec["name"]
             s = self.cache.sources.get(key)
-            if s is not None and s.device != device:
-                self.stats["conflicts"] += 1
+            if not self.admission.claim(self.wall, device, key, s and s.device):
+                if s is not None:
+                    self._touch(key)    # contested: the owner keeps it, its queries say so
                 continue
             v = None if rec["v"] == NO_VALUE else rec["v"]
             self.integrity.regressed(device, i, rec["epoch"], self.wall, birth=True)
@@ -195,7 +212,7 @@ class Uplink:
         if kind in ("report", "reply", "line"):
             d = self.devices[device]
             if m["src"] >= len(d["keys"]):
-                self.stats["bad_messages"] += 1
+                self.admission.note(self.wall, device, BAD, "source index %d of %d" % (m["src"], len(d["keys"])))
                 return
             key = d["keys"][m["src"]]
             if not self._fresh_report(device, key, m):

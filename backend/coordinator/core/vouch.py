@@ -66,17 +66,19 @@ class Vouch:
         if b > 0:
             fields["heartbeat"] = b
             fields["withdraw_within"] = self.integrity.links.bound(b)
-        if fields["degraded"] or "lo" not in fields or fields.get("guarantee") == "probabilistic" \
-                or q.kind not in ("sum", "avg", "min", "max", "count") or "lag" in q.extra:
+        if fields["degraded"] or "lo" not in fields:
             return
         lo, hi = fields["lo"], fields["hi"]
-        if self.reserve.observe(q, t, hi - lo):
+        budgeted = fields.get("guarantee") != "probabilistic" and q.kind in ("sum", "avg", "min", "max", "count") \
+            and "lag" not in q.extra
+        if budgeted and self.reserve.observe(q, t, hi - lo):
             self.replan[q.id] = None
-        if lo == -math.inf or hi == math.inf:
-            waiting = [k for k in q.sources if -math.inf in self.cache.known(k) or math.inf in self.cache.known(k)]
+        waiting = [k for k in q.sources if -math.inf in self.cache.known(k) or math.inf in self.cache.known(k)] \
+            if lo == -math.inf or hi == math.inf else ()
+        if waiting or budgeted and (lo == -math.inf or hi == math.inf):     # never a plain [-inf, inf]
             fields["degraded"] = True
             fields["reason"] = "no bound yet: waiting for %s" % ", ".join(waiting[:NAMED] or ["a first report"])
-        elif hi - lo > q.precision + WIDTH_TOL * (1.0 + abs(lo) + abs(hi)):
+        elif budgeted and hi - lo > q.precision + WIDTH_TOL * (1.0 + abs(lo) + abs(hi)):
             fields["degraded"] = True
             fields["reason"] = "wider than precision: width %.6g, precision %.6g (%s)" % (hi - lo, q.precision, self._cause(q))
 

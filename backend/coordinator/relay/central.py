@@ -19,6 +19,7 @@ import math
 
 from edge.core import codec
 from edge.core import relay as body
+from backend.coordinator.core.admission import BAD
 from backend.coordinator.core.protocol import Protocol
 from backend.coordinator.core.queries import QueryError
 
@@ -149,7 +150,7 @@ class RelayAggregate(Protocol):
             b = None
         if b is None or not keys:
             self.bad += 1
-            coord.stats["bad_messages"] += 1
+            coord.admission.note(coord.wall, device, BAD, "a blob that does not decode")
             return
         key = keys[0]
         log = self.logs.setdefault(key, RelayLog())

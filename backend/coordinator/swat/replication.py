@@ -22,6 +22,7 @@ cache width (pad) they adapt, instead of per reading as in the paper.
 import math
 import random
 
+from backend.coordinator.core.admission import BAD
 from backend.coordinator.core.protocol import Protocol
 from backend.coordinator.core.queries import finite
 from backend.coordinator.swat.asr import (Site, aps_narrow, aps_widen, combine, dc_event, divergence_width, need_of,
@@ -239,7 +240,7 @@ class SwatReplication(Protocol):
                 raise ValueError("segment beyond the window")
         except ValueError:
             self.stats["bad_blobs"] += 1
-            coord.stats["bad_messages"] += 1
+            coord.admission.note(coord.wall, device, BAD, "a blob that does not decode")
             return
         t = coord.clock
         if st.fresh_t != t:

@@ -2,15 +2,17 @@
 
 A Raspberry Pi class process (also under QEMU ARM64) that owns one serial line per micro:bit
 (pyserial; a QEMU board's ``-serial pty`` is opened like ``/dev/ttyACM0``) and, per sensor, one MQTT
-session under the gateway's credentials with the sensor's own topics, client id and Last Will (the
-broker's ACL grants the gateway exactly its sensors' topics, ``backend/live/broker.py``). ``Bridge``
+session under the sensor's own login (its ``password`` in the config; only the gateway holds it), with the
+sensor's own topics, client id and Last Will (the broker's ACL grants each login its own topics,
+``backend/live/broker.py``). ``Bridge``
 translates. With ``relay`` set, every sample the sensors log also enters an
 ``edge.core.relay.RelayNode`` (hCount sketch, forecast and correct bodies) that publishes as the
 gateway's own device, so relay queries run on the live coordinator. ``truth`` names a folder for
 each sensor's ground truth (``time,source,value`` in value units, from the device's sample frames,
 each logged once the frame after it is read: ``_log``).
 
-``python -m edge.runtime.gateway.gateway CONFIG.json``; SIGINT/SIGTERM stop it cleanly (each sensor
+``python -m edge.runtime.gateway.gateway CONFIG.json`` (keys: ``edge.runtime.gateway.config``; broker user,
+TLS files and client ids for an operator's own broker too); SIGINT/SIGTERM stop it cleanly (each sensor
 publishes its offline state); it prints ``{"stats": ...}`` on exit.
 """
 import json
@@ -26,6 +28,7 @@ import serial
 
 from edge.core import codec, topics
 from edge.core.relay import RelayNode
+from edge.runtime.gateway import config
 from edge.runtime.gateway.bridge import SCALE, Bridge
 
 SILENT = 6.0            # s without a frame before a sensor counts as offline
@@ -45,7 +48,11 @@ class Sensor:
         if gw.truth:
             self.truth = open(os.path.join(gw.truth, "truth-%s.csv" % self.name), "a", buffering=1)
         self.prefix = topics.device_prefix(gw.fleet, self.name)
-        self.client = gw.session("%s.%s" % (gw.name, self.name), self.prefix + "state", self.bridge.boot)
+        # the sensor's own login (``password``), which only its gateway holds: on a broker that binds a client
+        # id to its login (``backend/live/broker.py``) each session needs one; without it, the gateway's login
+        login = (self.name, spec["password"]) if spec.get("password") else (gw.cfg["user"], gw.cfg["password"])
+        self.client = gw.session("%s.%s" % (gw.cfg["client_id"], self.name), self.prefix + "state", self.bridge.boot,
+                                 login)
         self.client.on_connect = lambda c, u, f, rc, p: rc.is_failure or (
             c.subscribe(self.prefix + "ctl", qos=1), gw.inbox.put((self, None)))   # (re)connected: a fresh birth
         self.client.on_message = lambda c, u, m: gw.inbox.put((self, m.payload))
@@ -53,6 +60,7 @@ class Sensor:
 
 class Gateway:
     def __init__(self, cfg):
+        cfg = config.check(dict(cfg))
         self.fleet = cfg["fleet"]
         self.name = cfg["gateway"]
         self.cfg = cfg
@@ -70,15 +78,17 @@ class Gateway:
             self.shift = rel.pop("shift", 10)
             self.relay = RelayNode(self.name, boot=boot & 0xFFFFFFFF, **rel)
             self.prefix = topics.device_prefix(self.fleet, self.name)
-            self.own = self.session(self.name, self.prefix + "state", boot)
+            self.own = self.session(cfg["client_id"], self.prefix + "state", boot, (cfg["user"], cfg["password"]))
             self.own.on_connect = lambda c, u, f, rc, p: rc.is_failure or c.subscribe(self.prefix + "ctl", qos=1)
             self.own.on_message = lambda c, u, m: self.inbox.put((None, m.payload))
         self.stats = {"noise": 0, "lines": []}
 
-    def session(self, client_id, will_topic, boot):
+    def session(self, client_id, will_topic, boot, login):
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
                         clean_session=False)
-        c.username_pw_set(self.name, self.cfg["password"])
+        c.username_pw_set(*login)
+        if self.cfg.get("tls"):
+            c.tls_set(ca_certs=self.cfg.get("ca"), certfile=self.cfg.get("cert"), keyfile=self.cfg.get("key"))
         c.will_set(will_topic, codec.encode("gone", {"boot": boot & 0xFFFFFFFF}), qos=1, retain=True)
         c.reconnect_delay_set(0.1, 2.0)
         return c
@@ -86,11 +96,15 @@ class Gateway:
     def connect(self):
         clients = [s.client for s in self.sensors] + ([self.own] if self.relay else [])
         for c in clients:
-            c.connect_async(self.cfg.get("host", "127.0.0.1"), self.cfg["port"], keepalive=self.cfg.get("keepalive", 10))
+            c.connect_async(self.cfg["host"], self.cfg["port"], keepalive=self.cfg.get("keepalive", 10))
             c.loop_start()
         deadline = time.monotonic() + 10
         while not all(c.is_connected() for c in clients) and time.monotonic() < deadline:
             time.sleep(0.02)
+        if not all(c.is_connected() for c in clients):      # paho goes on trying: say where and as whom
+            print("gateway: not connected to the broker at %s:%s as %s within 10 s (a wrong password, ACL or "
+                  "certificate?); still trying" % (self.cfg["host"], self.cfg["port"], self.cfg["user"]),
+                  file=sys.stderr, flush=True)
 
     # -- actions -------------------------------------------------------------------------
     def act(self, sensor, now, actions):
@@ -208,10 +222,9 @@ def main(argv=None):
         print("usage: python -m edge.runtime.gateway.gateway CONFIG.json", file=sys.stderr)
         return 2
     try:
-        with open(argv[0]) as f:
-            cfg = json.load(f)
+        cfg = config.load(argv[0])
         gw = Gateway(cfg)
-    except (OSError, ValueError, KeyError, serial.SerialException) as e:
+    except (OSError, ValueError, serial.SerialException) as e:     # a bad config, a serial port missing
         print("gateway: %s" % e, file=sys.stderr)
         return 2
 
