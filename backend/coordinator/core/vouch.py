@@ -71,7 +71,11 @@ class Vouch:
         lo, hi = fields["lo"], fields["hi"]
         budgeted = fields.get("guarantee") != "probabilistic" and q.kind in ("sum", "avg", "min", "max", "count") \
             and "lag" not in q.extra
-        if budgeted and self.reserve.observe(q, t, hi - lo):
+        width = hi - lo
+        if budgeted and width > q.precision - self.reserve.get(q.id) and not self._held(q)[0]:
+            width = q.precision - self.reserve.get(q.id)    # wide for another cause (a precision being reached
+            # by shrinking, a narrowing not confirmed): not the clock skew the reserve is for
+        if budgeted and self.reserve.observe(q, t, width):
             self.replan[q.id] = None
         waiting = [k for k in q.sources if -math.inf in self.cache.known(k) or math.inf in self.cache.known(k)] \
             if lo == -math.inf or hi == math.inf else ()
@@ -82,14 +86,20 @@ class Vouch:
             fields["degraded"] = True
             fields["reason"] = "wider than precision: width %.6g, precision %.6g (%s)" % (hi - lo, q.precision, self._cause(q))
 
-    def _cause(self, q):
-        """Why ``q``'s answer is wider than its widths (its first ``SCAN`` sources looked at)."""
+    def _held(self, q):
+        """(Whether a source of ``q`` states a report's hull while its instant is uncertain, whether one keeps
+        a mirror of a narrowing not confirmed yet), its first ``SCAN`` sources looked at."""
         held = narrowing = False
         for key in q.sources[:SCAN]:
             s = self.cache.sources.get(key)
             if s is not None:
                 held = held or bool(s.prior) or s.tight is not None and s.tight[0] > self.cache.now
                 narrowing = narrowing or bool(s.old)
-        causes = (["clock skew"] if held or (len(q.sources) > SCAN and self.integrity.offsets.sigma > 0) else []) \
+        return held or len(q.sources) > SCAN and self.integrity.offsets.sigma > 0, narrowing
+
+    def _cause(self, q):
+        """Why ``q``'s answer is wider than its widths."""
+        held, narrowing = self._held(q)
+        causes = (["clock skew"] if held else []) \
             + (["a narrowing not confirmed yet"] if narrowing or len(q.sources) > SCAN else [])
         return " or ".join(causes) or "rounding"
