@@ -72,12 +72,13 @@ class Downlink:
         ``Integrity.expect``'s arguments), timed from when it left: by the event time reached plus λ, or,
         in echo mode, when it is seen leaving."""
         if self.echo:
-            self.devices[device]["unsent"][what] = (self.devices[device]["down"], token, unsafe, wait)
+            self.devices[device]["unsent"][what] = (self.devices[device]["down"], token, unsafe, wait, self.wall)
         else:
             self._left(device, what, token, unsafe, wait, self._event_now() + self.latency, self.wall)
 
     def _left(self, device, what, token, unsafe, wait, at, wall):
-        """It left by ``at`` (event time + λ, or the echo), the adapter's clock reading ``wall`` at most."""
+        """It left by ``at`` (event time + λ, or the echo), the adapter's clock reading ``wall`` at most (the
+        device cannot have had it before)."""
         if type(what) is not tuple:
             self.integrity.sent(what, token, at - self.latency, unsafe, wall)
         elif self.integrity.left.get(what, (None,))[0] != token:   # (asked again: a reply may answer the first)
@@ -99,10 +100,12 @@ class Downlink:
         seq = m["seq"]
         if seq == d["rebirth"]:         # the birth request has left: wait for its answer from now
             d["rebirth"], d["asked"] = None, now
-        for what, (at, token, unsafe, wait) in list(d["unsent"].items()):
+        for what, (at, token, unsafe, wait, made) in list(d["unsent"].items()):
             if not newer(at, seq):
                 del d["unsent"][what]
-                self._left(device, what, token, unsafe, wait, now, now)
+                # the waits start at the echo; the clock bound takes when it was made: the device may have it
+                # before the echo reaches the bridge (two subscribers, either first), never before it was made
+                self._left(device, what, token, unsafe, wait, now, made)
         return self._advance(now)
 
     def send_config(self, device):

@@ -27,8 +27,8 @@ class Waits:
         adapter's clock ``wall``); ``unsafe``: the protocol counts on it (answers are wrong while the device
         has not applied it)."""
         self.ctl[key] = (epoch, clock, unsafe)
-        if wall is not None:
-            self.left[key] = (epoch, wall)
+        if wall is not None and self.left.get(key, (None,))[0] != epoch:    # (sent again under its epoch: a
+            self.left[key] = (epoch, wall)          # report carrying it may answer the first, which bounds it)
 
     def echo(self, device, key, epoch, t, now, probe=None, prompt=False):
         """A report of ``key`` stamped ``t`` (device s) carrying ``epoch`` (or a reply to ``probe``) heard at
