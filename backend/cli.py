@@ -162,7 +162,7 @@ def _broker_options(p):
 
 def _coordinator_options(p):
     """The coordinator settings of the live drivers; unset ones take ``backend.host``'s defaults."""
-    from backend.host import DEFAULT_MODELS, LIVE_BEAT, LIVE_LATENCY, MODELS, SETTINGS
+    from backend.host import DEFAULT_MODELS, LIVE_BEAT, LIVE_LATENCY, LIVE_SKEW, MODELS, SETTINGS
     p.add_argument("--protocol", help="coordinator protocol, see backend/coordinator/protocols.py (default %s, "
                    "the product; deadband is the plain baseline)" % SETTINGS["protocol"])
     p.add_argument("--period", type=float, help="adjustment period T in seconds (default %g)" % SETTINGS["period"])
@@ -171,8 +171,10 @@ def _coordinator_options(p):
     p.add_argument("--latency", type=float, default=LIVE_LATENCY, help="latency tolerance λ in seconds (default %(default)s)")
     p.add_argument("--models", choices=sorted(MODELS), help="filter models devices may use (default %s)" % DEFAULT_MODELS)
     p.add_argument("--beat", type=float, default=LIVE_BEAT,
-                   help="device heartbeat B in seconds: a device silent past B + λ + margin is degraded (default "
-                        "%(default)s; 0: off)")
+                   help="device heartbeat B in seconds for every device: a device silent past B + λ + margin is "
+                        "degraded (default: per device, from λ and its uplink rate; 0: off)")
+    p.add_argument("--skew", type=float, default=LIVE_SKEW,
+                   help="device clock offset σ covered without an alarm, in seconds (default %(default)s)")
 
 
 def cmd_experiment(args):

@@ -26,7 +26,7 @@ from backend.coordinator.protocols import make
 # The settings every driver accepts, with the one set of defaults (T and S of Olston et al. §3.1). The
 # protocol is the product's, adaptive, for every live driver; a simulator workload names its own (its
 # default stays deadband, ``backend.sim.workload``: a workload file is an experiment record).
-SETTINGS = {"protocol": "adaptive", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": 0.0,
+SETTINGS = {"protocol": "adaptive", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": None,
             "skew": 0.0, "t0": None, "params": None, "models": None, "echo": False, "registry": None,
             "rate": RATE}
 # ``registry``: a credentials.json whose ``sources`` ({device: [source, ...]}, written by ``quietfleet broker``
@@ -39,14 +39,19 @@ DEFAULT_MODELS = "choose"
 # λ on a real network (loopback delay plus clock skew between processes): the live coordinator's and
 # the Spark backend's command-line default; the simulator states its own in the workload.
 LIVE_LATENCY = 0.5
-# The device heartbeat B of the live drivers (the live coordinator's and the Spark backend's command-line
-# default, ``from_args``): a device silent for B sends a beat, so the integrity watchdog finds a device gone
-# quiet (a lost last report, a partition, a reboot whose birth was lost) within B + λ + margin; 0 is off.
-# The agents' MQTT keepalive is 30 s as well.
-LIVE_BEAT = 30.0
-LIVE_SETTINGS = ("protocol", "period", "shrink", "latency", "beat", "models")
+# The device heartbeat B (setting ``beat``): None, the default of every driver, is per device, derived from
+# λ and its uplink rate (backend/coordinator/core/heartbeat.py); a device silent for B sends a mark, so the
+# integrity watchdog finds a device gone quiet (a lost last report, a partition, a reboot whose birth was
+# lost) within B + λ + margin. A number fixes B for every device; 0 turns marks and the watchdog off.
+LIVE_BEAT = None
+# The device clock offset σ the live drivers cover (``skew``): clocks within ±σ of the backend's are
+# placed without an alarm until their measured bounds say more (backend/coordinator/core/offsets.py);
+# NTP keeps real devices within tens of ms.
+LIVE_SKEW = 0.1
+LIVE_SETTINGS = ("protocol", "period", "shrink", "latency", "beat", "models", "skew")
 # How a spec's error begins while its sources are not born yet: a state (logged at INFO), not a refusal.
 WAITING = "waiting for sources"
+
 
 def settings(given=None, **overrides):
     """Complete settings: ``SETTINGS`` updated by ``given`` and ``overrides``; unknown keys are an error."""
@@ -56,7 +61,8 @@ def settings(given=None, **overrides):
             if key not in SETTINGS:
                 raise ValueError("unknown setting %r (have: %s)" % (key, ", ".join(SETTINGS)))
             s[key] = value
-    for key in ("period", "shrink", "latency", "beat", "skew", "rate") + (("t0",) if s["t0"] is not None else ()):
+    for key in ("period", "shrink", "latency", "skew", "rate") + (("t0",) if s["t0"] is not None else ()) \
+            + (("beat",) if s["beat"] is not None else ()):
         v = s[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ValueError("setting %s must be a finite number, got %r" % (key, v))

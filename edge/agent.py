@@ -1,7 +1,8 @@
 """Device state machine: samples, control messages and time in; messages and the next timer out.
 
 Olston et al. 2003 §3.1 (report on exit, shrink every T and re-check), Cheng et al. 2005 §3
-(constraints, probes, shutdown), DESIGN.md §3 (epochs, sequence numbers, birth/resync, heartbeat).
+(constraints, probes, shutdown), DESIGN.md §3 (epochs, birth/resync; sequence numbers, heartbeat marks and
+ack mode's resends in ``edge.core.delivery``).
 Sans-IO: every call takes ``now`` (the caller's clock) and returns a list of ``(channel, payload)``
 where channel is ``"up"`` or ``"state"``. Bad samples and bad messages are counted, never raised.
 
@@ -18,51 +19,24 @@ import sys
 
 from edge.core import codec
 from edge.core.codec import NO_VALUE, newer, CAP_F32, CAP_MS, CAP_LINE, CAP_METER
+from edge.core.delivery import Delivery
 from edge.core.interval import IntervalFilter, INF
+from edge.core.window import current, fresh
 
 FIRMWARE = "qf-0.2"
-WINDOW = 30             # downlink sequence numbers remembered below the highest (a small int on a board)
 CATCH_UP = 64           # missed shrinks applied one by one; after more (a stall, a clock jump) the width is 0
-_MASK = (1 << WINDOW) - 1
 F32 = 1.0 + 2.0 ** -30 == 1.0       # this interpreter's floats are single precision
 _HEAD = 2 + 4 + 8 + 4 + 1 + len(FIRMWARE) + 1 + 1 + 1     # a birth without its source records
+BOARD = sys.implementation.name == "micropython"
 
 
 def _finite(v):
     return (isinstance(v, float) or isinstance(v, int)) and not isinstance(v, bool) and v == v and v != INF and v != -INF
 
 
-def current(inc, kind, got):
-    """Whether a control of backend incarnation ``got`` may be applied by a device configured by
-    incarnation ``inc`` (None: none since its latest birth): one of ``inc`` itself, or a config (or
-    ``setup``, or a request for a birth) of a later run (32-bit serial order, RFC 1982), which the
-    device then adopts. A replayed control of an earlier run, config or not, is dropped."""
-    if got == inc:
-        return True
-    later = inc is None or 0 < (got - inc) & 0xFFFFFFFF < 0x80000000
-    return (kind == "config" or kind == "setup" or kind == "rebirth") and later
-
-
-def fresh(top, seen, seq):
-    """Anti-replay window (RFC 4303 §3.4.3 style) over downlink sequence numbers: ``top`` the highest
-    accepted (None: none yet), bit k of ``seen`` set when top - 1 - k was. Returns (first time seen,
-    top, seen)."""
-    if top is None:
-        return True, seq, 0
-    d = (seq - top) & 0xFFFFFFFF
-    if d == 0:
-        return False, top, seen
-    if d < 0x80000000:
-        return True, seq, ((seen << d) | (1 << (d - 1))) & _MASK if d <= WINDOW else 0
-    back = (top - seq) & 0xFFFFFFFF
-    if back > WINDOW or seen >> (back - 1) & 1:
-        return False, top, seen
-    return True, top, seen | 1 << (back - 1)
-
-
 class Agent:
     def __init__(self, device, sources, boot=0, caps=0, width=0.0, unit=1, synced=True, rnd=None, lines=None,
-                 meter=True):
+                 meter=True, resend=None):
         if not sources or len(sources) > codec.MAX_LIST:
             raise ValueError("an agent needs 1..255 sources")
         for name in sources:
@@ -80,13 +54,14 @@ class Agent:
         self.values = [None] * len(self.names)
         self.boot = boot
         if lines is None:       # lines cost a board heap (the module, two shadow filters per source): boards opt in
-            lines = sys.implementation.name != "micropython"
+            lines = not BOARD
         self.caps = caps | (CAP_LINE if lines else 0) | (CAP_F32 if F32 or rnd is not None else 0) | \
             (CAP_MS if unit == 1000 else 0) | (CAP_METER if meter else 0)
         self.unit = unit
         self.synced = synced
         self.offset = 0         # device time = caller's clock + offset
-        self.seq = 0
+        # numbering, heartbeat marks and ack mode's resend buffer (a few messages on a board's heap)
+        self.delivery = Delivery(resend or (8 if BOARD else 16))
         self.token = None       # boot ^ seq of the latest birth: every downlink must carry it
         self.inc = None         # incarnation of the backend run that configured us after that birth
         self.top = None         # highest downlink sequence number accepted in this session
@@ -94,14 +69,14 @@ class Agent:
         self.period_ms = 0      # T; 0 disables shrinking
         self.t0_ms = 0          # tick origin: shrink k happens at t0 + k·T (backend time, ms)
         self.shrink = 0.0       # S
-        self.beat = 0           # heartbeat period in clock units; 0 disables
         self.period = 0         # number of shrinks applied (the backend's period count)
-        self.last_up = None
         self.summaries = None   # source index -> swat_asr.Replicator, allocated by the first summary control
         self.alt = None         # per source edge.core.predict.Chooser, once the backend allows lines
         self.allow = 1          # filter models allowed (edge.core.predict bits), from the ``setup`` control
         self.segs = None        # source index -> segment.Segmenter (segment mode), allocated by the first segment control
         self.meter = None       # edge.core.meter.Meter (plain deadband's shadow filters), from the first METER control
+        self.guard = 0          # guard time after a report (clock units; ``link``), 0: none
+        self.guards = {}        # source index -> (until, lo, hi): readings outside [lo, hi] are reported until then
         self.stats = {"samples": 0, "reports": 0, "bad_samples": 0, "bad_messages": 0, "probes": 0,
                       "stale": 0, "unsupported": 0}
 
@@ -121,10 +96,7 @@ class Agent:
 
     # -- outgoing -------------------------------------------------------------
     def _up(self, now, kind, fields):
-        self.seq = (self.seq + 1) & 0xFFFFFFFF
-        fields["seq"] = self.seq
-        self.last_up = now
-        return ("up", codec.encode(kind, fields))
+        return ("up", self.delivery.number(now, kind, fields))
 
     def _report(self, now, i, why, constant=False):
         """Report source ``i``'s current value stamped ``now`` and recentre on it; when lines are
@@ -135,6 +107,11 @@ class Agent:
         fields = {"src": i, "epoch": f.epoch, "t": now, "v": v, "why": why}
         kind = "report"
         mt = self.meter
+        guarded = self.guard and f.center is not None and f.lo != -INF
+        if guarded:
+            # while the backend does not know when this reading came (clock skew), it states the hull of the
+            # bound before it and this value: a reading outside that hull within the guard is reported too
+            self.guards[i] = (now + self.guard, min(f.lo, v), max(f.hi, v))
         if self.alt is None:
             f.recenter(v)
         else:
@@ -142,11 +119,13 @@ class Agent:
             if f.slope:
                 fields["slope"], fields["gap"] = f.slope, f.gap
                 kind = "line"
-        if mt is None:
-            return self._up(now, kind, fields)
-        if mt.shadows[i] is None:
-            mt.count(i)         # the filter is deadband's: so is the report
-        return self._up(now, mt.stamp(i, fields, kind), fields)
+        if mt is not None:
+            if mt.shadows[i] is None:
+                mt.count(i)         # the filter is deadband's: so is the report
+            kind = mt.stamp(i, fields, kind)
+        if guarded:
+            fields["why"] |= codec.GUARDED
+        return self._up(now, kind, fields)
 
     def start(self, now):
         """Birth (also sent after every reconnect), in parts when one payload cannot hold every source."""
@@ -169,15 +148,15 @@ class Agent:
             while j < len(recs) and size + codec.record_size(recs[j]) <= codec.MAX_PAYLOAD:
                 size += codec.record_size(recs[j])
                 j += 1
-            self.seq = (self.seq + 1) & 0xFFFFFFFF
+            out.append(("state", self.delivery.number(now, "birth", {"t": now, "boot": self.boot, "fw": FIRMWARE,
+                        "caps": self.caps, "first": first, "sources": recs[first:j]}, False)))
             if first == 0:
-                self.token = (self.boot ^ self.seq) & 0xFFFFFFFF
-            out.append(("state", codec.encode("birth", {"seq": self.seq, "t": now, "boot": self.boot, "fw": FIRMWARE,
-                                                         "caps": self.caps, "first": first, "sources": recs[first:j]})))
+                self.token = (self.boot ^ self.delivery.seq) & 0xFFFFFFFF
             first = j
         self.inc = self.top = None
         self.seen = 0
-        self.last_up = now
+        self.guards = {}
+        self.delivery.born(now)
         return out
 
     def will(self):
@@ -211,7 +190,7 @@ class Agent:
         out = []
         if f.center is None:
             out.append(self._report(now, i, codec.WHY_FIRST))
-        elif f.check(value):
+        elif f.check(value) or (i in self.guards and self._guarded(now, i, value)):
             out.append(self._report(now, i, codec.WHY_EXIT))
         elif self.meter is not None and self.meter.due(i):
             out.append(self._report(now, i, codec.WHY_METER))      # deadband's count, lest it go unseen
@@ -219,6 +198,14 @@ class Agent:
             from edge.core import swat_asr      # loaded only on devices that summarise
             out += swat_asr.ship(self, now, i, self.summaries[i].sample(now, value))
         return out
+
+    def _guarded(self, now, i, v):
+        """Whether reading ``v`` at ``now`` leaves source ``i``'s guard hull (the guard ends after its time)."""
+        g = self.guards[i]
+        if now > g[0]:
+            del self.guards[i]
+            return False
+        return v < g[1] or v > g[2]
 
     def handle_message(self, now, payload):
         try:
@@ -251,6 +238,13 @@ class Agent:
             self._configure(now, m)
             if kind == "setup":
                 self._models(m["allow"])
+            return []
+        if kind == "ack":
+            self.delivery.acked(m["upto"])
+            return []
+        if kind == "link":
+            self.delivery.link(self._ms(m["rto"]))
+            self.guard = self._ms(m["guard"])
             return []
         i = m["src"]
         if i >= len(self.filters):
@@ -307,7 +301,7 @@ class Agent:
         same = m["t0"] == self.t0_ms and m["period"] == self.period_ms
         self.t0_ms, self.period_ms = m["t0"], m["period"]
         self.shrink = m["shrink"]
-        self.beat = self._ms(m["beat"])
+        self.delivery.beat = self._ms(m["beat"])
         self.period = max(self.period, m["tick"]) if same else m["tick"]
 
     def _models(self, allow):
@@ -333,12 +327,10 @@ class Agent:
         return self._ms(self.t0_ms + (self.period + 1) * self.period_ms)
 
     def next_deadline(self):
-        """The caller's time of the next shrink or heartbeat; None when none is due."""
-        t = None
+        """The caller's time of the next shrink, resend or heartbeat mark; None when none is due."""
+        t = self.delivery.deadline()
         if self.period_ms > 0 and self.shrink > 0:
-            t = self._shrink_at()
-        if self.beat > 0 and self.last_up is not None:
-            b = self.last_up + self.beat
+            b = self._shrink_at()
             if t is None or b < t:
                 t = b
         if self.alt is not None:
@@ -389,9 +381,11 @@ class Agent:
                 if jump:
                     break
                 at = self._shrink_at()
+        complete = now
         if self.segs:
             from edge.core import segment
             out += segment.flush(self, now)
-        if self.beat > 0 and self.last_up is not None and now >= self.last_up + self.beat and not out:
-            out.append(self._up(now, "beat", {"t": now}))
+            complete = segment.complete(self, now)
+        for payload in self.delivery.due(now, bool(out), complete):
+            out.append(("up", payload))
         return out

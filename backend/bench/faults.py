@@ -1,10 +1,13 @@
-"""``python -m backend.bench.faults``: the bench workloads on a hostile network (issue #20, DESIGN.md §8).
+"""``python -m backend.bench.faults``: the bench workloads on a hostile network (issue #20, [final]; DESIGN.md §4, §8).
 
-Each synthetic bench workload (``backend.bench.report.workloads``) runs under the default adaptive protocol and
-deadband twice with the same seed, delay 0.2 s + jitter 0.1 s and a 5 s heartbeat: on a clean network
-and with loss 5 %, duplication 5 %, reordering 20 % and device clocks off by up to 0.3 s. Printed
-per run: violations outside degraded or revoked windows (target 0), the share of query time answered
-degraded next to the share the faults forced (``backend.sim.forced``), and messages against the
+Each synthetic bench workload (``backend.bench.report.workloads``), and the issue's own (``final-20``: 20
+random walks at 1 Hz, a SUM at precision 60 and a MAX over 4 at 6), runs under the default adaptive protocol
+and deadband twice with the same seed and the default (per-device) heartbeat, delay 0.2 s + jitter 0.1 s
+(``final-20``: 0.1 + 0.1): on a clean network and with loss 5 %, duplication 5 %, reordering 20 % and device
+clocks off by up to 0.3 s. Printed per run: violations outside degraded or revoked windows (target 0),
+non-degraded answers wider than their precision (0), the share of checked instants degraded or withdrawn
+(≤ 0.35), wrong provisional answers and how soon they were withdrawn (≤ 5 s), the share of query time
+answered degraded next to the share the faults forced (``backend.sim.forced``), and messages against the
 fault-free run. Writes ``faults.csv`` and ``faults.md`` to ``--out``.
 """
 import argparse
@@ -17,19 +20,23 @@ from backend.sim import engine
 
 FAULTS = {"loss": 0.05, "duplicate": 0.05, "reorder": 0.2, "skew": 0.3}
 NETWORK = {"delay": 0.2, "jitter": 0.1}
-NAMES = ("single-avg-10", "overlapping-5q", "mixed-aggregates", "hetero-24")
+NAMES = ("single-avg-10", "overlapping-5q", "mixed-aggregates", "hetero-24", "final-20")
+FINAL = {"seed": 7, "duration": 1200, "network": {"delay": 0.1, "jitter": 0.1},
+         "sources": {"generator": "random_walk", "count": 20, "per_device": 1, "start": [40, 60],
+                     "step": [0.5, 2.0], "interval": 1},
+         "queries": [{"id": "total", "kind": "sum", "sources": "all", "precision": 60},
+                     {"id": "top", "kind": "max", "sources": ["s0", "s1", "s2", "s3"], "precision": 6}]}
 
 
 def run(name, spec, protocol, faults):
     w = copy.deepcopy(spec)
-    w.update(name=name, protocol=protocol, network=dict(NETWORK, **faults))
-    w.setdefault("params", {})["heartbeat"] = 5.0
+    w.update(name=name, protocol=protocol, network=dict(w.get("network", NETWORK), **faults))
     return engine.run(w)
 
 
 def table(scale):
     rows = []
-    for name, spec in workloads(scale):
+    for name, spec in workloads(scale) + [("final-20", dict(FINAL, duration=max(300, int(FINAL["duration"] * scale))))]:
         if name not in NAMES:
             continue
         for protocol in ("adaptive", "deadband"):
@@ -38,12 +45,18 @@ def table(scale):
             f = hostile["faults"]
             rows.append({"workload": name, "protocol": protocol, "seed": spec["seed"], "duration": spec["duration"],
                          "violations": hostile["violations"], "clean_violations": clean["violations"],
+                         "precision_misses": hostile["precision_misses"],
+                         "degraded_or_withdrawn": round(f["degraded_or_withdrawn"] or 0.0, 4),
+                         "wrong_provisional": f["wrong_provisional"],
+                         "withdraw_delay_max": round(f["withdraw_delay_max"], 3) if f["withdraw_delay_max"] else 0.0,
                          "degraded_share": round(f["degraded_share"], 4), "forced_share": round(f["forced_share"], 4),
                          "messages": msgs(hostile), "clean_messages": msgs(clean),
                          "messages_vs_clean": round(msgs(hostile) / max(1, msgs(clean)), 3),
+                         "acks": hostile["by_kind"].get("ack", 0), "marks": hostile["by_kind"].get("mark", 0),
+                         "clean_marks": clean["by_kind"].get("mark", 0),
                          "lost": hostile["network"]["lost"], "reordered": hostile["network"]["reordered"],
                          "duplicated": hostile["network"]["duplicated"], "late": hostile["late"],
-                         "rebirths_asked": f["integrity"]["asked"]})
+                         "lost_found": f["integrity"]["lost"], "rebirths_asked": f["integrity"]["asked"]})
     return rows
 
 
@@ -58,15 +71,17 @@ def main(argv=None):
         out = csv.DictWriter(fh, fieldnames=list(rows[0]))
         out.writeheader()
         out.writerows(rows)
-    cols = ("workload", "protocol", "violations", "degraded_share", "forced_share", "messages_vs_clean", "lost", "late")
+    cols = ("workload", "protocol", "violations", "precision_misses", "degraded_or_withdrawn", "wrong_provisional",
+            "withdraw_delay_max", "degraded_share", "forced_share", "messages_vs_clean", "acks", "lost", "lost_found")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
-    text = "Faults %s, delay 0.2 s + jitter 0.1 s, heartbeat 5 s, scale %s (target: 0 violations)\n\n%s\n" % (
-        ", ".join("%s %s" % kv for kv in FAULTS.items()), args.scale, "\n".join(lines))
+    text = ("Faults %s, delay 0.2 s + jitter 0.1 s (final-20: 0.1 + 0.1), default heartbeat, scale %s (targets: 0 "
+            "violations, 0 precision misses, degraded or withdrawn <= 0.35 of instants, withdrawn within 5 s)\n\n%s\n"
+            % (", ".join("%s %s" % kv for kv in FAULTS.items()), args.scale, "\n".join(lines)))
     with open(os.path.join(args.out, "faults.md"), "w") as fh:
         fh.write(text)
     print(text)
-    return 1 if any(r["violations"] for r in rows) else 0
+    return 1 if any(r["violations"] or r["precision_misses"] for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -189,7 +189,7 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         from backend.ui import hooks as ui_hooks                                # --ui
         dash = ui_hooks.demo(ui, broker, observer, devices, out)                # --ui
         settings = host.settings(protocol=protocol, period=period, shrink=shrink, latency=latency, beat=host.LIVE_BEAT,
-                                 registry=broker.credentials_file)
+                                 skew=host.LIVE_SKEW, registry=broker.credentials_file)
         out("backend: bridge -> spool -> Spark Structured Streaming (%s, transformWithStateInPandas, RocksDB), "
             "protocol %s, latency tolerance %.2fs, trigger %.2fs" % (master, protocol, latency, trigger))
         t0 = time.monotonic()

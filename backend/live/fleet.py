@@ -179,8 +179,9 @@ class Fleet:
                                          os.path.join(self.folder, "truth-%s.csv" % n), path)
         return [self.devices[n] for n in names]
 
-    def start(self, kind, name, source, boot=None):
-        """Start device ``name`` of ``kind`` with a ``source`` dict (``name``, ``kind`` walk|csv, ...) or a list."""
+    def start(self, kind, name, source, boot=None, skew=0.0):
+        """Start device ``name`` of ``kind`` with a ``source`` dict (``name``, ``kind`` walk|csv, ...) or a list;
+        ``skew``: its clock runs that many seconds ahead of the host's (edge.runtime.pump)."""
         sources = source if isinstance(source, list) else [source]
         if kind == "microbit":
             raise FleetError("micro:bits start with start_microbits (they share gateways)")
@@ -194,6 +195,8 @@ class Fleet:
                    "period": self.period, "width": self.width, "ground_truth": truth, "sources": sources}
             if boot is not None:
                 cfg["boot"] = boot
+            if skew:
+                cfg["clock_skew_ms"] = int(round(skew * 1000))
             path = os.path.join(self.folder, "%s.json" % name)
             with open(path, "w") as f:
                 json.dump(cfg, f)
@@ -205,6 +208,8 @@ class Fleet:
                      "width = %r" % self.width, "ground_truth = %s" % json.dumps(truth)]
             if boot is not None:
                 lines.append("boot = %d" % boot)
+            if skew:
+                lines.append("clock_skew = %r" % float(skew))
             lines += ["[broker]", 'host = "%s"' % self.broker.host, "port = %d" % self.broker.device_port,
                       "keepalive = %d" % self.keepalive]
             for src in sources:
@@ -312,7 +317,7 @@ def fleet_main(args):
     them, and writes the result there: agents per kind, messages up/down, violations against the devices'
     ground truth."""
     from backend.live.broker import Broker, BrokerError
-    from backend.host import LIVE_LATENCY, SETTINGS, Host
+    from backend.host import LIVE_LATENCY, LIVE_SKEW, SETTINGS, Host
     from backend.live.checker import violations
     from backend.live.coordinator import LiveCoordinator
     counts = {"micropython": args.micropython, "cpython": args.cpython, "arm64": args.arm64,
@@ -340,7 +345,8 @@ def fleet_main(args):
     answers, live, thread = [], None, None
     if args.out:
         coord = Host(protocol=getattr(args, "protocol", None) or SETTINGS["protocol"], period=2.0, shrink=0.0,
-                     latency=LIVE_LATENCY, t0=time.time(), declared=sources, registry=broker.credentials_file)
+                     latency=LIVE_LATENCY, skew=LIVE_SKEW, t0=time.time(), declared=sources,
+                     registry=broker.credentials_file)
         live = LiveCoordinator(coord, args.fleet, broker.host, broker.port, broker.credentials("backend")[1],
                                queries=specs, answers=answers, client_id="qf-%s-fleet-check" % args.fleet)
         thread = live.start_thread()

@@ -6,10 +6,15 @@ failed Wi-Fi link or a partition looks like to TCP: silence, then a keepalive ti
 forwards again, ``delay(s)`` holds every chunk for ``s`` seconds (chunks already held included, so
 ``delay(0)`` releases them at once), ``reset()`` closes every connection
 (a broker or NAT restart). The agents keep sampling and logging their ground truth meanwhile, so a
-stale window is visible to the checker, unlike a SIGSTOP. It listens on 127.0.0.1 only.
+stale window is visible to the checker, unlike a SIGSTOP. ``lossy(loss, duplicate, reorder)`` makes it an
+MQTT-aware hostile network (DESIGN.md §5) for device messages (``.../up`` and ``.../ctl`` PUBLISH packets,
+either way): each is lost (its QoS 1 PUBACK made up for the sender, as a broker that lost it after
+acknowledging), sent twice, or held back up to ``hold`` s so later ones overtake it, by a seeded draw;
+every other packet passes in order. It listens on 127.0.0.1 only.
 """
 import collections
 import math
+import random
 import selectors
 import socket
 import threading
@@ -19,12 +24,14 @@ _CHUNK = 65536
 
 
 class _Pair:
-    __slots__ = ("down", "up", "queues")
+    __slots__ = ("down", "up", "queues", "held", "bufs")
 
     def __init__(self, down, up):
         self.down = down            # the device side
         self.up = up                # the broker side
         self.queues = {down: collections.deque(), up: collections.deque()}   # socket -> [(received, data)] to send
+        self.held = {down: [], up: []}      # socket -> [(release time, data)] held back (reordered)
+        self.bufs = {down: b"", up: b""}    # socket -> bytes read but not a whole MQTT packet yet
 
 
 class Proxy:
@@ -46,7 +53,10 @@ class Proxy:
         self.mode = "pass"          # pass | cut
         self.hold = 0.0             # seconds each chunk is held (delay)
         self.resets = 0
-        self.stats = {"connections": 0, "forwarded": 0, "dropped": 0, "resets": 0, "cuts": 0}
+        self.stats = {"connections": 0, "forwarded": 0, "dropped": 0, "resets": 0, "cuts": 0,
+                      "lost": 0, "duplicated": 0, "reordered": 0}
+        self.faults = None          # (loss, duplicate, reorder, hold) of device PUBLISH packets, or None
+        self.rng = random.Random(0)
         self.cut_log = []           # [(start, end or None)] in time.time(), for the checker
         self.stopping = False
         self.wake_r, self.wake_w = socket.socketpair()
@@ -70,6 +80,12 @@ class Proxy:
                 self.cut_log[-1][1] = time.time()
             self.mode = "pass"
         self._wake()
+
+    def lossy(self, loss=0.0, duplicate=0.0, reorder=0.0, hold=0.3, seed=0):
+        """Lose, duplicate or reorder device PUBLISH packets from now on (all 0: stop)."""
+        with self.lock:
+            self.rng = random.Random(seed)
+            self.faults = (loss, duplicate, reorder, hold) if loss or duplicate or reorder else None
 
     def delay(self, seconds):
         with self.lock:
@@ -157,10 +173,50 @@ class Proxy:
             self.stats["dropped"] += len(data)
             return
         other = pair.up if sock is pair.down else pair.down
-        pair.queues[other].append((time.monotonic(), data))
+        now = time.monotonic()
+        if self.faults is None and not pair.bufs[sock]:
+            pair.queues[other].append((now, data))
+            return
+        buf = pair.bufs[sock] + data
+        while True:
+            n = _packet_size(buf)
+            if n is None or n > len(buf):
+                break
+            self._packet(pair, sock, other, buf[:n], now)
+            buf = buf[n:]
+        pair.bufs[sock] = buf
+
+    def _packet(self, pair, sock, other, pkt, now):
+        """One whole MQTT packet from ``sock`` to ``other``: faulted if a device PUBLISH (``lossy``)."""
+        f = self.faults
+        pub = _publish(pkt) if f is not None else None
+        if pub is None:
+            pair.queues[other].append((now, pkt))
+            return
+        qos, pid = pub
+        r = self.rng.random()
+        if r < f[0]:
+            self.stats["lost"] += 1
+            if qos == 1:        # acknowledged all the same: lost after the sender's hop
+                pair.queues[sock].append((now, bytes((0x40, 2, pid >> 8, pid & 0xFF))))
+            return
+        if r < f[0] + f[2]:
+            self.stats["reordered"] += 1
+            pair.held[other].append((now + self.rng.uniform(0.0, f[3]), pkt))
+        else:
+            pair.queues[other].append((now, pkt))
+        if self.rng.random() < f[1]:
+            self.stats["duplicated"] += 1
+            pair.held[other].append((now + self.rng.uniform(0.0, 0.05), pkt))
 
     def _flush(self, now):
         for sock, pair in list(self.pairs.items()):
+            held = pair.held.get(sock)
+            if held:        # reordered and duplicated packets, due: to the end of the queue
+                due = [h for h in held if h[0] <= now]
+                held[:] = [h for h in held if h[0] > now]
+                for _, data in sorted(due, key=lambda h: h[0]):
+                    pair.queues[sock].append((-math.inf, data))
             q = pair.queues.get(sock)
             while q and q[0][0] + self.hold <= now:
                 _, data = q.popleft()
@@ -185,6 +241,10 @@ class Proxy:
             for q in pair.queues.values():
                 if q and (soonest is None or q[0][0] + self.hold < soonest):
                     soonest = q[0][0] + self.hold
+            for held in pair.held.values():
+                for at, _ in held:
+                    if soonest is None or at < soonest:
+                        soonest = at
         return 0.5 if soonest is None else max(0.0, min(0.5, soonest - now))
 
     def _drop(self, sock):
@@ -204,3 +264,31 @@ class Proxy:
         """Total time spent cut (up to ``end``, default now)."""
         end = time.time() if end is None else end
         return sum((b if b is not None else end) - a for a, b in self.cut_log)
+
+
+def _packet_size(buf):
+    """The size of the MQTT packet at the start of ``buf`` (None: its header is not all there yet)."""
+    n, mult = 0, 1
+    for i in range(1, min(len(buf), 5)):
+        n += (buf[i] & 0x7F) * mult
+        if not buf[i] & 0x80:
+            return i + 1 + n
+        mult *= 128
+    return None
+
+
+def _publish(pkt):
+    """(QoS, packet id) of a PUBLISH on a device's ``up`` or ``ctl`` topic, else None."""
+    if pkt[0] >> 4 != 3:
+        return None
+    i = 1
+    while pkt[i] & 0x80:
+        i += 1
+    i += 1
+    n = pkt[i] << 8 | pkt[i + 1]
+    topic = pkt[i + 2:i + 2 + n]
+    if b"/d/" not in topic or not (topic.endswith(b"/up") or topic.endswith(b"/ctl")):
+        return None
+    qos = (pkt[0] >> 1) & 3
+    pid = pkt[i + 2 + n] << 8 | pkt[i + 3 + n] if qos else 0
+    return qos, pid

@@ -107,10 +107,11 @@ class Simulation(Loop):
     def _bound(self, s):
         """The bound of source ``s``'s filter (``screen.bound``, or ``screen.models_bound`` when its device
         chooses filter models: edge.core.predict); None for a SWAT tree or a segment (edge.core.segment),
-        which see every reading, and for model choice on a skewed clock (the screen reads true times)."""
+        which see every reading, for model choice on a skewed clock (the screen reads true times), and while a
+        guard after a report is on (edge.agent: a reading leaving the guard's hull is reported)."""
         dev, j = self.src_dev[s]
         a = self.agents[dev]
-        if (a.summaries and j in a.summaries) or (a.segs and j in a.segs):
+        if (a.summaries and j in a.summaries) or (a.segs and j in a.segs) or j in a.guards:
             return None
         if a.alt is not None:
             b = None if dev in self.offset or a.offset else models_bound(a.filters[j], a.alt[j])

@@ -3,11 +3,13 @@
 Aggregate answers are merged with the exact step function of their query (``truth.check``),
 entity answers with the exact membership (``entity_truth.check``) and summary answers with the
 exact window (``summary_truth.check``); probabilistic answers report their measured fidelity
-instead of violations. ``headline`` is the one-line summary ``quietfleet sim`` prints for any kind.
+instead of violations; interval answers also say how their provisional answers fared (``withdrawal``:
+degraded and withdrawn shares, wrong provisional answers and how soon they were withdrawn).
+``headline`` is the one-line summary ``quietfleet sim`` prints for any kind.
 """
 import math
 
-from backend.sim import entity_truth, segment_truth, summary_truth, truth as truth_mod
+from backend.sim import entity_truth, segment_truth, summary_truth, truth as truth_mod, withdrawal
 
 
 def _split(sim):
@@ -16,11 +18,12 @@ def _split(sim):
     by_q, prob, finals = {}, {}, {}
     ents = {qid: [] for qid in sim.truth.entity.tracks}
     sums = {qid: [] for qid in sim.truth.summary.tracks}
-    revoked = {}
+    revoked, published = {}, {}
     for a in sim.answers:
         if "revoked" in a and a["revoked"][0] <= w.duration:    # open-ended past the checked span
             lo, hi = a["revoked"]
             revoked.setdefault(a["query"], []).append([lo, hi if hi < w.duration else math.inf])
+            published.setdefault(a["query"], []).append((lo, hi if hi < w.duration else math.inf, a["time"]))
         if a["time"] > w.duration or a["time"] >= sim.ended.get(a["query"], (math.inf,))[0]:
             continue
         if a.get("final"):
@@ -33,17 +36,18 @@ def _split(sim):
             by_q.setdefault(a["query"], []).append((a["time"], a["lo"], a["hi"], a["degraded"]))
             if a.get("guarantee") == "probabilistic":
                 prob[a["query"]] = a["confidence"]
+    raw = dict(by_q)
     for qid, windows in revoked.items():     # answers found wrong later count as degraded (issue #20)
         if qid in by_q:
             by_q[qid] = truth_mod.revoke(by_q[qid], windows)
         elif qid in ents:
             ents[qid] = truth_mod.revoke(ents[qid], windows)
-    return by_q, prob, ents, sums, finals, revoked
+    return by_q, prob, ents, sums, finals, revoked, (raw, published)
 
 
 def fleet(sim, elapsed):
     w = sim.w
-    by_q, prob, ents, sums, finals, revoked = _split(sim)
+    by_q, prob, ents, sums, finals, revoked, (raw, published) = _split(sim)
     per_q = {}
     tot_v = tot_m = 0
     tot_vt = 0.0
@@ -67,6 +71,7 @@ def fleet(sim, elapsed):
                       "precision_misses": m, "degraded_time": dt,
                       "mean_width": sum(widths) / len(widths) if widths else None}
         per_q[qid].update(truth_mod.fidelity(tl, answers, w.duration))
+        per_q[qid].update(withdrawal.provisional(tl, raw.get(qid, []), published.get(qid, ()), min(w.duration, end)))
         if qid in sim.coord.segments.start or qid in finals:       # a lag query: its final answers too
             mine = finals.get(qid, [])
             through = sim.coord.segments.final.get(qid) or (mine[-1][0] if mine else end)
@@ -87,9 +92,18 @@ def fleet(sim, elapsed):
                 r["forced_time"] = sim.forced.time(sim.queries[qid].sources)
         shares = [(r["degraded_time"], r["forced_time"]) for r in per_q.values() if "forced_time" in r]
         n_q = max(1, len(shares))
+        pq = [r for r in per_q.values() if r.get("instants")]
+        n_i = sum(r["instants"] for r in pq)
+        delays = [r["withdraw_delay_max"] for r in pq if r["withdraw_delay_max"] is not None]
         faults = {"degraded_share": sum(d for d, _ in shares) / n_q / w.duration,
                   "forced_share": sum(f for _, f in shares) / n_q / w.duration,
-                  "integrity": dict(sim.coord.integrity.stats)}
+                  # of the checked instants: degraded when published, or withdrawn later (withdrawal.py)
+                  "degraded_or_withdrawn": sum(r["instants"] * (r["degraded_share"] + r["withdrawn_share"])
+                                               for r in pq) / n_i if n_i else None,
+                  "wrong_provisional": sum(r["wrong_provisional"] for r in pq),
+                  "withdraw_delay_max": max(delays) if delays else None,
+                  "integrity": dict(sim.coord.integrity.stats, **sim.coord.integrity.links.stats,
+                                    **sim.coord.integrity.offsets.stats)}
     net = sim.net
     agents = sim.agents.values()
     n = len(sim.ts)

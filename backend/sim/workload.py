@@ -73,7 +73,8 @@ class Workload(Base):
         self.shrink = number(params, "shrink", 0.05, "params", lo=0.0)
         if self.shrink >= 1:
             raise WorkloadError("params.shrink must be < 1")
-        self.beat = number(params, "heartbeat", 0.0, "params", lo=0.0)
+        # the heartbeat B: per device by default (None), or one number for every device (0: off)
+        self.beat = None if params.get("heartbeat") is None else number(params, "heartbeat", 0.0, "params", lo=0.0)
         self.protocol_params = protocol_params(self.protocol_class(), params, skip=SETTINGS)
         self._check_protocol(params)
         net = raw.get("network", {})

@@ -8,7 +8,7 @@ Anything malformed, truncated, oversized, of an unknown version or kind, or carr
 import struct
 
 VERSION = 2          # 2: device times (T), integer-ms downlink times, incarnation and birth token on downlinks, birth parts
-# New kinds (segs 7, segment 23) extend version 2 backwards-compatibly: an older peer drops them as unknown kinds.
+# New kinds (segs 8, mark 9, segment 23, ack 26, link 27; beat 3 is gone) extend version 2 backwards-compatibly: an older peer drops them as unknown kinds.
 MAX_PAYLOAD = 4096
 MAX_STR = 64
 MAX_LIST = 255
@@ -51,6 +51,8 @@ WHY_FIRST = 4     # first reading of a source
 WHY_GAP = 5       # a line's source had no reading for its gap bound: its last reading, as a constant
 WHY_SYNC = 6      # the source adopted its meter's filter (a SYNC control): v is that filter's centre
 WHY_METER = 7     # a moved source's deadband meter counted reports the backend has not heard of (edge.core.meter)
+GUARDED = 0x80    # flag on ``why``: the device reports any reading within its guard time after this report
+#                   that leaves the hull of its bound before it and this value (``link``; the backend strips it)
 
 # Field types: B u8, H u16, I u32, q signed 64-bit integer, d f64, s short utf-8 string (u8 length),
 # y byte blob (u16 length), T a device time: an IEEE double on the wire, which a device holding integer
@@ -65,7 +67,6 @@ SCHEMAS = {
     # index of the part's first source.
     "report": (1, "up", "BHITdB", "src epoch seq t v why"),
     "reply": (2, "up", "BHITdH", "src epoch seq t v probe"),
-    "beat": (3, "up", "IT", "seq t"),
     "birth": (4, "up", "ITIsBB*sHdd", "seq t boot fw caps first sources name epoch width v"),
     "gone": (5, "up", "I", "boot"),
     "blob": (6, "up", "BITBy", "src seq t tag data"),
@@ -80,6 +81,9 @@ SCHEMAS = {
     # origin o (= t, but for the acknowledgement of a SYNC, which takes a line begun earlier)
     "mreport": (11, "up", "BHITdBHH", "src epoch seq t v why n k"),
     "mline": (12, "up", "BHITdBdTHHT", "src epoch seq t v why slope gap n k o"),
+    # the heartbeat (edge.core.delivery): ``seq`` is the latest uplink number already used (a mark takes
+    # none, so a lost mark is never a gap); the device's data is complete through its time ``t``
+    "mark": (9, "up", "IT", "seq t"),
     # downlink: backend -> device. Every one carries the backend's incarnation ``inc`` (one per backend
     # run) and ``to``, the token of the device birth it answers (boot ^ the birth's seq): a device drops
     # a control message from before its latest birth or from another backend run.
@@ -99,6 +103,11 @@ SCHEMAS = {
     # a config plus the filter models the device may use (edge.core.predict bits: 1 constant, 2 linear),
     # sent instead of ``config`` to a device whose birth says CAP_LINE
     "setup": (24, "down", "IIIIdIqqIB", "seq inc to period shrink beat t0 now tick allow"),
+    # ack mode (edge.core.delivery): the backend has every uplink of this birth numbered up to ``upto``
+    # (serial order); ``now`` its clock (ms) when sent. ``link``: resend timeout ``rto`` in ms (0: ack mode off)
+    # and ``guard`` in ms (0: none), the time after a report within which readings are guarded (GUARDED)
+    "ack": (26, "down", "IIIIq", "seq inc to upto now"),
+    "link": (27, "down", "IIIII", "seq inc to rto guard"),
     "moq": (30, "down", "IIIBsddBd", "seq inc to op qid tb te agg eta"),
 }
 

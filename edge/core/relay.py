@@ -19,6 +19,7 @@ returns ``[(channel, payload)]``. Bad items and messages are counted, never rais
 import struct
 
 from edge.core import codec
+from edge.core.delivery import Delivery
 from edge.core.sketch import HCount, check_item
 
 INF = float("inf")
@@ -125,7 +126,7 @@ class RelayNode:
             raise ValueError("relay sum_rule must be 'derived' (η·S_r/S_f) or 'paper' (η·S_f/S_r)")
         self.sum_rule = sum_rule
         self.boot = boot
-        self.seq = 0
+        self.delivery = Delivery(16)    # numbers, heartbeat marks (config.beat), ack mode (edge.core.delivery)
         self.queries = {}               # querying-metadata: qid -> (tb, te, agg, η)
         self.fdi = {}                   # k -> [f_e, f_r]
         self.t0 = self.tb = self.te = None
@@ -136,15 +137,16 @@ class RelayNode:
                       "late": 0, "bad_items": 0, "bad_messages": 0}
 
     # -- outgoing -------------------------------------------------------------------
-    def _blob(self, t, tag, data):
-        self.seq = (self.seq + 1) & 0xFFFFFFFF
-        return ("up", codec.encode("blob", {"src": 0, "seq": self.seq, "t": t, "tag": tag, "data": data}))
+    def _blob(self, now, t, tag, data):
+        """A body stamped ``t`` sent at ``now`` (the delivery's clock: heartbeat and resend times)."""
+        return ("up", self.delivery.number(now, "blob", {"src": 0, "t": t, "tag": tag, "data": data}))
 
     def _birth(self, now):
-        self.seq = (self.seq + 1) & 0xFFFFFFFF
-        return ("state", codec.encode("birth", {
-            "seq": self.seq, "t": now, "boot": self.boot, "fw": FIRMWARE, "caps": CAP_RELAY, "first": 0,
-            "sources": [{"name": self.device, "epoch": 0, "width": INF, "v": INF}]}))
+        out = ("state", self.delivery.number(now, "birth", {
+            "t": now, "boot": self.boot, "fw": FIRMWARE, "caps": CAP_RELAY, "first": 0,
+            "sources": [{"name": self.device, "epoch": 0, "width": INF, "v": INF}]}, False))
+        self.delivery.born(now)
+        return out
 
     def start(self, now):
         self.t0 = self.tb = self.th = now
@@ -170,15 +172,19 @@ class RelayNode:
         return end
 
     def next_deadline(self):
+        t = self.delivery.deadline()
         if self.te is None or self.te == INF:
-            return None
-        return self.te + self.lag
+            return t
+        return self.te + self.lag if t is None else min(t, self.te + self.lag)
 
     def handle_timer(self, now):
         out = []
         while self.te is not None and self.te != INF and now >= self.te + self.lag:
-            out.extend(self._close())
-        return out
+            out.extend(self._close(now))
+        # a mark proves the data complete through the last closed lifetime (frequent items are only counted
+        # until their correct body) and, for items forwarded raw, through now − lag (the sensor hop's delay)
+        done = now - self.lag if self.tb is None or not self.fdi else min(self.tb, now - self.lag)
+        return out + [("up", p) for p in self.delivery.due(now, bool(out), done)]
 
     def correct_factor(self, tb, te):
         """δ for the lifetime (tb, te]: Theorem 1 (COUNT) and Theorem 2 (SUM) for each overlapping query."""
@@ -191,7 +197,7 @@ class RelayNode:
                     d = min(d, eta * (self.sr / self.sf if self.sum_rule == "derived" else self.sf / self.sr))
         return d
 
-    def _close(self):
+    def _close(self, now):
         tb, te = self.tb, self.te
         # Generate-Crb (Algorithm 3)
         delta = self.correct_factor(tb, te)
@@ -200,7 +206,7 @@ class RelayNode:
             fe, fr = self.fdi[k]
             if abs(fe - fr) > delta * fr:
                 recs.append((k, fr - fe))
-        out = [self._blob(te, TAG_CRB, d) for d in encode_bodies(TAG_CRB, (tb, delta), recs)]
+        out = [self._blob(now, te, TAG_CRB, d) for d in encode_bodies(TAG_CRB, (tb, delta), recs)]
         self.stats["crb"] += len(recs)
         self.stats["lifetimes"] += 1
         for qid in [q for q, v in self.queries.items() if v[1] <= te]:
@@ -217,7 +223,7 @@ class RelayNode:
                     self.fdi[k] = [c, 0]
                     prb.append((k, c))
             if prb:
-                out.extend(self._blob(te, TAG_PRB, d) for d in encode_bodies(TAG_PRB, nxt, prb))
+                out.extend(self._blob(now, te, TAG_PRB, d) for d in encode_bodies(TAG_PRB, nxt, prb))
                 self.stats["prb"] += len(prb)
         # Processing-within-Tp (Algorithm 2) starts afresh
         self.sketch.clear()
@@ -257,7 +263,7 @@ class RelayNode:
                     self.stats["filtered"] += 1
                     return []
         self.stats["raw"] += 1
-        return [self._blob(t, TAG_RAW, encode_raw(k))]
+        return [self._blob(now, t, TAG_RAW, encode_raw(k))]
 
     def handle_sensor(self, now, payload):
         """A sensor's uplink payload: a ``blob`` carrying one raw item body."""
@@ -282,8 +288,14 @@ class RelayNode:
             return []
         if kind == "rebirth":
             return [self._birth(now)]
+        if kind == "config" or kind == "setup":
+            self.delivery.beat = m["beat"] / 1000
+        elif kind == "link":
+            self.delivery.link(m["rto"] / 1000)
+        elif kind == "ack":
+            self.delivery.acked(m["upto"])
         if kind != "moq":
-            return []                           # config and the like do not concern a relay
+            return []                           # widths and the like do not concern a relay
         if m["op"] == 0:
             self.queries.pop(m["qid"], None)
             return []

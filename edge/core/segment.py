@@ -231,3 +231,14 @@ def flush(agent, now, everything=False):
         agent.stats["reports"] += 1
         out.append(agent._up(now, "segs", {"t": now, "segs": recs[k:k + MAX_RECORDS]}))
     return out
+
+
+def complete(agent, now):
+    """The time through which every source's segment data has been sent (``now`` when nothing is owed):
+    what a heartbeat ``mark`` may claim (edge.core.delivery)."""
+    t = now
+    for s in agent.segs.values():
+        for c in (s.since, s.until):
+            if c is not None and c < t:
+                t = c
+    return t

@@ -3,17 +3,20 @@
 Feeds sensor readings, timers and control messages into ``edge.agent.Agent`` and hands what it
 returns to ``send(channel, payload) -> bool`` (False: not delivered). Uplink messages that cannot be
 delivered wait in a bounded ``Outbox``; births are never queued, since ``online`` sends a fresh one
-after every (re)connect. Sans-IO and portable: both runtimes wrap this object.
+after every (re)connect. ``skew`` (clock units) emulates a device clock that far ahead of the host's
+(negative: behind): the agent reads the host clock plus it, the ground truth stays on the host clock.
+Sans-IO and portable: both runtimes wrap this object.
 """
 
 
 class Pump:
-    def __init__(self, agent, inputs, outbox, send, truth=None):
+    def __init__(self, agent, inputs, outbox, send, truth=None, skew=0):
         self.agent = agent
         self.inputs = inputs
         self.outbox = outbox
         self.send = send
         self.truth = truth       # optional writable file: every sample as "time,source,value"
+        self.skew = skew
 
     def _emit(self, out):
         for channel, payload in out:
@@ -28,10 +31,10 @@ class Pump:
             if not self.send("up", self.outbox.peek()):
                 return
             self.outbox.pop()
-        self._emit(self.agent.start(now))
+        self._emit(self.agent.start(now + self.skew))
 
     def message(self, now, payload):
-        self._emit(self.agent.handle_message(now, payload))
+        self._emit(self.agent.handle_message(now + self.skew, payload))
 
     def poll(self, now):
         """Take every reading due by ``now`` and fire the agent's timer if it is due."""
@@ -39,14 +42,16 @@ class Pump:
             for source, value in inp.poll(now):
                 if self.truth is not None:
                     self.truth.write("%s,%s,%r\n" % (self.agent.stamp(now), source, value))
-                self._emit(self.agent.handle_sample(now, source, value))
+                self._emit(self.agent.handle_sample(now + self.skew, source, value))
         deadline = self.agent.next_deadline()
-        if deadline is not None and deadline <= now:
-            self._emit(self.agent.handle_timer(now))
+        if deadline is not None and deadline <= now + self.skew:
+            self._emit(self.agent.handle_timer(now + self.skew))
 
     def wake(self):
-        """Device time of the next reading or timer; None when nothing is scheduled."""
+        """Host time of the next reading or timer; None when nothing is scheduled."""
         t = self.agent.next_deadline()
+        if t is not None:
+            t -= self.skew
         for inp in self.inputs:
             n = inp.next_time()
             if n is not None and (t is None or n < t):

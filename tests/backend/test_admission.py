@@ -6,6 +6,7 @@ import math
 
 from edge.agent import Agent
 from edge.core import codec
+from backend.bench.births import pump
 from backend.coordinator.core import admission
 from backend.host import Host
 
@@ -41,8 +42,8 @@ def test_a_foreign_birth_is_refused_logged_and_never_displaces_the_owner(tmp_pat
     lines = h.alerts()
     assert lines == ["device dev2: refused source: birth names t1, provisioned for dev1"]
     assert "q" in h.pending                     # t1 unclaimed: the query waits, it never answers [-inf, inf]
-    _, b1 = born("dev1", ["t1"], [20.0], 2.0)
-    out = h.uplink(2.0, "dev1", b1) + h.timer(3.0)
+    a1, b1 = born("dev1", ["t1"], [20.0], 2.0)       # its config delivered: a bound, not "no bound yet"
+    out = pump(h, {"dev1": a1}, 2.0, h.uplink(2.0, "dev1", b1)) + h.timer(3.0)
     assert h.coord.cache.sources["t1"].device == "dev1"
     a = answers(out)[-1]
     assert a["lo"] <= 20.0 <= a["hi"] and not a["degraded"]
@@ -60,7 +61,7 @@ def test_without_a_registry_a_contested_source_degrades_its_queries_with_the_rea
     h.spec(1.0, "q", SUM)
     h.timer(1.5)
     a = _last(h)                                # unbounded, and it says why
-    assert a["lo"] == -math.inf and a["degraded"] and a["reason"] == "no reading yet: t1", a
+    assert a["lo"] == -math.inf and a["degraded"] and a["reason"] == "no bound yet: waiting for t1", a
     _, b1 = born("dev1", ["t1"], [20.0], 2.0)
     out = h.uplink(2.0, "dev1", b1) + h.timer(3.0)
     a = _last(h)
@@ -72,7 +73,7 @@ def test_without_a_registry_a_contested_source_degrades_its_queries_with_the_rea
     # dev1's next birth names other sources only: the contest is over
     h.uplink(4.0, "dev1", born("dev1", ["u1"], [20.0], 4.0, boot=2)[1])
     h.timer(5.0)
-    assert not h.coord.admission.contested and _last(h)["reason"] == "no reading yet: t1"     # dev2's, still unread
+    assert not h.coord.admission.contested and _last(h)["reason"] == "no bound yet: waiting for t1"     # dev2's, still unread
 
 
 def _pair(h, t=1.0):
@@ -81,8 +82,7 @@ def _pair(h, t=1.0):
     bad, bb = born("bad", ["t1"], [20.0], t)
     h.spec(0.0, "g", {"id": "g", "kind": "sum", "sources": ["g"], "precision": 1.0})
     h.spec(0.0, "q", SUM)
-    h.uplink(t, "good", bg)
-    h.uplink(t, "bad", bb)
+    pump(h, {"good": good, "bad": bad}, t, h.uplink(t, "good", bg) + h.uplink(t, "bad", bb))   # bounds
     h.timer(t + 1)
     return good, bad
 

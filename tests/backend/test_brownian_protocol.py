@@ -76,7 +76,7 @@ def test_interruptions_widen_answers_degraded_with_reason():
 
 
 def _outage_pair(protocol):
-    c = Coordinator(protocol, period=1.0)
+    c = Coordinator(protocol, period=1.0, beat=0.0)     # (no watchdog: this harness answers it after the Will)
     c.declare_sources(["a", "b"])
     c.add_query({"id": "s", "kind": "sum", "sources": ["a", "b"], "precision": 4.0, "confidence": 0.9}, 0.0)
     return c, Agent("d", ["a", "b"], boot=1)

@@ -127,7 +127,9 @@ def test_answers_file_carries_members(tmp_path):
     out = tmp_path / "a.jsonl"
     engine.run(wl("rtp", q, count=30, duration=100), answers=str(out))
     lines = [json.loads(x) for x in out.read_text().splitlines()]
-    assert lines and all(len(x["members"]) == 3 and x["guarantee"] == "tolerance" for x in lines[1:])
+    start = next(i for i, x in enumerate(lines) if not x["degraded"])     # (before it: births, heartbeats told)
+    assert all(x["reason"] == "waiting for a first value of every source" for x in lines[:start])
+    assert all(len(x["members"]) == 3 and x["guarantee"] == "tolerance" for x in lines[start:])
 
 
 def test_truth_top_k_matches_brute_force():

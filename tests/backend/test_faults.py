@@ -92,7 +92,7 @@ def test_forced_time_spans_a_lost_report_until_the_next_one_and_a_late_one_until
     f.uplink(12.0, "d0", rep(1, 2, 12.0), [12.1])           # b on time: nothing
     f.uplink(15.0, "d0", rep(0, 3, 15.0), [15.2])           # a again: known from 15
     f.uplink(20.0, "d0", rep(1, 4, 20.0), [23.0])           # b late: unknowable 20 .. 22.5
-    f.uplink(30.0, "d0", codec.encode("beat", {"seq": 5, "t": 30.0}), [])   # a lost beat forces nothing
+    f.uplink(30.0, "d0", codec.encode("mark", {"seq": 5, "t": 30.0}), [])   # a lost mark forces nothing
     assert f.time(["a"]) == 5.0 and f.time(["b"]) == 2.5 and f.time(["a", "b"]) == 7.5
     f.uplink(90.0, "d0", rep(1, 6, 90.0), [])               # lost and never followed: until the end
     assert f.time(["b"]) == 12.5

@@ -98,7 +98,8 @@ def test_a_lost_probe_is_asked_again_and_the_answer_recovers():
 
 def test_a_lost_width_control_is_sent_again_to_its_source_alone():
     # deadband narrows s0 to its share of the precision; that control is lost: the mirror keeps the old
-    # width in its hull (answers hold, too wide), and the coordinator sends it again, not a rebirth request
+    # width in its hull (answers hold, too wide: degraded, saying so), and the coordinator sends it again,
+    # not a rebirth request
     r = Rig("deadband", [100.0], ("width", "d0", 1))
     r.spec(0.0, {"kind": "sum", "sources": ["s0"], "precision": 2.0})
     assert r.dropped == [(0.0, "d0", "width")]
@@ -108,7 +109,10 @@ def test_a_lost_width_control_is_sent_again_to_its_source_alone():
     assert kinds.count("width") >= 2 and "rebirth" not in kinds
     last = r.mine()[-1]
     assert last["lo"] <= r.values["s0"] <= last["hi"] and last["hi"] - last["lo"] <= 2.0 + 1e-9
-    assert not any(a["degraded"] for a in r.mine())
+    assert not last["degraded"]
+    wide = [a["reason"] for a in r.mine() if a["degraded"]]       # the unconfirmed narrowing's hull
+    assert wide and all(w == "no bound yet: waiting for s0" or w.startswith("wider than precision: width ") and
+                        w.endswith("precision 2 (a narrowing not confirmed yet)") for w in wide)
 
 
 def test_a_report_showing_a_lost_widening_resends_it_without_degrading():

@@ -301,7 +301,8 @@ def test_screening_with_filter_model_choice_matches_the_scalar_agents(protocol, 
         if seed == 3:
             spec["network"]["skew"] = 0.2
         rf = _same_runs(spec)
-        screened, samples = screened + rf["screened"], samples + rf["samples"]
+        if seed != 3:       # (a skewed clock: readings within a report's guard go to the agent, unscreened)
+            screened, samples = screened + rf["screened"], samples + rf["samples"]
         assert rf["violations"] == 0
     assert screened > samples / 4
     r = random.Random(9)

@@ -44,11 +44,13 @@ class _Pair:
     def wake(self, now):
         """Every due timer of the oracle, the lazy coordinator's and the agents', in time order."""
         while True:
-            due = [(self.oracle.next_deadline(), "oracle"), (self.lazy.next_deadline(), "lazy")]
-            due += [(a.next_deadline(), d) for d, a in sorted(self.agents.items()) if a.next_deadline() is not None]
+            # at one instant the coordinators' ticks go first: a lazy coordinator catches up the ticks up to
+            # an uplink's time inclusive, so the oracle has run its tick at that instant too (a config says it)
+            due = [(self.oracle.next_deadline(), 0, "oracle"), (self.lazy.next_deadline(), 0, "lazy")]
+            due += [(a.next_deadline(), 1, d) for d, a in sorted(self.agents.items()) if a.next_deadline() is not None]
             if self.delayed:
-                due.append((self.delayed[0][0], "net"))
-            t, who = min(due)
+                due.append((self.delayed[0][0], 1, "net"))
+            t, _, who = min(due)
             if self.outbox and (t > self.outbox[0][0] or t > now):
                 # the lazy coordinator's timer controls, once both coordinators have passed their instant
                 when, acts = self.outbox.pop(0)
@@ -142,7 +144,8 @@ def test_skipping_idle_ticks_equals_ticking_every_period(protocol, params, shrin
         # the oracle was woken for every tick, the lazy coordinator only for queued uplinks
         assert p.oracle.tick == p.lazy.tick > 1000
         assert p.lazy_timers * 20 < p.oracle_timers
-        late += p.lazy.stats["late"]
+        # held-back reports came late, or after their resend (ack mode, once a gap was seen) as duplicates
+        late += p.lazy.stats["late"] + p.lazy.stats["duplicates"]
     assert late > 0
 
 def test_a_shrinking_protocol_is_never_skipped():

@@ -26,7 +26,7 @@ def test_bad_samples_and_messages_are_counted_not_raised():
         assert a.handle_sample(0.0, "t", bad) == []
     assert a.handle_sample(0.0, "nope", 1.0) == [] and a.handle_sample(0.0, 5, 1.0) == []
     session(a)
-    for payload in (b"", b"\x01", b"garbage", codec.encode("beat", {"seq": 1, "t": 0.0}), ctl(a, "probe", src=9, seq=2, probe=1)):
+    for payload in (b"", b"\x01", b"garbage", codec.encode("mark", {"seq": 1, "t": 0.0}), ctl(a, "probe", src=9, seq=2, probe=1)):
         assert a.handle_message(0.0, payload) == []
     assert a.stats["bad_samples"] == 7 and a.stats["bad_messages"] == 5
 
@@ -84,7 +84,8 @@ def test_probe_reply_and_birth_and_heartbeat():
     assert birth[0][0] == "state" and k == "birth" and m["boot"] == 42
     assert [s["name"] for s in m["sources"]] == ["a", "b"] and m["sources"][1]["v"] == 2.5
     assert a.next_deadline() == 35.0
-    assert _kinds(a.handle_timer(35.0)) == ["beat"]
+    mark = a.handle_timer(35.0)
+    assert _kinds(mark) == ["mark"] and codec.decode(mark[0][1])[1] == {"seq": m["seq"], "t": 35.0}
     assert codec.decode(a.will()) == ("gone", {"boot": 42})
     again = a.handle_message(40.0, ctl(a, "rebirth", seq=3))
     assert again[0][0] == "state" and codec.decode(again[0][1])[0] == "birth"

@@ -10,7 +10,7 @@ INF = float("inf")
 SAMPLES = {
     "report": {"src": 3, "epoch": 65535, "seq": 4294967295, "t": 12.5, "v": -1.25, "why": codec.WHY_EXIT},
     "reply": {"src": 0, "epoch": 1, "seq": 7, "t": 0.0, "v": 1e300, "probe": 9},
-    "beat": {"seq": 1, "t": 99.0},
+    "mark": {"seq": 1, "t": 99.0},
     "birth": {"seq": 2, "t": 1.0, "boot": 77, "fw": "qf-0.1", "caps": 1, "first": 0,
               "sources": [{"name": "temp", "epoch": 4, "width": INF, "v": 21.5},
                           {"name": "hum\u00e9", "epoch": 0, "width": 0.5, "v": INF}]},
@@ -38,6 +38,8 @@ SAMPLES = {
                                              {"src": 0, "epoch": 3, "a": 5000, "e": 5000, "v": 21.5, "s": 0.0,
                                               "w": 1.0, "f": 1}]},
     "segment": {"src": 1, "seq": 19, "inc": 1, "to": 2, "lag": 9500, "model": 1},
+    "ack": {"seq": 20, "inc": 1, "to": 2, "upto": 4294967295, "now": 1700000000123},
+    "link": {"seq": 21, "inc": 1, "to": 2, "rto": 450, "guard": 600},
     "moq": {"seq": 16, "inc": 1, "to": 2, "op": 1, "qid": "c1", "tb": 0.0, "te": 5000.0, "agg": 0, "eta": 0.01},
 }
 
@@ -60,23 +62,23 @@ def test_every_truncation_and_extension_is_rejected():
 
 
 def test_bad_headers_and_sizes():
-    data = encode("beat", SAMPLES["beat"])
+    data = encode("mark", SAMPLES["mark"])
     raises(CodecError, decode, b"\x01" + data[1:])       # version 1: before device times and sessions
     raises(CodecError, decode, data[:1] + b"\xee" + data[2:])
     raises(CodecError, decode, b"\x01" * (codec.MAX_PAYLOAD + 1))
     raises(CodecError, decode, "not bytes")
     raises(CodecError, decode, None)
-    nan = encode("beat", {"seq": 1, "t": 0.0})[:-8] + b"\x00\x00\x00\x00\x00\x00\xf8\x7f"
+    nan = encode("mark", {"seq": 1, "t": 0.0})[:-8] + b"\x00\x00\x00\x00\x00\x00\xf8\x7f"
     raises(CodecError, decode, nan)
 
 
 def test_encoder_rejects_bad_fields():
     raises(CodecError, encode, "nope", {})
-    raises(CodecError, encode, "beat", {"seq": 1})
-    raises(CodecError, encode, "beat", {"seq": -1, "t": 0.0})
-    raises(CodecError, encode, "beat", {"seq": 2 ** 32, "t": 0.0})
-    raises(CodecError, encode, "beat", {"seq": 1, "t": float("nan")})
-    raises(CodecError, encode, "beat", {"seq": True, "t": 0.0})
+    raises(CodecError, encode, "mark", {"seq": 1})
+    raises(CodecError, encode, "mark", {"seq": -1, "t": 0.0})
+    raises(CodecError, encode, "mark", {"seq": 2 ** 32, "t": 0.0})
+    raises(CodecError, encode, "mark", {"seq": 1, "t": float("nan")})
+    raises(CodecError, encode, "mark", {"seq": True, "t": 0.0})
     raises(CodecError, encode, "gone", {"boot": "x"})
     b = dict(SAMPLES["birth"])
     b["fw"] = "x" * 65
@@ -156,9 +158,9 @@ def test_integer_times_go_on_the_wire_as_exact_doubles():
                     (999, "0000000000388f40"), (1700000000123, "00b08756febc7842"),
                     (-1700000000123, "00b08756febc78c2"), (2 ** 53 - 1, "ffffffffffff3f43"),
                     (2 ** 30 + 7, "0000c0010000d041"), (2 ** 52 + 1, "0100000000003043")):
-        data = encode("beat", {"seq": 1, "t": n})
+        data = encode("mark", {"seq": 1, "t": n})
         assert binascii.hexlify(data[-8:]).decode() == bits, n
         if not F32:                     # a float32 interpreter reads it back rounded: devices never do
             assert decode(data)[1]["t"] == float(n)
-    raises(CodecError, encode, "beat", {"seq": 1, "t": 2 ** 53})
+    raises(CodecError, encode, "mark", {"seq": 1, "t": 2 ** 53})
     raises(CodecError, encode, "config", dict(SAMPLES["config"], now=1.5))     # downlink times are integers

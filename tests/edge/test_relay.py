@@ -183,7 +183,7 @@ def test_bad_input_is_counted_not_raised():
     assert relay.stats["bad_items"] == 7
     assert relay.handle_message(1.0, b"\x01") == []
     assert relay.handle_message(1.0, moq("q", 5.0, 1.0, 0, 0.1)) == []
-    assert relay.handle_sensor(1.0, codec.encode("beat", {"seq": 1, "t": 1.0})) == []
+    assert relay.handle_sensor(1.0, codec.encode("mark", {"seq": 1, "t": 1.0})) == []
     assert relay.stats["bad_messages"] == 3
     out = relay.handle_sensor(2.0, codec.encode("blob", {"src": 0, "seq": 1, "t": 2.0, "tag": TAG_RAW,
                                                          "data": encode_raw(4)}))
@@ -193,3 +193,32 @@ def test_bad_input_is_counted_not_raised():
     raises(ValueError, RelayNode, "r", 30, 30, 1, 0.1, (5, 1))
     raises(ValueError, RelayNode, "r", 30, 30, 1, 0.1, (0, 9), -1)
     raises(ValueError, RelayNode, "r", 30, 30, 1, 0.1, (0, 9), 10, 0.1, 0.0, 0.0, "other")
+
+
+def test_the_relay_numbers_its_uplinks_marks_its_silence_and_resends_in_ack_mode():
+    relay = RelayNode("r0", domain=(1, 10), span=10.0, lag=1.0)
+    birth = codec.decode(relay.start(0.0)[0][1])[1]
+    relay.handle_message(0.0, codec.encode("config", {"seq": 1, "inc": 0, "to": 0, "period": 0, "shrink": 0.0,
+                                                      "beat": 4000, "t0": 0, "now": 0, "tick": 0}))
+    assert relay.next_deadline() == 4.0                       # silent since its birth: a mark is due at B
+    mark = [codec.decode(p) for _, p in relay.handle_timer(4.0)]
+    assert mark == [("mark", {"seq": birth["seq"], "t": 3.0})]           # raw items complete through now − lag
+    raw = relay.handle_item(5.0, 3, 4.5)                      # an item stamped 4.5 arriving at 5: numbered
+    m = codec.decode(raw[0][1])[1]
+    assert m["seq"] == birth["seq"] + 1 and m["t"] == 4.5 and relay.next_deadline() == 9.0
+    relay.handle_message(5.0, codec.encode("link", {"seq": 2, "inc": 0, "to": 0, "rto": 500, "guard": 0}))
+    sent = relay.handle_item(6.0, 4, 6.0)[0][1]
+    assert relay.next_deadline() == 6.5                       # resend timeout from the sending time
+    assert [p for _, p in relay.handle_timer(6.5)] == [sent]  # the same bytes: its number and stamp
+    assert relay.next_deadline() == 7.5                       # then after 2·rto
+    relay.handle_message(7.0, codec.encode("ack", {"seq": 3, "inc": 0, "to": 0,
+                                                   "upto": codec.decode(sent)[1]["seq"], "now": 7000}))
+    seq = codec.decode(sent)[1]["seq"]
+    relay.handle_message(7.0, codec.encode("link", {"seq": 4, "inc": 0, "to": 0, "rto": 0, "guard": 0}))
+    assert relay.delivery.held == [] and relay.next_deadline() == 10.5            # B after the resend
+    assert [codec.decode(p) for _, p in relay.handle_timer(10.5)] == [("mark", {"seq": seq, "t": 9.5})]
+    out = [codec.decode(p) for _, p in relay.handle_timer(11.0)]                 # closed at te + lag
+    assert [(k, m["tag"], m["t"]) for k, m in out] == [("blob", TAG_CRB, 10.0), ("blob", TAG_PRB, 10.0)]
+    assert relay.fdi and [codec.decode(p)[1] for _, p in relay.handle_timer(15.0)] == [
+        {"seq": seq + 2, "t": 10.0}]        # frequent items are only counted: complete through the lifetime's start
+    assert relay.delivery.stats == {"resent": 1, "overflow": 0, "marks": 3}

@@ -74,7 +74,7 @@ def test_birth_reports_width_probe_and_bad_messages(broker, launch):
     assert ack["why"] == codec.WHY_ASSIGN
     silent(be, lambda t, p: t == topics.device("t", "A", "up") and codec.decode(p)[0] == "report", 0.5)   # width applied
 
-    bad = [b"", b"\x01", b"\x07\x10junk", b"\x01\x13\x00", codec.encode("beat", {"seq": 1, "t": 0.0}), b"\xff" * 5000]
+    bad = [b"", b"\x01", b"\x07\x10junk", b"\x01\x13\x00", codec.encode("mark", {"seq": 1, "t": 0.0}), b"\xff" * 5000]
     for payload in bad:
         be.publish(topics.device("t", "A", "ctl"), payload, qos=1).wait_for_publish(2)
     _ctl(be, "A", "probe", src=0, seq=3, inc=1, to=to, probe=77)

@@ -39,7 +39,7 @@ def _frames(t):
     """One valid frame of every uplink kind, device ``evil``, source 0, stamped ``t`` (seconds)."""
     return [codec.encode("report", {"src": 0, "epoch": 1, "seq": 5, "t": t, "v": 1.0, "why": 0}),
             codec.encode("reply", {"src": 0, "epoch": 1, "seq": 6, "t": t, "v": 1.0, "probe": 1}),
-            codec.encode("beat", {"seq": 7, "t": t}),
+            codec.encode("mark", {"seq": 7, "t": t}),
             codec.encode("birth", {"seq": 8, "t": t, "boot": 9, "fw": "x", "caps": 0, "first": 0,
                                    "sources": [{"name": "s_evil", "epoch": 0, "width": 1.0, "v": 1.0}]}),
             codec.encode("gone", {"boot": 9}),

@@ -173,7 +173,7 @@ def test_config_sets_the_boards_shrink_count_from_the_backends_tick():
     acts = b.from_backend(100.0, _ctl(b, "config", {"seq": 1, "period": 500, "shrink": 0.25, "beat": 2000,
                                                     "t0": 90000, "now": 100000, "tick": 19}))
     toks = br.unframe(acts[0][1].rstrip(b"\n"))
-    assert toks[0] == "C" and [int(x) for x in toks[2:]] == [500, 768, 20, 40000] and b.beat == 2.0
+    assert toks[0] == "C" and [int(x) for x in toks[2:]] == [500, 768, 20, 40000] and b.delivery.beat == 2.0
     b.queue, b.sent_at = [], None
     assert b.from_backend(100.2, _ctl(b, "config", {"seq": 2, "period": 500, "shrink": 0.25, "beat": 2000,
                                                     "t0": 90000, "now": 100200, "tick": 19})) == []
@@ -207,3 +207,23 @@ def test_stale_control_across_a_rebirth_is_rejected():
     assert acts and acts[0][1].startswith(b"P ")
     b.queue, b.sent_at = [], None
     assert b.from_backend(1.0, _ctl(b, "rebirth", {"seq": 7}, to=0))[0][1].startswith(b"Q ")
+
+
+def test_the_gateway_keeps_the_sensors_uplinks_in_ack_mode_and_marks_its_silence():
+    """The MQTT side of a micro:bit is the gateway's (edge.core.delivery): a ``link`` turns ack mode on without a
+    frame to the board, unacknowledged reports are sent again unchanged, an ``ack`` drops them, and a silent
+    sensor gets a heartbeat mark repeating its latest number."""
+    b = br.Bridge("s", 1)
+    born = _born(b)
+    assert b.from_backend(0.1, _ctl(b, "link", {"seq": 2, "rto": 500, "guard": 0})) == [] and b.queue == []
+    b.from_device(1.0, br.frame("S 2 1000 0 4000 3000 0").rstrip(b"\n"))       # ticks map to wall time
+    rep = [a for a in b.from_device(1.0, br.frame("R 3 1000 0 20480 0").rstrip(b"\n")) if a[0] == "up"]
+    k, m = codec.decode(rep[0][1])
+    assert k == "report" and m["seq"] == born["seq"] + 1
+    assert [a for a in b.poll(1.4) if a[0] == "up"] == [] and [a for a in b.poll(1.5) if a[0] == "up"] == rep
+    assert b.from_backend(1.6, _ctl(b, "ack", {"seq": 3, "upto": m["seq"], "now": 1600})) == []
+    assert b.delivery.held == [] and [a for a in b.poll(3.0) if a[0] == "up"] == []
+    b.from_backend(1.7, _ctl(b, "config", {"seq": 4, "period": 1000, "shrink": 0.0, "beat": 5000, "t0": 0,
+                                           "now": 1700, "tick": 0}))
+    marks = [codec.decode(a[1]) for a in b.poll(6.6) if a[0] == "up"]
+    assert marks == [("mark", {"seq": m["seq"], "t": 6600})]

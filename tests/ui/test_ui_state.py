@@ -67,7 +67,7 @@ def test_uplinks_count_and_tell_the_model():
     s.message(T0 + 1, "qf/t/d/A/up", report(0))
     assert s.devices["A"].row()["model"] == "constant"
     s.message(T0 + 2, "qf/t/d/A/up", report(1, "line"))
-    s.message(T0 + 3, "qf/t/d/A/up", codec.encode("beat", {"seq": 3, "t": T0}))
+    s.message(T0 + 3, "qf/t/d/A/up", codec.encode("mark", {"seq": 3, "t": T0}))
     row = s.devices_page()["items"][0]
     assert row["model"] == "constant+linear" and row["messages"] == 3 and row["last_seen"] == T0 + 3
     segs = codec.encode("segs", {"seq": 4, "t": T0, "segs": [

@@ -89,13 +89,13 @@ def exact(q, value):
 
 def uniform_width(q):
     """Olston §1.2 uniform allocation: the equal width per source that meets q's precision δ."""
-    k = q.kind
+    k, d = q.kind, q.budget()     # (δ less what clock skew needs, coordinator.core.reserve)
     if k in ("min", "max"):
-        return q.precision
+        return d
     if k == "avg":
-        return q.precision * (len(q.sources) / q.norm())   # exactly δ for unit weights, whatever n
+        return d * (len(q.sources) / q.norm())   # exactly δ for unit weights, whatever n
     if k == "sum":
-        return q.precision / q.norm()
+        return d / q.norm()
     return math.inf   # count: membership is tracked exactly by a range constraint instead
 
 

@@ -6,7 +6,9 @@ A change that may narrow it keeps the previous mirror alive as well until an upl
 epoch confirms that the device applied it; meanwhile ``known`` is the hull of both. Only the exact
 current epoch confirms: an epoch the backend has not assigned yet is stale, not a confirmation.
 A report whose true time is uncertain (a device clock within ±σ, ``integrity``) keeps the mirrors from
-before it in ``prior`` until the latest instant it can have happened (``hold``/``release``).
+before it in ``prior`` until the latest instant it can have happened (``hold``/``release``); a guarded
+report (the device reports any reading within its guard time that leaves the hull of its bound before and
+the value: edge.agent) states meanwhile the hull of every mirror before it and the value (``tight``).
 The mirror of a float32 device (birth capability CAP_F32) computes in float32 as the device does
 and pads what it states by one float32 step (edge.core.interval).
 
@@ -23,7 +25,7 @@ from edge.core.predict import LineFilter, horizon
 
 class Source:
     __slots__ = ("key", "device", "index", "filt", "old", "prior", "online", "_n", "_period", "clock", "last_t",
-                 "value", "unit", "due")
+                 "value", "unit", "due", "tight")
 
     def __init__(self, key, device, index, width, epoch, single=False, unit=1, clock=None):
         self.key = key
@@ -34,6 +36,7 @@ class Source:
         self.filt = LineFilter(width, (), epoch, f32 if single else None, single)
         self.old = []          # mirrors of states the device may still be in
         self.prior = []        # (until, mirror): states the device may have been in until then
+        self.tight = None      # (until, lo, hi): a guarded report's hull, stated until then
         self.online = True
         self.clock = clock or [0]      # the cache's period counter (shared by every source)
         self._n, self._period = 0, self.clock[0]
@@ -94,6 +97,8 @@ class BoundCache:
         s = self.sources.get(key)
         if s is None:
             return -math.inf, math.inf
+        if s.tight is not None and s.tight[0] > self.now:
+            return s.tight[1], s.tight[2]
         lo, hi = self._known(s, s.filt)
         for f in s.old + [f for _, f in s.prior] if s.prior else s.old:
             a, b = self._known(s, f)
@@ -112,6 +117,9 @@ class BoundCache:
         if s is None:
             return 0, 1
         sure, maybe = 1, 0
+        if s.tight is not None and s.tight[0] > self.now:         # (as ``known``)
+            a, b = rng
+            return int(a <= s.tight[1] and s.tight[2] <= b), int(s.tight[2] >= a and s.tight[1] <= b)
         for f in [s.filt] + s.old + [f for _, f in s.prior]:       # (as ``known``: held states too)
             a, b = _member(f, rng)
             sure &= a
@@ -169,18 +177,50 @@ class BoundCache:
             self.refresh(s, t)
         return keys
 
-    def shrink(self, s_frac):
+    def shrink(self, s_frac, hold=None):
+        """A periodic shrink; ``hold``: {key: until} whose mirrors from before it stay in force until then."""
+        kept = {key: [(until, f.copy()) for f in [self.sources[key].filt] + self.sources[key].old]
+                for key, until in (hold or {}).items()}
         for s in self.sources.values():
             s.filt.shrink(s_frac)
             for f in s.old:
                 f.shrink(s_frac)
             for _, f in s.prior:
                 f.shrink(s_frac)
+        for key, prior in kept.items():
+            self.sources[key].prior += prior
 
-    def hold(self, key, until):
-        """Before a report that may have happened as late as ``until``: keep the current mirrors."""
+    def hold(self, key, until, tight=None):
+        """Before a report that may have happened as late as ``until``: keep the current mirrors; ``tight``
+        (a guarded report's value): state until then the hull of it and of every mirror before it (a tight
+        hull in force and the band it stands for included: the device guards from its bound)."""
         s = self.sources[key]
-        s.prior += [(until, f.copy()) for f in [s.filt] + s.old]
+        t = s.tight if s.tight is not None and s.tight[0] > self.now else None
+        s.tight = None
+        lo, hi = self.known(key)
+        if t is not None:
+            lo, hi = min(lo, t[1]), max(hi, t[2])
+        if tight is None:
+            if t is not None:       # the tight hull in force stays among the states
+                f = s.filt.copy()
+                f.set_bound(lo, hi, f.epoch)
+                s.prior.append((t[0], f))
+            s.prior += [(until, f.copy()) for f in [s.filt] + s.old]
+            return
+        s.tight = (max(until, t[0]) if t else until, min(lo, tight), max(hi, tight))
+
+    def widen(self, key, v):
+        """A report of ``v`` that a newer one superseded arrived late: while that newer one's instant is
+        uncertain the value may still have been in ``v``'s band (its bound before did not know it)."""
+        s = self.sources[key]
+        f = max([s.filt] + s.old, key=lambda g: g.width).copy()
+        f.recenter(v)
+        lo, hi = f.known()
+        if s.tight is not None and s.tight[0] > self.now:
+            s.tight = (s.tight[0], min(s.tight[1], lo), max(s.tight[2], hi))
+        until = max([u for u, _ in s.prior] + [self.now])
+        if until > self.now:
+            s.prior.append((until, f))
 
     def release(self, key, now):
         """Drop the held mirrors whose time is over by ``now``."""

@@ -27,8 +27,10 @@ from backend.coordinator.core.downlink import Downlink
 from backend.coordinator.core.integrity import Integrity
 from backend.coordinator.core.resync import Resync
 from backend.coordinator.core.queries import QueryError, parse_query
+from backend.coordinator.core.reserve import Reserve
 from backend.coordinator.core.segments import Mirror
 from backend.coordinator.core.uplink import Uplink
+from backend.coordinator.core.vouch import Vouch
 
 
 class _Known:
@@ -42,10 +44,10 @@ class _Known:
         return key in self.coord.cache.sources or key in self.coord.declared_set
 
 
-class Coordinator(Downlink, Resync, Uplink):
-    def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=0.0, t0=0.0, lazy=True, incarnation=0,
+class Coordinator(Downlink, Resync, Uplink, Vouch):
+    def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=None, t0=0.0, lazy=True, incarnation=0,
                  models=1, skew=0.0, echo=False, owners=None, rate=RATE):
-        if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or beat < 0 or skew < 0:
+        if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or (beat or 0) < 0 or skew < 0:
             raise ValueError("need period >= 1 ms, 0 <= shrink < 1, latency >= 0, beat >= 0, skew >= 0")
         self.protocol = protocol
         self.period = period            # T, the adjustment period
@@ -54,7 +56,7 @@ class Coordinator(Downlink, Resync, Uplink):
         # applied at t − σ and arrives by t + σ + λ (integrity.py)
         self.tolerance = latency + 2 * skew
         self.latency = protocol.queue_latency(self.tolerance)
-        self.beat = beat
+        self.beat = beat                # the heartbeat B of every device (None: per device, heartbeat.py)
         # echo: downlinks leave when the driver says (the Spark job publishes a batch's controls after
         # it), seen as ``handle_echo``; round-trip waits start there, not when a control was made
         self.echo = echo
@@ -86,10 +88,14 @@ class Coordinator(Downlink, Resync, Uplink):
         self.models = getattr(protocol, "models", None) or Models()
         self.segments = Mirror()        # segment mode and final answers of lag queries
         self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
-        self.integrity = Integrity(self.latency, beat, skew)    # gaps, silence, skew (issue #20)
+        self.integrity = Integrity(self.latency, beat, skew, net=latency)    # gaps, silence, clocks (issue #20)
+        self.unclocked = {}             # source keys whose device clock is known less well than ±σ (degraded)
         # who may claim a source, floods, implausible stamps and values (DESIGN.md §10): counters in stats
         self.admission = Admission(owners, skew, rate, self.stats)
         self.revoked = {}               # query id -> [t_from, t_to] of answers found wrong, for the next change
+        self.beats = {}                 # query id -> {heartbeat B: sources of the query at it} (vouch.py)
+        self.reserve = Reserve()        # the precision each query keeps off its widths for clock skew
+        self.replan = {}                # queries whose reserve moved: their widths are planned again
 
     # -- queries ----------------------------------------------------------------
     def add_query(self, spec, now=None):
@@ -120,6 +126,7 @@ class Coordinator(Downlink, Resync, Uplink):
 
     def _parse(self, spec):
         q = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
+        q.reserve = self.reserve.get(q.id)
         self.segments.check(self, q)
         return q
 
@@ -131,6 +138,7 @@ class Coordinator(Downlink, Resync, Uplink):
         self.queries[q.id] = q
         for s in q.sources:
             self.by_source.setdefault(s, {})[q.id] = None
+        self._requeried(q, old)
         self.dirty[q.id] = None
         try:
             self._changed(q, now, old)
@@ -143,6 +151,7 @@ class Coordinator(Downlink, Resync, Uplink):
     def remove_query(self, qid, now=None):
         self._catch_up(now)
         self._unregister(qid, now)
+        self.reserve.drop(qid)
         return self._flush(now)
 
     def _unregister(self, qid, now, old=None, segments=True):
@@ -152,6 +161,7 @@ class Coordinator(Downlink, Resync, Uplink):
         for s in q.sources:
             self.by_source[s].pop(qid, None)
         self.dirty.pop(qid, None)
+        self.beats.pop(qid, None)
         self.last.pop(qid, None)
         self.running.pop(qid, None)
         self._changed(q, now, old)
@@ -167,6 +177,7 @@ class Coordinator(Downlink, Resync, Uplink):
         spec = self.queries[qid].spec()
         spec["precision"] = precision
         self.queries[qid] = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
+        self.queries[qid].reserve = self.reserve.get(qid)
         self.dirty[qid] = None
         self._changed(self.queries[qid], now)
         return self._flush(now)
@@ -251,6 +262,12 @@ class Coordinator(Downlink, Resync, Uplink):
         self._release(now)
         self._integrity(now)
         self._answers(self.clock)
+        for qid in self.replan:         # a reserve moved (reserve.py): plan the query's widths again
+            q = self.queries.get(qid)
+            if q is not None:
+                q.reserve = self.reserve.get(qid)
+                self._changed(q, None)
+        self.replan.clear()
         if self.segments.final:     # every uplink stamped up to now − λ is in: final answers up to there
             self.out += self.segments.answers(self, max(self.clock, now - self.latency))
         return self._flush(None)
@@ -279,7 +296,7 @@ class Coordinator(Downlink, Resync, Uplink):
             if tick_t == t:
                 self.tick += 1
                 if self.shrink:
-                    self.cache.shrink(self.shrink)
+                    self.cache.shrink(self.shrink, self._shrink_hold(t))
                     self.dirty_src.update(dict.fromkeys(self.cache.sources))
                 self.protocol.period(self, t)
                 for key in self.models.off_since:    # offline widening grows with time
@@ -296,8 +313,10 @@ class Coordinator(Downlink, Resync, Uplink):
 
     # -- answers ----------------------------------------------------------------------
     def degraded(self, q):
-        """Whether a source of ``q`` is offline, waits for a filter the protocol counts on, or is contested."""
-        return q.meets(self.models.off_since) or q.meets(self.integrity.unsure) or q.meets(self.admission.contested)
+        """Whether a source of ``q`` is offline, waits for a filter the protocol counts on, has a clock known less
+        well than ±σ, or is contested."""
+        return q.meets(self.models.off_since) or q.meets(self.integrity.unsure) or q.meets(self.unclocked) \
+            or q.meets(self.admission.contested)
 
     def _answers(self, t):
         self.cache.now = t
@@ -322,12 +341,11 @@ class Coordinator(Downlink, Resync, Uplink):
             offline = self.degraded(q)
             fields["degraded"] = bool(fields.get("degraded")) or offline
             if offline:
-                why = self.integrity.why(q, self.cache.sources) + self.admission.why(q, self.cache.sources)
+                why = self.integrity.why(q, self.cache.sources, self.unclocked) + self.admission.why(q, self.cache.sources)
                 if q.meets(self.models.off_since) or q.meets(self.integrity.unsure):
                     why += self.models.reason(q, self)
                 fields["reason"] = why.rstrip("; ")
-            elif fields.get("lo") == -math.inf or fields.get("hi") == math.inf:
-                self._unread(q, fields)
+            self._vouch(q, fields, t)
             revoked = self.revoked.pop(qid, None)
             if self.last.get(qid) != fields or revoked:
                 self.last[qid] = fields
@@ -337,15 +355,6 @@ class Coordinator(Downlink, Resync, Uplink):
                     change["revoked"] = [revoked[0], max(revoked[1], t)]
                 self.out.append(("answer", change))
         self.dirty.clear()
-
-    def _unread(self, q, fields):
-        """An unbounded answer because a source was born without a reading (a birth's "no value yet") says
-        so: degraded, never a plain [-inf, inf] (DESIGN.md §10)."""
-        sources = self.cache.sources
-        bare = [k for k in q.sources if k in sources and sources[k].value is None]
-        if bare:
-            fields["degraded"] = True
-            fields["reason"] = "no reading yet: %s" % ", ".join(bare[:8]) + (" (+%d)" % (len(bare) - 8) if len(bare) > 8 else "")
 
     def interval(self, q):
         """Guaranteed interval for ``q`` from the bound cache, maintained incrementally; while a

@@ -46,7 +46,7 @@ class Downlink:
         loss is found (``_missed``). ``flags``: ``codec.METER``/``SYNC`` bits for a metered device."""
         s = self.cache.sources[key]
         epoch = self.cache.set_filter(key, width, cons, keep_old=bool(ack))
-        if not ack and self.beat > 0:
+        if not ack and (self.beat or self.integrity.links.acking(s.device)):
             ack, confirm = 1, (FILTER, self._event_now(), 0, True)
         self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": ack | flags,
                                        "cons": [{"l": l, "u": u} for l, u in cons]})
@@ -73,13 +73,17 @@ class Downlink:
         ``Integrity.expect``'s arguments), timed from when it left: by the event time reached plus λ, or,
         in echo mode, when it is seen leaving."""
         if self.echo:
-            self.devices[device]["unsent"][what] = (self.devices[device]["down"], token, unsafe, wait)
+            self.devices[device]["unsent"][what] = (self.devices[device]["down"], token, unsafe, wait, self.wall)
         else:
-            self._left(device, what, token, unsafe, wait, self._event_now() + self.latency)
+            self._left(device, what, token, unsafe, wait, self._event_now() + self.latency, self.wall)
 
-    def _left(self, device, what, token, unsafe, wait, at):
+    def _left(self, device, what, token, unsafe, wait, at, wall):
+        """It left by ``at`` (event time + λ, or the echo), the adapter's clock reading ``wall`` at most (the
+        device cannot have had it before)."""
         if type(what) is not tuple:
-            self.integrity.sent(what, token, at - self.latency, unsafe)
+            self.integrity.sent(what, token, at - self.latency, unsafe, wall)
+        elif self.integrity.left.get(what, (None,))[0] != token:   # (asked again: a reply may answer the first)
+            self.integrity.left[what] = (token, wall)       # a reply comes after it (offsets)
         if wait is not None:
             self.integrity.expect(device, what, token, at, *wait)
 
@@ -97,10 +101,12 @@ class Downlink:
         seq = m["seq"]
         if seq == d["rebirth"]:         # the birth request has left: wait for its answer from now
             d["rebirth"], d["asked"] = None, now
-        for what, (at, token, unsafe, wait) in list(d["unsent"].items()):
+        for what, (at, token, unsafe, wait, made) in list(d["unsent"].items()):
             if not newer(at, seq):
                 del d["unsent"][what]
-                self._left(device, what, token, unsafe, wait, now)
+                # the waits start at the echo; the clock bound takes when it was made: the device may have it
+                # before the echo reaches the bridge (two subscribers, either first), never before it was made
+                self._left(device, what, token, unsafe, wait, now, made)
         return self._advance(now)
 
     def send_config(self, device):
@@ -108,7 +114,7 @@ class Downlink:
         heartbeat, this backend's clock, and the number of ticks applied so far. Re-send it to every
         device after changing the period or the shrink: the device counts periods from it."""
         t0, period = self.schedule_ms()
-        fields = {"period": period, "shrink": self.shrink, "beat": round(self.beat * 1000), "t0": t0,
+        fields = {"period": period, "shrink": self.shrink, "beat": round(self.integrity.links.told(device) * 1000), "t0": t0,
                   "now": round(self.wall * 1000), "tick": self.tick - 1}
         if self.devices[device]["lines"]:
             fields["allow"] = self.allow

@@ -1,53 +1,44 @@
-"""Delivery integrity per device (DESIGN.md §3 sequence numbers, heartbeat and event time; issue #20).
+"""Delivery integrity per device (DESIGN.md §3 sequence numbers, heartbeat and event time; §4 bounded withdrawal).
 
 Sans-IO: every call takes ``now`` (the adapter's arrival clock); the coordinator asks ``due(now)`` for
 what has become suspect and ``next_deadline()`` for when to ask again. Work is per uplink and per
 due deadline (a heap, one entry per device and kind), never per device per call.
 
 * **Gaps.** Uplink sequence numbers are tracked per device and boot (serial order mod 2**32). A number
-  above the highest seen opens a gap for every number skipped; one inside a gap fills it (reordering
-  is not loss); anything else is a duplicate. A gap still open λ after it was noticed is a lost uplink.
-* **Silence.** With a heartbeat ``beat``, a device that sends nothing accepted for beat + λ + margin
-  is silent (a lost last report, a partition, a reboot whose birth was lost).
-* **Clock skew.** Device clocks may be off by up to ``skew`` (σ, a setting). A report stamped ``t``
-  happened at a true time in [t − σ, t − lo], where ``lo = max(−σ, −min(arrival − t))`` is the
-  estimated lower bound of the clock's lead: the coordinator applies it at ``t − σ`` and keeps the
-  bound from before the report in the hull until ``t − lo`` (``cover``), and waits λ + 2σ so such a
-  report is not late. A device seen leading by more than σ (arrival before ``t − σ``) is flagged.
+  above the highest seen opens a gap for every number skipped (and a heartbeat ``mark``, which repeats
+  the latest number used, for its own number too); one inside a gap fills it (reordering, a resend);
+  anything else is a duplicate. A gap still open after its wait (λ; λ + 7·rto for an uplink the device
+  keeps in ack mode, ``heartbeat``) is a lost uplink. The first gap seen turns ack mode on.
+* **Silence.** With a heartbeat (B per device, ``heartbeat``), a device that sends nothing for
+  B + λ + margin is silent (a lost last report whose mark was lost too, a partition, a lost birth).
+* **Event time.** A report stamped ``t`` happened at a true time in [t − hi, t − lo], the bounds of the
+  device clock's lead (``offsets``): the coordinator applies it at ``event`` t − hi and keeps the bound
+  from before it in the hull until ``cover`` t − lo. A stamp the clock cannot have made is dropped for
+  that message (it is placed by its arrival); a clock known less well than ±σ degrades its device as
+  "clock skew" (never "offline") until a downlink's echo bounds it.
+* **Watermark.** ``watermark(device)``: the event time through which every uplink of the device is in
+  (the latest stamp, a mark's included, with no number missing before it).
 
-* **Controls and probes.** An acknowledged control (a narrowing, a Cheng filter under a heartbeat, a
-  control sent again) is ``expect``-ed back as a report carrying its epoch within 2λ + margin, a probe as
-  its reply; unanswered (``due``), a probe is asked again and a control sent again to its source alone,
-  waits doubling. A filter the protocol counts on (FILTER) keeps its source ``unsure`` (answers degraded)
-  until answered, and a miss makes the device suspect ("control lost", revoked from when it left) until
-  a report shows it in force. A report still carrying an epoch older than a control sent long before
-  (``unconfirmed``) shows it lost, or the device's state lost: it is sent again (CHECK); unanswered
-  twice, the device is suspect ("lost state") and asked for a birth.
-
-A lost uplink, silence or a skewed clock makes the device *suspect*: the coordinator revokes the
-answers over its sources since its last trusted uplink (``since``, event time) and degrades them with
-the reason until a birth resynchronises it; a suspect device is asked for a birth at once, again on
-its first uplink heard, and then with a backoff (``retry`` doubling up to an hour). A clock found
-skewed stays suspect: a birth does not fix it.
+A lost uplink or silence makes the device *suspect*: the coordinator revokes the answers over its
+sources since its last trusted uplink (``since``, event time) and degrades them with the reason until a
+birth resynchronises it; a suspect device is asked for a birth at once, again on its first uplink
+heard, and then with a backoff (``retry`` doubling up to an hour). Controls and probes awaiting their
+effect are ``waits.py``.
 """
 import heapq
 import math
 
+from backend.coordinator.core.heartbeat import Heartbeats, TRIES
+from backend.coordinator.core.offsets import Offsets
+from backend.coordinator.core.waits import BACKOFF, CHECK, CONTROL, FILTER, LOST_STATE, RETRY, Waits  # noqa: F401
 from edge.core.codec import newer as epoch_newer
 
 WINDOW = 256            # sequence numbers below the highest seen that may still arrive
 _HALF = 0x80000000
-BACKOFF = 3600.0        # the longest wait between two requests for a birth (s); hearing it asks at once
 SEEN = 32               # recent sequence numbers remembered with their time (a duplicate has the same)
-RESOLUTION = 0.001      # device times are whole milliseconds on a board: a lead this small is rounding
 SKEWED = "clock skew"
 REBOOTED = "rebooted"
-CONTROL = "control lost"
-LOST_STATE = "lost state"
-# what a control that is never confirmed does (``expect``): RETRY sends it again (the mirror covers its
-# loss); FILTER (the protocol counts on it) degrades the device, revokes, sends it again as CHECK; CHECK
-# (sent again after a stale report or a FILTER miss) once more, then degrades, revokes and asks for a birth
-RETRY, FILTER, CHECK = 0, 1, 2
+LOST = "lost uplink"
 
 
 def newer(a, b):
@@ -55,24 +46,28 @@ def newer(a, b):
     return 0 < (a - b) & 0xFFFFFFFF < _HALF
 
 
-class Integrity:
-    def __init__(self, latency, beat=0.0, skew=0.0, margin=None):
+class Integrity(Waits):
+    def __init__(self, latency, beat=None, skew=0.0, margin=None, net=None):
         self.latency = latency          # λ as the coordinator waits it (λ + 2σ)
-        self.beat = beat
-        self.sigma = skew
         self.margin = max(0.5, latency) if margin is None else margin
         self.retry = 2 * latency + self.margin
+        self.offsets = Offsets(skew)
+        self.links = Heartbeats(beat, latency, latency - 2 * skew if net is None else net, self.margin)
+        self.now = -math.inf
         self.dev = {}           # device -> per-device state (see _state)
         self.suspect = {}       # device -> reason, in the order they became suspect
         self.revokes = {}       # device -> since when its answers are revoked (a reboot or gap a birth shows)
         self.unknown = {}       # device -> seqs dropped before its first birth
         self.ctl = {}           # source key -> (epoch, when) of the latest control with an epoch
+        self.left = {}          # source key or ("probe", key) -> (epoch or probe id, adapter time it left)
         self.need = {}          # device -> the highest uplink seq when it became suspect
         self.awaiting = {}      # devices suspect until the birth just accepted is applied
         self.settle = {}        # device -> event time its latest birth has surely happened by
         self.applied = {}       # device -> [boot, latest birth seq, {src: latest report seq}, {src: epoch}] applied
         self.waits = {}         # device -> {key or ("probe", key): (epoch or probe id, sent, since, stage, tries, unsafe)}
         self.unsure = {}        # source keys waiting for a filter the protocol counts on (answers degraded)
+        # devices to switch to ack mode, to tell their B; (device, B waited before) whose B moved
+        self.news = {"link": [], "beat": [], "moved": []}
         self.heap = []          # (time, n, device, kind): "gap", "beat", "ask", "wait"
         self.n = 0
         self.stats = {"gaps": 0, "filled": 0, "lost": 0, "silent": 0, "skewed": 0, "asked": 0, "resent": 0}
@@ -81,7 +76,7 @@ class Integrity:
         old = self.dev.get(device)
         d = self.dev[device] = {"boot": boot, "high": seq, "high_t": first_t, "missing": {}, "last": None,
                                 "birth": (seq - 1) & 0xFFFFFFFF, "seen": {}, "birth_t": old["birth_t"] if old else -math.inf,
-                                "last_t": first_t, "lead": -math.inf, "armed": old["armed"] if old else {},
+                                "last_t": first_t, "wm": -math.inf, "armed": old["armed"] if old else {},
                                 "asked": old["asked"] if old else None, "wait": old["wait"] if old else 0.0}
         return d
 
@@ -92,9 +87,20 @@ class Integrity:
             self.n += 1
             heapq.heappush(self.heap, (t, self.n, device, kind))
 
+    def _gap(self, d, device, now, k0, k1):
+        """Numbers high + k0 .. high + k1 - 1 are missing, noticed ``now``: each waited for (``heartbeat``)."""
+        after = self.event(device, d["high_t"])       # what is missing was sent after this
+        wait = self.links.wait(device, after)
+        for k in range(max(k0, k1 - WINDOW), k1):
+            d["missing"][(d["high"] + k) & 0xFFFFFFFF] = (now + wait, after)
+            self.stats["gaps"] += 1
+        self.news["link"] += self.links.switch_on(device, now)
+
     # -- uplinks ---------------------------------------------------------------------------
-    def accept(self, now, device, boot, seq, t, birth=False):
-        """Record an uplink stamped ``t`` (device seconds); False for a duplicate."""
+    def accept(self, now, device, boot, seq, t, birth=False, mark=False):
+        """Record an uplink stamped ``t`` (device seconds); False for a duplicate. A ``mark`` (True: heard)
+        is never queued: it advances the watermark and shows what is missing."""
+        self.now = now
         d = self.dev.get(device)
         if d is not None and not birth and t < d["birth_t"]:
             return False        # sent before the latest birth (perhaps by a past boot): superseded by it
@@ -102,40 +108,42 @@ class Integrity:
         if d is None or d["boot"] != boot:
             if d is not None and birth:     # rebooted: since its last birth (what followed may have been
                 # the new boot's, numbered like the old one's), what it sent may be lost
-                since = min([self.event(d["last_t"] if d["birth_t"] == -math.inf else d["birth_t"])]
+                since = min([self.event(device, d["last_t"] if d["birth_t"] == -math.inf else d["birth_t"])]
                             + [at[1] for at in d["missing"].values()])
                 reason = REBOOTED
             d = self._state(device, boot, seq, t)
             for s in self.unknown.pop(device, ()):  # dropped before this birth, but sent after it
                 if newer(s, seq) and birth:
-                    d["missing"][s] = (now, self.event(t))
+                    d["missing"][s] = (now + self.latency, self.event(device, t))
                     self._arm(device, "gap", now + self.latency)
         else:
             ahead = (seq - d["high"]) & 0xFFFFFFFF
             if 0 < ahead < _HALF:
-                if ahead > 1:
-                    after = self.event(d["high_t"])       # what is missing was sent after this
-                    for k in range(max(1, ahead - WINDOW), ahead):
-                        d["missing"][(d["high"] + k) & 0xFFFFFFFF] = (now, after)
-                        self.stats["gaps"] += 1
-                d["high"], d["high_t"] = seq, t
+                if ahead > 1 or mark:
+                    self._gap(d, device, now, 1, ahead + mark)
+                d["high"] = seq
+                if not mark:
+                    d["high_t"] = t
                 if len(d["missing"]) > WINDOW:
                     for s in [s for s in d["missing"] if (d["high"] - s) & 0xFFFFFFFF > WINDOW]:
                         del d["missing"][s]
                 if d["missing"]:
-                    self._arm(device, "gap", min(at for at, _ in d["missing"].values()) + self.latency)
+                    self._arm(device, "gap", min(at for at, _ in d["missing"].values()))
+            elif mark:
+                pass
             elif d["missing"].pop(seq, None) is not None:
                 self.stats["filled"] += 1
             elif birth and (d["high"] - seq) & 0xFFFFFFFF > WINDOW and newer(seq, d["birth"]):
                 d["high"], d["high_t"], d["missing"] = seq, t, {}    # seq rewound (stale uplinks of a past boot)
             else:
-                if d["seen"].get(seq, t) != t and self.suspect.get(device) != SKEWED:
+                if d["seen"].get(seq, t) != t:
                     # the number again with another time: the device restarted its numbering (a
                     # reboot whose birth was lost); what it sent since is unknown
-                    self.revokes[device] = self.event(d["last_t"])
+                    self.revokes[device] = self.event(device, d["last_t"])
                     self.suspect[device] = LOST_STATE
                     self.need[device] = d["high"]
                     self._arm(device, "ask", now)
+                self._heard(d, device, now, t, True)
                 return False
         if birth:               # a birth carries the whole state: what it skipped is no longer missing,
             d["birth_t"] = t    # but the answers until it is applied may have been wrong
@@ -144,32 +152,55 @@ class Integrity:
             keep = {s: at for s, at in d["missing"].items() if newer(s, seq)}
             if len(keep) < len(d["missing"]):
                 gone = min(at[1] for s, at in d["missing"].items() if s not in keep)
-                since, reason = gone if since is None else min(since, gone), reason or "lost uplink"
+                since, reason = gone if since is None else min(since, gone), reason or LOST
             d["missing"] = keep
         if since is not None:
             self.revokes[device] = since
             self.suspect.setdefault(device, reason)
             self.need[device] = d["high"]
             self.awaiting[device] = None        # its birth is on the way: no need to ask
-        d["seen"][seq] = t
-        if len(d["seen"]) > SEEN:
-            del d["seen"][next(iter(d["seen"]))]
-        d["last"] = now
-        d["last_t"] = max(d["last_t"], t)
-        if t - now > d["lead"]:
-            d["lead"] = t - now
-        if self.beat > 0:
-            self._arm(device, "beat", now + self.beat + self.latency + self.margin)
-        if device in self.suspect and self.suspect[device] != SKEWED and d["asked"] is not None \
-                and now >= d["asked"] + self.retry:
+        if not mark:
+            d["seen"][seq] = t
+            if len(d["seen"]) > SEEN:
+                del d["seen"][next(iter(d["seen"]))]
+        self._heard(d, device, now, t, mark)
+        if device in self.suspect and d["asked"] is not None and now >= d["asked"] + self.retry:
             self._arm(device, "ask", now)       # heard again (a partition ended): ask at once
         return True
+
+    def _heard(self, d, device, now, t, again):
+        """``device`` was heard (``again``: a mark or a duplicate, not a new numbered uplink)."""
+        d["last"] = now
+        if t > d["last_t"]:
+            d["last_t"] = t
+        if not d["missing"]:
+            d["wm"] = d["last_t"]
+        was, tell = self.links.heard(device, now, not again)
+        if tell:
+            self.news["beat"].append(device)
+        if self.links.beat(device) != was:
+            self.news["moved"].append((device, was))
+        b = self.links.beat(device)
+        if b > 0:
+            self._arm(device, "beat", now + b + self.latency + self.margin)
 
     def dropped(self, device, seq):
         """An uplink numbered ``seq`` from a device without a birth yet was dropped: if the birth
         that comes turns out to be older, it is missing."""
         self.unknown.setdefault(device, []).append(seq)
         del self.unknown[device][:-WINDOW]
+
+    def upto(self, device):
+        """The highest number through which every uplink of ``device``'s boot is in (an ``ack``'s)."""
+        d = self.dev[device]
+        if not d["missing"]:
+            return d["high"]
+        return (max(d["missing"], key=lambda s: (d["high"] - s) & 0xFFFFFFFF) - 1) & 0xFFFFFFFF
+
+    def watermark(self, device):
+        """Event time through which every uplink of ``device`` has been received (-inf: none yet)."""
+        d = self.dev.get(device)
+        return -math.inf if d is None or d["wm"] == -math.inf else self.event(device, d["wm"])
 
     # -- applying in sequence order -----------------------------------------------------------
     def fresh_birth(self, device, boot, seq):
@@ -206,104 +237,52 @@ class Integrity:
             a[3][src] = epoch
         return False
 
-    def sent(self, key, epoch, clock, unsafe=False):
-        """A control carrying ``epoch`` left for ``key``'s device once event time reached ``clock``;
-        ``unsafe``: the protocol counts on it (answers are wrong while the device has not applied it)."""
-        self.ctl[key] = (epoch, clock, unsafe)
-
-    def unconfirmed(self, key, epoch, t):
-        """Whether a report of ``key`` stamped ``t`` (event time) still carries an epoch older than a
-        control sent long enough before it to have arrived: the control was lost, or the device lost its
-        state (a reboot whose birth was lost, which nothing else may show). Returns (the event time the
-        control was sent, unsafe), else None; the coordinator sends it again (``expect`` CHECK)."""
-        c = self.ctl.get(key)
-        if c is None or not epoch_newer(c[0], epoch) or t <= c[1] + 2 * self.latency + self.margin:
-            return None     # (it leaves λ after its event time at the latest, and arrives λ later)
-        del self.ctl[key]
-        return c[1], c[2]
-
     def flag(self, device, reason, now, ask=True):
-        """``device`` is out of sync for ``reason`` (a skewed clock stays the reason); ``ask``: for a birth."""
-        if self.suspect.get(device) != SKEWED:
-            if self.suspect.get(device, CONTROL) == CONTROL:
-                self.suspect[device] = reason       # (a lost control gives way to what needs a birth)
-            self.need[device] = self.dev[device]["high"]
-            self.awaiting.pop(device, None)
-            if ask:
-                self._arm(device, "ask", now)
-
-    # -- controls and probes awaiting an answer ------------------------------------------------
-    def expect(self, device, what, token, now, since=None, stage=RETRY, tries=0, unsafe=False):
-        """``what`` left for ``device`` at ``now``: a source key's control under epoch ``token`` (answered
-        by a report carrying it) or ``("probe", key)`` with probe id ``token`` (by its reply). Unanswered
-        after 2λ + margin (doubling with ``tries``) it is ``due``; ``since``: from when answers are revoked
-        then; ``stage``: what that does (RETRY, FILTER, CHECK); ``unsafe``: the key is ``unsure`` meanwhile
-        (a filter the protocol counts on)."""
-        if device in self.dev:
-            self.waits.setdefault(device, {})[what] = (token, now, since, stage, tries, unsafe)
-            self._arm(device, "wait", now + self._wait(tries))
-            if unsafe:
-                self.unsure[what] = None
-
-    def _wait(self, tries):
-        return min(self.retry * (1 << min(tries, 12)), BACKOFF)
-
-    def answered(self, device, what, token):
-        """An answer to ``what`` (``expect``); True when it ends the device's "control lost" suspicion."""
-        waits = self.waits.get(device)
-        w = waits.get(what) if waits else None
-        if w is None or (w[0] != token if type(what) is tuple else epoch_newer(w[0], token)):
-            return False
-        del waits[what]
-        self.unsure.pop(what, None)
-        if self.suspect.get(device) == CONTROL and all(x[3] == RETRY for x in waits.values()):
-            del self.suspect[device]
-            self.need.pop(device, None)
-            return True
-        return False
-
-    def forget(self, device, key):
-        """A birth voids the controls sent to ``key`` before it (probes are asked again)."""
-        self.ctl.pop(key, None)
-        self.waits.get(device, {}).pop(key, None)
-        self.unsure.pop(key, None)
+        """``device`` is out of sync for ``reason``; ``ask``: for a birth."""
+        if self.suspect.get(device, CONTROL) == CONTROL:
+            self.suspect[device] = reason       # (a lost control gives way to what needs a birth)
+        self.need[device] = self.dev[device]["high"]
+        self.awaiting.pop(device, None)
+        if ask:
+            self._arm(device, "ask", now)
 
     def newest(self, device, src, seq):
         """Whether no report of ``src`` newer than a birth numbered ``seq`` was applied yet."""
         done = self.applied[device][2].get(src)
         return done is None or not newer(done, seq)
 
-    def event(self, t):
-        """The earliest true time of something a device stamped ``t`` (its event time)."""
-        return t - self.sigma
+    # -- device clocks (offsets.py) ---------------------------------------------------------------
+    @property
+    def sigma(self):
+        """The clock offset σ covered (the prior of ``offsets``)."""
+        return self.offsets.sigma
+
+    def event(self, device, t):
+        """The earliest true time of something ``device`` stamped ``t`` (its event time)."""
+        return t - self.offsets.bounds(device, self.now)[1]
 
     def cover(self, device, t):
         """Until when (event time) the bound from before a report stamped ``t`` stays in the hull."""
-        d = self.dev.get(device)
-        lead = d["lead"] if d is not None else -math.inf
-        return t + min(self.sigma, -lead)
+        return t - self.offsets.bounds(device, self.now)[0]
+
+    def plausible(self, device, t, now):
+        """Whether an uplink stamped ``t`` heard at ``now`` fits ``device``'s clock (uplink admission)."""
+        return self.offsets.plausible(device, t, now)
 
     def trusted(self, device, clock):
         """Whether ``device``'s sources may be answered from (not suspect, not settling)."""
         return device not in self.suspect and clock >= self.settle.get(device, -math.inf)
 
-    def skew(self, device):
-        """The estimated range (lo, hi) of ``device``'s clock lead over true time, in seconds."""
-        d = self.dev.get(device)
-        lo = max(-self.sigma, d["lead"]) if d is not None else -self.sigma
-        return lo, max(lo, self.sigma)
-
     def resynced(self, device, settle, seq):
-        """A birth was applied: the device's state is the backend's again (a skewed clock is not),
-        once event time reaches ``settle`` (the latest instant the birth can have been sent), unless
-        the birth (numbered ``seq``) is older than the uplink that made it suspect."""
+        """A birth was applied: the device's state is the backend's again, once event time reaches
+        ``settle`` (the latest instant the birth can have been sent), unless the birth (numbered ``seq``)
+        is older than the uplink that made it suspect."""
         need = self.need.get(device)
         if need is not None and newer(need, seq):     # older than what the suspicion waits for (a reordered
             self.awaiting.pop(device, None)             # birth): ask for a newer one, no longer awaited
             self._arm(device, "ask", self.dev[device]["last"] or 0.0)
             return False
-        if self.suspect.get(device, SKEWED) != SKEWED:
-            del self.suspect[device]
+        self.suspect.pop(device, None)
         self.awaiting.pop(device, None)
         self.need.pop(device, None)
         self.settle[device] = settle
@@ -326,16 +305,10 @@ class Integrity:
                 continue                # superseded by an earlier arming
             del d["armed"][kind]
             if kind == "wait":
-                waits = self.waits.get(device, {})
-                for what, w in [(what, w) for what, w in waits.items() if w[1] + self._wait(w[4]) <= now]:
-                    del waits[what]
-                    self.unsure.pop(what, None)
-                    missed.append((device, what, w))
-                if waits:
-                    self._arm(device, "wait", min(w[1] + self._wait(w[4]) for w in waits.values()))
+                missed += self._missed(device, now)
                 continue
             if kind == "ask":
-                if self.suspect.get(device, SKEWED) != SKEWED and device not in self.awaiting:
+                if device in self.suspect and device not in self.awaiting:
                     ask.append(device)
                     self.stats["asked"] += 1
                     d["asked"] = now
@@ -346,17 +319,18 @@ class Integrity:
                 if not d["missing"]:
                     continue
                 first = min(at for at, _ in d["missing"].values())
-                if first + self.latency > now:
-                    self._arm(device, "gap", first + self.latency)
+                if first > now:
+                    self._arm(device, "gap", first)
                     continue
-                reason, since = "lost uplink", min(s for _, s in d["missing"].values())
+                reason, since = LOST, min(s for _, s in d["missing"].values())
                 self.stats["lost"] += 1
             else:
-                if d["last"] is None or d["last"] + self.beat + self.latency + self.margin > now:
-                    if d["last"] is not None:
-                        self._arm(device, "beat", d["last"] + self.beat + self.latency + self.margin)
+                b = self.links.beat(device)
+                if d["last"] is None or b <= 0 or d["last"] + b + self.latency + self.margin > now:
+                    if d["last"] is not None and b > 0:
+                        self._arm(device, "beat", d["last"] + b + self.latency + self.margin)
                     continue
-                reason, since = "silent", self.event(d["last_t"])
+                reason, since = "silent", self.event(device, d["last_t"])
                 self.stats["silent"] += 1
             if self.suspect.get(device, CONTROL) == CONTROL:
                 self.suspect[device] = reason
@@ -365,30 +339,29 @@ class Integrity:
                 self._arm(device, "ask", now)
         return new, ask, missed
 
-    def check_clock(self, device, t, now):
-        """True when ``device`` just showed a clock leading by more than σ (flag it)."""
-        if t - now > self.sigma + RESOLUTION and self.suspect.get(device) != SKEWED:
-            self.suspect.pop(device, None)
-            self.suspect[device] = SKEWED
-            self.stats["skewed"] += 1
-            return True
-        return False
-
     def horizon(self):
-        """How long after an uplink was due the answers it affects may still be revoked."""
-        return self.latency + (self.beat + self.latency + self.margin if self.beat > 0 else 0.0)
+        """How long after an uplink was due the answers it affects may still be revoked (before any device
+        has been timed)."""
+        b = self.links.first()
+        return self.latency + TRIES * self.links.rto + (b + self.latency + self.margin if b > 0 else 0.0)
 
     def next_deadline(self):
         return self.heap[0][0] if self.heap else math.inf
 
-    def why(self, q, sources):
+    def clocked(self, device, now):
+        """Whether ``device``'s clock is known as well as the prior's ±σ (else its answers are degraded)."""
+        return not self.offsets.uncertain(device, now)
+
+    def why(self, q, sources, unclocked):
         """The integrity reasons among ``q``'s sources' devices, as a prefix of the degraded reason."""
-        if not self.suspect and not self.unsure:
+        if not self.suspect and not self.unsure and not unclocked:
             return ""
         out = {}
         for key in q.sources:
             s = sources.get(key)
-            r = None if s is None else self.suspect.get(s.device)
+            if s is None:
+                continue
+            r = self.suspect.get(s.device) or (SKEWED if key in unclocked else None)
             if r is not None:
                 out.setdefault(r, {})[s.device] = None
             if key in self.unsure:

@@ -12,7 +12,7 @@ class QueryError(ValueError):
 
 
 class Query:
-    __slots__ = ("id", "kind", "sources", "weights", "precision", "range", "extra", "_norm")
+    __slots__ = ("id", "kind", "sources", "weights", "precision", "range", "extra", "_norm", "reserve")
 
     def __init__(self, qid, kind, sources, weights, precision, rng=None, extra=None):
         self.id = qid
@@ -23,6 +23,11 @@ class Query:
         self.range = rng                # (a, b) for count-in-range, else None
         self.extra = extra or {}        # protocol-specific fields (tolerances, k, point, ...)
         self._norm = None
+        self.reserve = 0.0              # of δ kept off the widths for clock skew (coordinator.core.reserve)
+
+    def budget(self):
+        """The precision the widths of the query's sources are allocated from: δ less the reserve."""
+        return max(0.0, self.precision - self.reserve)
 
     def norm(self):
         """Σ|K| over the query's sources, summed once (uniform widths ask for it at every birth)."""

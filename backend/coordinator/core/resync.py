@@ -1,39 +1,48 @@
-"""Devices out of sync (DESIGN.md §3 reconnect; issue #20): the coordinator's side of ``integrity``.
+"""Devices out of sync (DESIGN.md §3 reconnect, §4 bounded withdrawal; issue #20): the coordinator's side of
+``integrity``.
 
 A mixin of ``Coordinator``: every uplink is admitted through ``Integrity`` (duplicates dropped; gaps,
-reboots, skewed clocks found; its event time t − σ and the end of its skew hull set), each report is
-checked for order and for the epochs the device should have by now, and what integrity finds makes
-the device's sources degraded (offline, widened by the interruption model) and revokes the answers
-over them since the finding's ``since`` — until a birth resynchronises it and has surely happened.
+reboots found; its event time t − hi and the end of its skew hull t − lo from the device's clock bounds;
+a stamp the clock cannot have made placed by its arrival), each report is checked for order and for the
+epochs the device should have by now, and what integrity finds makes the device's sources degraded
+(offline, widened by the interruption model) and revokes the answers over them since the finding's
+``since`` — until a birth resynchronises it and has surely happened. What integrity asks for goes out
+here: an ``ack`` after each uplink of a device in ack mode, the ``link`` that switches it on, a config
+telling a new heartbeat B, and a probe whose reply bounds a device clock from above (``ECHO``).
 """
 import heapq
 import math
 
 from backend.coordinator.core.integrity import CHECK, CONTROL, FILTER, LOST_STATE, RETRY
 from backend.coordinator.core.segments import before
-from edge.core.codec import NO_VALUE
+from edge.core.codec import NO_VALUE, WHY_ASSIGN
 
 UP = -1         # the coordinator's event order of uplinks within one timestamp
+ECHO = 0xFFFF   # the probe id of a request for a clock echo (its reply bounds the clock's lead from above)
 
 
 class Resync:
     def _admit(self, now, device, kind, m, rx):
         """Admit an uplink (``m["t"]`` in device seconds): its event time (at least the clock), or None
-        for a duplicate. Sets ``m["t"]`` to the event time and, for reports, replies and births,
+        for a duplicate or a mark. Sets ``m["t"]`` to the event time and, for reports, replies and births,
         ``m["hull"]`` (the latest instant it can have happened) and the boot it belongs to."""
         ig = self.integrity
-        ok = ig.accept(now, device, m["boot"] if kind == "birth" else rx[0], m["seq"], m["t"], birth=kind == "birth")
+        boot = m["boot"] if kind == "birth" else rx[0]
+        stamped = ig.offsets.heard(device, m["t"], now)     # else dropped for this message: placed by arrival
+        ok = ig.accept(now, device, boot, m["seq"], m["t"], birth=kind == "birth", mark=kind == "mark")
         if device in ig.revokes:
             self._suspect(device, ig.revokes.pop(device))
-        if not ok:
+        self._deliver(now, device, kind, ok)
+        if not ok or kind == "mark":
             return None
-        self.rx[device] = (m["boot"] if kind == "birth" else rx[0], m["seq"])
-        if ig.check_clock(device, m["t"], now):
-            self._suspect(device, self.t0)
+        self.rx[device] = (boot, m["seq"])
+        d = self.devices.get(device)
+        if d is not None and stamped and kind in ("report", "reply", "line") and m["src"] < len(d["keys"]):
+            ig.echo(device, d["keys"][m["src"]], m["epoch"], m["t"], now, m.get("probe"), m.get("why") == WHY_ASSIGN)
         if kind in ("report", "reply", "line", "birth"):
-            m["hull"] = ig.cover(device, m["t"])
+            m["hull"] = ig.cover(device, m["t"]) if stamped else now
             m.setdefault("boot", rx[0] if rx else None)
-        t = m["t"] = ig.event(m["t"])
+        t = m["t"] = ig.event(device, m["t"]) if stamped else now - ig.links.net
         if t < self.clock:
             self.stats["late"] += 1     # applied now; later than λ (not covered by a protocol's
             if now - t > self.tolerance:    # padding either): the answers meanwhile are revoked
@@ -49,6 +58,9 @@ class Resync:
         long enough before, flags the device; a report from a skewed clock holds the prior bound."""
         ig = self.integrity
         if ig.superseded(device, m["boot"], m["src"], m["seq"]):
+            if m["v"] != NO_VALUE:
+                self.cache.widen(key, m["v"])       # (the newer one's hold did not know its bound)
+                self._touch(key)
             return False
         if ig.answered(device, key, m["epoch"]) | ("probe" in m and ig.answered(device, ("probe", key), m["probe"])):
             self._trust(device)         # the control it was suspect for is in force
@@ -62,7 +74,9 @@ class Resync:
         if ig.regressed(device, m["src"], m["epoch"], self.wall):
             self._suspect(device, last)     # it lost its state after that report
         if m["v"] != NO_VALUE and m["hull"] > self.clock:     # it may have happened as late as that
-            self.cache.hold(key, m["hull"])
+            # a guarded report: until then the value was in the bound before it or at the reported value
+            tight = m.get("guarded") and m["hull"] - m["t"] <= (self.devices[device]["guard"] or 0.0)
+            self.cache.hold(key, m["hull"], m["v"] if tight else None)
             self._later(m["hull"], device, "expire", {"key": key})
         return True
 
@@ -76,6 +90,20 @@ class Resync:
         else:
             return False
         return True
+
+    def _shrink_hold(self, t):
+        """A periodic shrink at tick ``t``: a device whose clock may be behind shrinks as late as t − lo
+        (its clock's lower bound): until then the mirror keeps its bound from before the shrink too.
+        Returns {key: until} for ``BoundCache.shrink``."""
+        hold = {}
+        if self.integrity.offsets.sigma <= 0:
+            return hold
+        for key, s in self.cache.sources.items():
+            until = self.integrity.cover(s.device, t)
+            if until > t:
+                hold[key] = until
+                self._later(until, s.device, "expire", {"key": key})
+        return hold
 
     def _later(self, t, device, kind, m):
         self.n += 1
@@ -108,7 +136,7 @@ class Resync:
 
     def _trust(self, device, settle=None):
         """Online unless suspect or settling after a birth (its values may be as recent as ``settle``)."""
-        ok = self.integrity.trusted(device, self.clock)
+        ok = self.integrity.trusted(device, self.clock) and not self.devices[device]["gone"]
         self._set_online(device, ok)
         if settle is not None and not ok and device not in self.integrity.suspect:
             self._later(settle, device, "settled", {})
@@ -135,6 +163,10 @@ class Resync:
         if s is None or s.device != device:
             return
         self.integrity.stats["resent"] += 1
+        if tries == 0:      # the device may have dropped it waiting for a config that was lost: both again
+            self.send_config(device)
+            if self.integrity.links.acking(device) or self.integrity.offsets.sigma > 0:
+                self._link(device)
         if type(what) is tuple:         # a probe or its reply lost: ask again, same id
             self.probe(key, token, tries + 1)
         elif stage == RETRY:            # the mirror covers its loss: send it again
@@ -160,3 +192,58 @@ class Resync:
             self.assign_filter(key, s.filt.width, list(s.filt.cons), ack=1, confirm=confirm)
         else:
             self.assign_width(key, s.filt.width, confirm=confirm)
+
+    def _link(self, device, guard=None):
+        """Tell ``device`` its resend timeout (ack mode, or 0) and its guard (GUARDED reports): 2σ after a
+        birth, then twice the uncertainty of its clock once that is known (``_deliver``), the same again when
+        a control went unanswered. The smallest guard told is what is believed (the device may not have a
+        later, larger one: believing that is unsound; a device that has a larger one reports more)."""
+        ig, d = self.integrity, self.devices[device]
+        ms = (round(2000 * ig.offsets.sigma) if d["guard"] is None else round(1000 * d["guard"])) if guard is None \
+            else guard
+        d["guard"] = ms / 1000 if d["guard"] is None else min(d["guard"], ms / 1000)
+        self.send(device, "link", {"rto": round(ig.links.timeout(device) * 1000) if ig.links.acking(device) else 0,
+                                   "guard": ms})
+
+    def _deliver(self, now, device, kind, new):
+        """After an uplink from ``device`` (``new``: not a duplicate): acknowledge it in ack mode, switch a
+        device with a gap to ack mode, tell a new heartbeat B, ask for a clock echo, degrade a device whose
+        clock is known less well than ±σ."""
+        ig, d = self.integrity, self.devices.get(device)
+        news = ig.news
+        if kind == "birth":         # its config and link go out when it is applied
+            news["link"] = [x for x in news["link"] if x != device]
+            news["beat"] = [x for x in news["beat"] if x != device]
+        for dev in news["link"]:
+            if dev in self.devices:
+                self._link(dev)
+        for dev in news["beat"]:
+            if dev in self.devices:
+                self.send_config(dev)
+        for dev, was in news["moved"]:
+            self._beat_moved(dev, was)
+        news["link"], news["beat"], news["moved"] = [], [], []
+        if d is None or self.rx.get(device) is None:
+            return
+        if ig.links.acking(device):
+            upto = ig.upto(device)
+            if upto != d["acked"] or not new:       # a duplicate: our ack may have been lost
+                d["acked"] = upto
+                ig.links.stats["acked"] += 1
+                self.send(device, "ack", {"upto": upto, "now": round(now * 1000)})
+        if d["guard"] and kind != "birth":          # the guard follows the clock's uncertainty down
+            lo, hi = ig.offsets.bounds(device, now)
+            want = math.ceil(2000 * (hi - lo)) + 2
+            if 4 * want <= 1000 * d["guard"]:
+                self._link(device, want)
+        unclocked = not ig.clocked(device, now)
+        if unclocked != (d["keys"] and d["keys"][0] in self.unclocked):
+            for key in d["keys"]:
+                if unclocked:
+                    self.unclocked[key] = None
+                else:
+                    self.unclocked.pop(key, None)
+                self._touch(key)
+        if ig.offsets.sigma > 0 and d["keys"] and not ig.offsets.highs.get(device) \
+                and ("probe", d["keys"][0]) not in ig.left:
+            self.probe(d["keys"][0], ECHO)

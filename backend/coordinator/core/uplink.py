@@ -38,11 +38,12 @@ class Uplink:
         if d is None:
             d = self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False,
                                         "to": 0, "single": False, "inc": None, "lines": False, "asked": None,
-                                        "rebirth": None, "unsent": {}}
+                                        "rebirth": None, "unsent": {}, "gone": False, "acked": None, "guard": None}
         return d
 
     def handle_uplink(self, now, device, payload, retained=False):
         """Take one uplink payload from ``device``; ``retained`` marks a broker-retained birth."""
+        self.wall = now
         self._catch_up(now)        # lateness is judged against the ticks a per-period coordinator ran
         passed = self.admission.take(now, device)
         if passed is not True:
@@ -71,9 +72,15 @@ class Uplink:
             self.unit[device] = 1000 if m["caps"] & CAP_MS else 1
         elif rx is None:
             self.stats["unknown_device"] += 1
-            self.integrity.dropped(device, m["seq"])
+            if kind != "mark":
+                self.integrity.dropped(device, m["seq"])
             self._ask_birth(device, now, early=True)
             return self._advance(now)
+        if kind == "reply":
+            m["why"] = codec.WHY_ASSIGN     # a report a control asked for, as protocols see it
+        elif kind == "report" or kind == "line":
+            m["guarded"] = bool(m["why"] & codec.GUARDED)      # (resync.py: the hull while its time is unsure)
+            m["why"] &= ~codec.GUARDED
         ms = self.unit.get(device) == 1000
         td = m.get("o", m["t"])     # a line's origin in device units (a metered line carries its own: a SYNC's
         if ms:                      # acknowledgement takes a line begun earlier)
@@ -86,7 +93,7 @@ class Uplink:
             m["td"] = td
         t = self._admit(now, device, kind, m, rx)
         if t is None:
-            self.stats["duplicates"] += 1
+            self.stats["duplicates"] += kind != "mark"
             return self._advance(now)
         self.n += 1
         heapq.heappush(self.queue, (t, UP, self.n, device, kind, m))
@@ -142,9 +149,12 @@ class Uplink:
             d["single"] = bool(m["caps"] & CAP_F32)
             d["lines"] = bool(m["caps"] & CAP_LINE)
             d["meter"] = bool(m["caps"] & CAP_METER)
-            d["online"] = False
+            d["online"], d["gone"] = False, False
             self._set_online(device, True)
             self.send_config(device)
+            self.integrity.links.born(device)
+            if self.integrity.links.acking(device) or self.integrity.offsets.sigma > 0:    # (a reboot forgets it)
+                self._link(device)
         for i, rec in enumerate(m["sources"], m["first"]):
             key = rec["name"]
             s = self.cache.sources.get(key)
@@ -162,6 +172,8 @@ class Uplink:
                 s = self.cache.add(key, device, i, rec["width"], rec["epoch"], v, d["single"],
                                    self.unit.get(device, 1))
                 d["keys"].append(key)
+                for qid in self.by_source.get(key, ()):
+                    self._count_beats(qid, [key], 1)
                 self.protocol.source_added(self, key)
                 self.segments.born(self, key)
             else:
@@ -193,7 +205,8 @@ class Uplink:
             return
         if device not in self.devices:
             return
-        if kind == "gone":
+        if kind == "gone":         # offline until its next birth (a report applied after it does not bring it back)
+            self.devices[device]["gone"] = True
             self._set_online(device, False)
             return
         if self._resync_event(device, kind, m):

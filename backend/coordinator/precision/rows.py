@@ -58,10 +58,10 @@ class Rows:
                 pad = math.fsum(c[s] * phi(s) for s in c)
                 # δ·(m/Σ|K|): exactly δ for an AVG of unit weights, whatever n (δ·n/n is an ulp off at
                 # some n, and a share that flips by an ulp between births re-sends every unconfirmed width)
-                self._add(qid, c, q.precision * m - pad, q.precision * (m / norm) - pad / norm)
+                self._add(qid, c, q.budget() * m - pad, q.budget() * (m / norm) - pad / norm)
             elif q.kind in ("min", "max"):
                 for s in q.sources:
-                    self._add(qid, {s: 1.0}, q.precision - phi(s), q.precision - phi(s))
+                    self._add(qid, {s: 1.0}, q.budget() - phi(s), q.budget() - phi(s))
         self.of = {}            # key -> [(row, |K|)]
         for j, c in enumerate(self.coef):
             for s, k in c.items():

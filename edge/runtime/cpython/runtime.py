@@ -39,7 +39,8 @@ class Runtime:
         self.agent = Agent(cfg["device"], names, boot=boot, width=cfg["width"])
         self.prefix = topics.device_prefix(cfg["fleet"], cfg["device"])
         self.truth = open(cfg["ground_truth"], "a", buffering=1) if cfg["ground_truth"] else None
-        self.pump = Pump(self.agent, inputs.build(cfg, now), Outbox(cfg["outbox"]), self._send, self.truth)
+        self.pump = Pump(self.agent, inputs.build(cfg, now), Outbox(cfg["outbox"]), self._send, self.truth,
+                         cfg["clock_skew"])
         self.connected = False
         self.stopping = False
         self.retry_at = now
@@ -125,7 +126,8 @@ class Runtime:
             self.client.disconnect()
         if self.truth is not None:
             self.truth.close()
-        stats = dict(self.agent.stats, outbox=len(self.pump.outbox), outbox_dropped=self.pump.outbox.dropped)
+        stats = dict(self.agent.stats, outbox=len(self.pump.outbox), outbox_dropped=self.pump.outbox.dropped,
+                     **self.agent.delivery.stats)
         print(json.dumps({"stats": stats}), flush=True)
 
 

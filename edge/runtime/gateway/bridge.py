@@ -8,20 +8,23 @@ values ``k/1024`` (exact in double: no CAP_F32, the backend mirrors the board in
 board's integer filter); downlinks (width, bound, filter, probe, config, rebirth) become device frames, sent
 one at a time until acknowledged. As in ``edge.agent``, a control whose ``to`` is not the token of the latest
 birth, or whose ``inc`` is not that of the backend run that configured the sensor since (a config of a
-later run is adopted: ``edge.agent.current``), is dropped, and duplicates by the same anti-replay window. A config's integer-ms schedule and its ``tick`` (periods the
+later run is adopted: ``edge.core.window.current``), is dropped, and duplicates by the same anti-replay window. A config's integer-ms schedule and its ``tick`` (periods the
 backend has applied) set the board's shrink count and next shrink tick; a config repeating the schedule the
 board already runs is not forwarded (the board's own count is never behind the backend's). Conversions
 round toward the device: a bound ``[lo, hi]`` becomes ``[ceil, floor]`` of its ends in device units, a
 width ``W`` the half-width ``floor(W·512)``, so the device is never wider than the backend's double mirror.
 A checksum failure or a sequence gap from the device (a report may be lost) skips an uplink sequence
-number, so the backend sees the loss as its own, and asks the device for a fresh birth. Every call takes ``now``
-(wall seconds) and returns actions ``(kind, ...)``.
+number, so the backend sees the loss as its own, and asks the device for a fresh birth. The MQTT side's
+numbering, heartbeat marks and ack mode's resends are the agent's (``edge.core.delivery``): the gateway keeps
+the sensor's unacknowledged uplinks, so the UART framing is unchanged. Every call takes ``now`` (wall
+seconds) and returns actions ``(kind, ...)``.
 """
 import math
 
-from edge.agent import current, fresh
+from edge.core.window import current, fresh
 from edge.core import codec
 from edge.core.codec import NO_VALUE, CAP_MS
+from edge.core.delivery import Delivery
 
 FIRMWARE = "qf-microbit-0.2"
 SCALE = 1024
@@ -81,20 +84,18 @@ class Bridge:
     def __init__(self, source, boot):
         self.source = source
         self.boot = boot & 0xFFFFFFFF
-        self.seq = 0                # uplink sequence on MQTT (the sensor's identity)
+        self.delivery = Delivery(16)    # uplink numbers on MQTT (the sensor's identity), marks, resends
         self.g = 0                  # downlink frame number on the UART
         self.queue = []             # frames waiting for the device's acknowledgement
         self.sent_at = None
         self.token = None           # boot ^ seq of the latest birth: every downlink must carry it
         self.inc = None             # incarnation of the backend run that configured us after that birth
-        self.top = None             # anti-replay window over downlink sequence numbers (edge.agent.fresh)
+        self.top = None             # anti-replay window over downlink sequence numbers (edge.core.window.fresh)
         self.seen = 0
         self.offset = None          # wall seconds at tick 0 (this boot)
         self.lows = []              # (arrival, arrival - tick) candidates, increasing: the sliding minimum
         self.last_t = None
         self.dseq = None            # last device frame number
-        self.beat = 0.0
-        self.last_up = None
         self.last_rx = None
         self.pending = False        # a config waits for the first tick
         self.period = None          # (T ms, S, t0 ms, tick) of the backend's config, for the device's shrink grid
@@ -132,17 +133,14 @@ class Bridge:
 
     # -- device -> backend --------------------------------------------------------------
     def _up(self, now, channel, kind, fields):
-        self.seq = (self.seq + 1) & 0xFFFFFFFF
-        fields["seq"] = self.seq
         fields["t"] = int(round(fields["t"] * 1000))       # CAP_MS: integer milliseconds
-        self.last_up = now
-        return (channel, codec.encode(kind, fields))
+        return (channel, self.delivery.number(now, kind, fields, channel == "up"))
 
     def _lost(self, now):
         """A device frame was lost or damaged (a report, perhaps): skip an uplink sequence number, so the
         backend sees a lost uplink (it degrades the sensor and revokes its answers since), and ask the
         device for a fresh birth to resynchronise."""
-        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        self.delivery.seq = (self.delivery.seq + 1) & 0xFFFFFFFF
         return self.rebirth(now)
 
     def from_device(self, now, line):
@@ -182,7 +180,8 @@ class Bridge:
             rec = {"name": self.source, "epoch": ep, "width": math.inf if h < 0 else 2 * h / SCALE, "v": v}
             out.append(self._up(now, "state", "birth", {"t": now, "boot": self.boot, "fw": FIRMWARE, "caps": CAP_MS,
                                                         "first": 0, "sources": [rec]}))
-            self.token = (self.boot ^ self.seq) & 0xFFFFFFFF
+            self.token = (self.boot ^ self.delivery.seq) & 0xFFFFFFFF
+            self.delivery.born(now)
             self.inc = self.top = None
             self.seen = 0
         elif kind == "R":
@@ -228,15 +227,15 @@ class Bridge:
         return self._send(now, "Q")
 
     def poll(self, now):
-        """Send the head frame when nothing is in flight or its acknowledgement is overdue; heartbeats."""
+        """Send the head frame when nothing is in flight or its acknowledgement is overdue; resends and marks."""
         out = []
         if self.queue and (self.sent_at is None or now - self.sent_at >= RESEND):
             if self.sent_at is not None:
                 self.stats["resent"] += 1
             self.sent_at = now
             out.append(("tx", self.queue[0][1]))
-        if self.beat > 0 and self.last_up is not None and now - self.last_up >= self.beat:
-            out.append(self._up(now, "up", "beat", {"t": now}))
+        for payload in self.delivery.due(now, False, int(round(now * 1000))):
+            out.append(("up", payload))
         return out
 
     def _config(self, now):
@@ -274,9 +273,15 @@ class Bridge:
             if kind == "config":
                 if not 0 <= m["shrink"] < 1:
                     raise ValueError("bad config")
-                self.beat = m["beat"] / 1000
+                self.delivery.beat = m["beat"] / 1000
                 self.period = (m["period"], m["shrink"], m["t0"], m["tick"])
                 return self._config(now)
+            if kind == "ack" or kind == "link":
+                if kind == "ack":
+                    self.delivery.acked(m["upto"])
+                else:       # (no guard: the backend states the sensor's whole band while its time is unsure)
+                    self.delivery.link(m["rto"] / 1000)
+                return []
             if kind in ("summary", "moq", "segment") or m["src"] != 0:
                 raise ValueError("the sensor has one source and no summaries or segments")
             if kind == "probe":

@@ -5,6 +5,7 @@ Run on the unix port with ``MICROPYPATH=<repo>:<repo>/edge/runtime/micropython``
 The config is JSON: ``fleet``, ``device``, ``password``, ``host``, ``port``, ``keepalive``, ``user`` and
 ``client_id`` (optional: default the device id and ``qf-<fleet>-<device>``; no TLS: see README),
 ``period``, ``width``, ``outbox``, ``ground_truth`` (optional path), ``boot`` (optional),
+``clock_skew_ms`` (optional: emulate a clock that far ahead of the host's, edge.runtime.pump),
 ``run_for`` (optional seconds, then stop as on Ctrl-C) and
 ``sources``: a list of ``{"name": ..., "kind": "walk" | "csv", ...}`` in source-index order.
 Ctrl-C (SIGINT) stops cleanly and prints the agent's counters as one JSON line.
@@ -61,7 +62,7 @@ def main(path, hook=None, more_inputs=None, synced=None):
         raise ValueError("unsupported source kind: %r" % (rest[0][1].get("kind"),))
     truth = open(cfg["ground_truth"], "a") if cfg.get("ground_truth") else None
     link = Link(cfg, agent.will())
-    pump = Pump(agent, inputs, Outbox(cfg.get("outbox", 32)), link.send, truth)
+    pump = Pump(agent, inputs, Outbox(cfg.get("outbox", 32)), link.send, truth, cfg.get("clock_skew_ms", 0))
     gc.collect()
     peak = gc.mem_alloc()
     stop_at = now + span(cfg["run_for"], 1000) if cfg.get("run_for") else None
@@ -95,6 +96,7 @@ def main(path, hook=None, more_inputs=None, synced=None):
     stats = {"outbox": len(pump.outbox), "outbox_dropped": pump.outbox.dropped, "inbox_overflows": link.overflows,
              "link_failures": link.failures, "heap_free": gc.mem_free(), "heap_used": gc.mem_alloc(), "heap_peak": peak}
     stats.update(agent.stats)
+    stats.update(agent.delivery.stats)
     # counters first: saying goodbye waits for the broker's PUBACK, which a loaded broker may not send
     # before the launcher's stop timeout
     print(json.dumps({"stats": stats}))

@@ -1,0 +1,91 @@
+"""A device's uplink delivery (DESIGN.md §3 sequence numbers and heartbeat, §4 bounded withdrawal): numbers,
+marks, and ack mode's resend buffer.
+
+Every uplink takes the next 32-bit sequence number (a birth too), so the backend finds a lost one by its
+gap. A device silent for the heartbeat B (the backend's ``config.beat``) sends a ``mark``: the latest
+number already used, stamped with the time through which its data is complete. A mark takes no number,
+so a lost mark is never a gap; the backend finds a lost last report from the mark's number, and a device
+gone quiet from the missing marks. On a lossy link the backend turns ack mode on (``link`` with a resend
+timeout rto > 0): every numbered uplink is kept until an ``ack`` covers its number and is sent again
+unchanged (its original number and stamp) when unacknowledged for rto, then 2·rto and 4·rto, then every
+4·rto; so a loss costs a resend delay, not a resynchronisation. At most ``size`` are kept (a few on a
+board): the oldest goes first, and the backend then sees its gap. A birth supersedes what is kept.
+Sans-IO, portable, float32-safe: times are the caller's clock (integer ms on a board, ``unit`` 1000).
+"""
+from edge.core import codec
+
+CAP = 4         # the longest resend wait, in rto
+
+
+class Delivery:
+    def __init__(self, size):
+        if size < 1:
+            raise ValueError("a resend buffer holds at least 1 message")
+        self.size = size
+        self.seq = 0            # the latest number used
+        self.beat = 0           # B in clock units (0: no marks)
+        self.rto = 0            # resend timeout in clock units (0: ack mode off)
+        self.last = None        # clock time of the latest uplink sent (a mark or a resend too)
+        self.held = []          # [seq, payload, due, tries] not acknowledged yet, oldest first
+        self.stats = {"resent": 0, "overflow": 0, "marks": 0}
+
+    def number(self, now, kind, fields, keep=True):
+        """The payload of uplink ``kind`` with the next number; kept for resending in ack mode."""
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        fields["seq"] = self.seq
+        payload = codec.encode(kind, fields)
+        self.last = now
+        if self.rto and keep:
+            self.held.append([self.seq, payload, now + self.rto, 0])
+            if len(self.held) > self.size:
+                self.held.pop(0)
+                self.stats["overflow"] += 1
+        return payload
+
+    def born(self, now):
+        """A birth went out: it supersedes everything kept."""
+        self.held = []
+        self.last = now
+
+    def link(self, rto):
+        """Ack mode with resend timeout ``rto`` (clock units); 0 turns it off."""
+        self.rto = rto
+        if not rto:
+            self.held = []
+
+    def acked(self, upto):
+        """The backend has every uplink numbered up to ``upto`` (32-bit serial order)."""
+        held = self.held
+        while held and not 0 < (held[0][0] - upto) & 0xFFFFFFFF < 0x80000000:
+            held.pop(0)
+
+    def deadline(self):
+        """Clock time of the next resend or mark; None when none is due ever."""
+        t = None
+        for e in self.held:
+            if t is None or e[2] < t:
+                t = e[2]
+        if self.beat > 0 and self.last is not None:
+            b = self.last + self.beat
+            if t is None or b < t:
+                t = b
+        return t
+
+    def due(self, now, busy, complete):
+        """Payloads to send at ``now``: resends due, or a mark stamped ``complete`` (the time through which
+        the device's data is sent) when it has been silent for B and ``busy`` (it sent something else now)
+        is false."""
+        out = []
+        for e in self.held:
+            if e[2] <= now:
+                e[3] += 1
+                e[2] = now + self.rto * (1 << e[3] if e[3] < 2 else CAP)
+                out.append(e[1])
+                self.stats["resent"] += 1
+        if out:
+            self.last = now
+        elif self.beat > 0 and self.last is not None and now >= self.last + self.beat and not busy:
+            self.last = now
+            self.stats["marks"] += 1
+            out.append(codec.encode("mark", {"seq": self.seq, "t": complete}))
+        return out

@@ -1,0 +1,92 @@
+"""Sequence tracking with heartbeat marks, ack mode and the per-device watermark (integrity.py, heartbeat.py),
+against a device's own uplink history: a mark takes no number, so a lost mark is never a gap; a mark shows
+a lost last report; the watermark is the latest stamp with nothing missing before it; an ack covers what
+is contiguous; a gap turns ack mode on and is then waited for a resend."""
+import math
+import random
+
+from backend.coordinator.core.heartbeat import TRIES
+from backend.coordinator.core.integrity import Integrity
+
+
+def ig(latency=0.5, beat=None):
+    return Integrity(latency, beat=beat, skew=0.0, net=latency)
+
+
+def test_a_lost_mark_is_no_gap_and_a_mark_shows_a_lost_last_report():
+    i = ig()
+    assert i.accept(0.0, "d", 1, 1, 0.0, birth=True)
+    assert i.accept(1.0, "d", 1, 2, 1.0)
+    assert i.accept(9.0, "d", 1, 2, 9.0, mark=True)         # the mark before it was lost: nothing missing
+    assert i.dev["d"]["missing"] == {} and i.watermark("d") == 9.0 and i.upto("d") == 2
+    # report 3 is lost; the next mark repeats number 3: it is missing, and the watermark stays
+    assert i.accept(20.0, "d", 1, 3, 20.0, mark=True)
+    assert list(i.dev["d"]["missing"]) == [3] and i.watermark("d") == 9.0 and i.upto("d") == 2
+    assert i.news["link"] == ["d"]                           # the first gap turns ack mode on
+    assert i.accept(20.4, "d", 1, 3, 12.0)                  # resent, with its own stamp
+    assert i.dev["d"]["missing"] == {} and i.watermark("d") == 20.0 and i.upto("d") == 3
+    assert not i.accept(20.5, "d", 1, 3, 12.0)              # a duplicate
+
+
+def test_the_watermark_is_the_latest_stamp_with_nothing_missing_before_it_on_every_prefix():
+    for seed in range(30):
+        rng = random.Random(seed)
+        i = ig()
+        i.accept(0.0, "d", 1, 1, 0.0, birth=True)
+        got, heard = {1}, [(1, 0.0)]         # numbers received; (number, stamp) of what was heard (a mark: its number)
+        seq, t = 1, 0.0
+        for k in range(120):
+            t += rng.uniform(0.1, 2.0)
+            mark = rng.random() < 0.3
+            if not mark:
+                seq += 1
+            if rng.random() < 0.15:
+                continue                                     # lost
+            i.accept(t + 0.1, "d", 1, seq, t, mark=mark)
+            if not mark:
+                got.add(seq)
+            heard.append((seq, t))
+            # oracle: the latest stamp of what was heard whose number and every one before it were received
+            complete = [tt for s, tt in heard if all(n in got for n in range(1, s + 1))]
+            assert i.watermark("d") == max(complete), (seed, k)
+
+
+def test_a_gap_is_waited_for_longer_once_the_device_resends():
+    i = ig(latency=0.5)
+    i.accept(0.0, "d", 1, 1, 0.0, birth=True)
+    i.accept(1.0, "d", 1, 3, 1.0)                           # 2 missing: ack mode from now, but 2 was not kept
+    assert i.dev["d"]["missing"][2][0] == 1.0 + 0.5 and i.links.rto == 2 * 0.5 + 0.05
+    i.accept(5.0, "d", 1, 4, 5.0)
+    i.accept(10.0, "d", 1, 6, 10.0)                         # 5 missing, sent after 4: well after the link
+    assert i.dev["d"]["missing"][5][0] == 10.0 + 0.5 + TRIES * i.links.rto
+    new, ask, _ = i.due(1.6)
+    assert [n[:2] for n in new] == [("d", "lost uplink")] and ask == ["d"]
+
+
+def test_heartbeat_follows_the_uplink_rate_and_is_told_on_a_2x_move():
+    i = ig(latency=0.2)
+    assert i.links.first() == 32.0
+    i.accept(0.0, "d", 1, 1, 0.0, birth=True)
+    t, k, told = 0.0, 1, []
+    for _ in range(38):                                     # it talks every second on a clean network:
+        t, k = t + 1.0, k + 1                               # a shorter B is not worth a downlink
+        i.accept(t, "d", 1, k, t)
+        told += i.news["beat"]
+        i.news["beat"] = []
+    assert told == [] and i.links.told("d") == 32.0
+    t, k = t + 1.0, k + 2                                   # a gap: the network loses, a loss is to be found sooner
+    i.accept(t, "d", 1, k, t)
+    assert i.news["beat"] == ["d"] and i.links.told("d") == 4.0     # 4 × 1 s, a power of 2, told once
+    i.news["beat"] = []
+    for _ in range(20):                                     # then it goes quiet: marks only
+        t += i.links.told("d")
+        i.accept(t, "d", 1, k, t, mark=True)
+    assert i.links.told("d") > 4.0 and set(i.news["beat"]) == {"d"} and i.stats["silent"] == 0
+
+
+def test_a_device_silent_past_its_heartbeat_is_found():
+    i = ig(latency=0.5, beat=2.0)
+    i.accept(0.0, "d", 1, 1, 0.0, birth=True)
+    assert i.due(2.9) == ([], [], [])
+    new, ask, _ = i.due(3.0 + 1e-9)
+    assert new == [("d", "silent", 0.0)] and ask == ["d"]

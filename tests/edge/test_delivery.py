@@ -1,0 +1,98 @@
+"""Uplink delivery (edge/core/delivery.py): heartbeat marks take no sequence number; in ack mode every
+numbered uplink is sent again, unchanged, until acknowledged; the buffer is bounded and a birth clears it."""
+from edge.agent import Agent
+from edge.core import codec
+from edge.core.delivery import Delivery
+from portable import ctl, session
+
+
+def _up(out):
+    return [codec.decode(p) for ch, p in out if ch == "up"]
+
+
+def test_a_mark_repeats_the_latest_number_and_is_stamped_when_data_is_complete():
+    a = Agent("d", ["x"], width=1.0)
+    session(a, beat=5000)
+    birth_seq = a.delivery.seq
+    assert _up(a.handle_timer(5.0)) == [("mark", {"seq": birth_seq, "t": 5.0})]
+    r = _up(a.handle_sample(6.0, "x", 3.0))         # the first reading: a report takes the next number
+    assert r[0][0] == "report" and r[0][1]["seq"] == birth_seq + 1
+    assert a.next_deadline() == 11.0                  # silent for B after its last uplink
+    assert _up(a.handle_timer(10.9)) == []
+    assert _up(a.handle_timer(11.0)) == [("mark", {"seq": birth_seq + 1, "t": 11.0})]
+    assert _up(a.handle_timer(16.0)) == [("mark", {"seq": birth_seq + 1, "t": 16.0})]    # marks take none
+    assert a.delivery.stats["marks"] == 3
+
+
+def test_ack_mode_resends_the_same_bytes_with_backoff_until_acknowledged():
+    a = Agent("d", ["x"], width=1.0)
+    session(a)
+    a.handle_message(0.0, ctl(a, "link", seq=2, rto=500, guard=0))
+    first = a.handle_sample(1.0, "x", 0.0)
+    second = a.handle_sample(2.0, "x", 5.0)
+    assert a.next_deadline() == 1.5
+    assert a.handle_timer(1.5) == first               # original seq and stamp, byte for byte
+    assert a.next_deadline() == 2.5                   # the first's second try (2 rto) and the second's first
+    assert a.handle_timer(2.5) == first + second
+    assert [e[2] for e in a.delivery.held] == [4.5, 3.5]     # then 4 rto (the cap) and 2 rto
+    s1 = codec.decode(first[0][1])[1]["seq"]
+    a.handle_message(3.0, ctl(a, "ack", seq=3, upto=s1, now=3000))
+    assert [e[0] for e in a.delivery.held] == [s1 + 1]
+    a.handle_message(3.1, ctl(a, "ack", seq=4, upto=s1 + 1, now=3100))
+    assert a.delivery.held == [] and a.next_deadline() is None
+    a.handle_sample(4.0, "x", 9.0)
+    a.handle_message(4.1, ctl(a, "link", seq=5, rto=0, guard=0))     # ack mode off: nothing kept any more
+    assert a.delivery.held == [] and _up(a.handle_sample(5.0, "x", 20.0)) and a.delivery.held == []
+
+
+def test_the_buffer_keeps_the_newest_and_a_birth_supersedes_it():
+    d = Delivery(3)
+    d.link(1)
+    for k in range(5):
+        d.number(k, "report", {"src": 0, "epoch": 0, "t": float(k), "v": 1.0, "why": 0})
+    assert [e[0] for e in d.held] == [3, 4, 5] and d.stats["overflow"] == 2
+    d.acked(0xFFFFFFFF)                                # serial order: before 3, acknowledges nothing
+    assert len(d.held) == 3
+    d.born(9)
+    assert d.held == [] and d.last == 9
+    d.seq = 0xFFFFFFFF                                  # numbers wrap in 32-bit serial order
+    d.number(10, "mark", {"t": 10.0})
+    d.acked(0xFFFFFFFF)
+    assert [e[0] for e in d.held] == [0]
+    d.acked(0)
+    assert d.held == []
+
+
+def test_marks_wait_while_something_else_goes_out_and_resends_are_heard_as_uplinks():
+    d = Delivery(4)
+    d.beat, d.last = 10, 0
+    assert d.due(10, True, 10) == []                   # busy: the other message shows it alive
+    assert [codec.decode(p)[0] for p in d.due(10, False, 7)] == ["mark"]
+    d.link(2)
+    p = d.number(11, "report", {"src": 0, "epoch": 0, "t": 11.0, "v": 1.0, "why": 0})
+    assert d.due(13, False, 13) == [p] and d.last == 13 and d.deadline() == 17
+
+
+def test_a_guard_reports_what_leaves_the_hull_of_the_bound_before_and_the_value():
+    a = Agent("d", ["x"], width=2.0)
+    session(a)
+    a.handle_message(0.0, ctl(a, "link", seq=2, rto=0, guard=300))     # 0.3 s
+    a.handle_sample(0.0, "x", 10.0)                      # first report: bound [9, 11], no guard yet
+    out = _up(a.handle_sample(1.0, "x", 11.5))           # leaves it: guarded; the backend states [9, 11.5]
+    assert out[0][1]["why"] == codec.WHY_EXIT | codec.GUARDED and a.guards[0] == (1.3, 9.0, 11.5)
+    assert a.handle_sample(1.1, "x", 11.0) == []         # inside the band [10.5, 12.5] and the hull
+    assert not a.filters[0].check(12.0)                  # inside the band, outside the hull: reported
+    assert _up(a.handle_sample(1.2, "x", 12.0))[0][1]["why"] == codec.WHY_EXIT | codec.GUARDED
+    # from its bound [10.5, 12.5] (what the backend states includes it: BoundCache.hold), not the guard before
+    assert a.guards[0] == (1.5, 10.5, 12.5)
+    assert not a.filters[0].check(12.7) and _up(a.handle_sample(1.3, "x", 12.7))     # in the band, not the hull
+    assert a.guards[0] == (1.6, 11.0, 13.0)
+    assert a.handle_sample(1.7, "x", 12.4) == [] and 0 not in a.guards       # past the guard: the band only
+
+
+def test_without_a_guard_reports_are_not_flagged():
+    a = Agent("d", ["x"], width=2.0)
+    session(a)
+    a.handle_sample(0.0, "x", 10.0)
+    out = _up(a.handle_sample(1.0, "x", 11.5))
+    assert out[0][1]["why"] == codec.WHY_EXIT and a.guards == {}
