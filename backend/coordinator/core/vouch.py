@@ -72,9 +72,9 @@ class Vouch:
         budgeted = fields.get("guarantee") != "probabilistic" and q.kind in ("sum", "avg", "min", "max", "count") \
             and "lag" not in q.extra
         width = hi - lo
-        if budgeted and width > q.precision - self.reserve.get(q.id) and not any(self._held(q)):
-            width = q.precision - self.reserve.get(q.id)    # wide while no source holds a wider state (a
-            # precision reached by shrinking the widths): not what the reserve is for
+        if budgeted and width > q.precision - self.reserve.get(q.id) and not self._held(q)[0]:
+            width = q.precision - self.reserve.get(q.id)    # wide for another cause (a precision being reached
+            # by shrinking, a narrowing not confirmed): not the clock skew the reserve is for
         if budgeted and self.reserve.observe(q, t, width):
             self.replan[q.id] = None
         waiting = [k for k in q.sources if -math.inf in self.cache.known(k) or math.inf in self.cache.known(k)] \
