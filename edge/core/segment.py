@@ -16,8 +16,19 @@ is *committed*: its line is fixed at the middle of [lo, hi] and sent, and the se
 readings keep fitting that line, so silence means "still on the committed line". Its end travels with
 the next due message. Portable (MicroPython and CPython), float32-safe: times are the agent's clock
 (integer ms on a board); the backend pads what it states for a float32 board.
+
+Lagged and real-time queries on one source: the segments' width W and lag come from the lag queries (the
+``segment`` control); the source's interval filter keeps the real-time queries' width and constraints
+(infinite and none when only lag queries read it: it never reports). A reading that leaves that filter is
+reported at once (codec kind ``rsegs``), and the report carries every pending segment record of the
+device: the open segment ends at the report and the next, starting with the reported reading, is
+committed as the constant it reports (``restart``). So while the filter's bound is no wider than W, the
+committed constant holds for as long as the filter stays silent, the segments never need a message of
+their own, and the source costs exactly its real-time reports; segments go on their own only when due
+and no report carried them.
 """
 from edge.core import codec
+from edge.core.codec import WHY_EXIT, WHY_FIRST
 
 INF = float("inf")
 LINE = 1
@@ -129,6 +140,17 @@ class Segmenter:
         self.pt, self.pv = t, v
         self._watch()
 
+    def restart(self, t, v):
+        """Reading ``v`` at ``t`` was reported: the open segment ends at ``t`` and a new one starts there with
+        it (committed at once by the report's ``take``, as the constant ``v``)."""
+        if self.t is not None:
+            self._hold(t)
+            if t > self.t:
+                self._close(t)
+        self._open(t, v)
+        self.pt, self.pv = t, v
+        self.until = None
+
     def rewidth(self, width, model=None, lag=None):
         """A new width (or model, lag): the open segment ends at the last reading, the next starts there with it."""
         if width == self.w and model in (None, self.model) and lag in (None, self.lag):
@@ -170,22 +192,27 @@ class Segmenter:
 
 # -- the agent's side (edge/agent.py calls these; ``agent.segs`` maps source index -> Segmenter) --------
 
-def owns(agent, i):
-    return agent.segs is not None and i in agent.segs
+def _half(x):
+    return x // 2 if isinstance(x, int) else x / 2
 
 
 def configure(agent, now, i, m):
-    """A ``segment`` control: lag (ms) and model for source ``i``; model 0 ends segment mode."""
+    """A ``segment`` control: lag (ms), model and width for source ``i``; model 0 ends segment mode."""
     lag = agent._ms(m["lag"])
-    if m["model"] and (lag <= 0 or m["model"] not in (LINE, CONST)):
+    if m["model"] and (lag <= 0 or m["model"] not in (LINE, CONST) or not m["width"] >= 0):
         raise ValueError("bad segment control")
     if agent.segs is None:
         agent.segs = {}
     s = agent.segs.get(i)
+    width = m["width"] if agent.rnd is None else agent.rnd(m["width"])
     if s is not None and m["model"]:
-        s.rewidth(agent.filters[i].width, m["model"], lag)
+        s.rewidth(width, m["model"], lag)
     elif m["model"]:
-        agent.segs[i] = Segmenter(m["model"], agent.filters[i].width, lag, agent.rnd)
+        s = agent.segs[i] = Segmenter(m["model"], width, lag, agent.rnd)
+        if getattr(agent.filters[i], "slope", 0.0) and agent.values[i] is not None:     # a line: constant from here on
+            return ride(agent, now, i, codec.WHY_ASSIGN, 1)
+    if m["model"] and agent.values[i] is not None:
+        s.restart(now, agent.values[i])     # its segments start now: what is sent next answers the control
     out = flush(agent, now, True)
     if not m["model"] and s is not None:
         del agent.segs[i]
@@ -195,12 +222,23 @@ def configure(agent, now, i, m):
 
 
 def sample(agent, now, i, v):
-    s = agent.segs[i]
-    w = agent.filters[i].width
-    if w != s.w:
-        s.rewidth(w)
-    s.sample(now, v)
+    """Reading ``v`` of source ``i``: reported at once if it leaves the source's filter, else segmented."""
+    f = agent.filters[i]
+    if not f.silent() and f.check(v):
+        return ride(agent, now, i, WHY_FIRST if f.center is None else WHY_EXIT)
+    agent.segs[i].sample(now, v)
     return flush(agent, now)
+
+
+def ride(agent, now, i, why, ack=0):
+    """Report source ``i`` (kind ``rsegs``) with every pending segment record of the device; a silent filter
+    reports only when a control asks for an acknowledgement."""
+    v = agent.values[i]
+    if v is None or not ack and agent.filters[i].silent():
+        return []
+    agent.segs[i].restart(now, v)
+    recs = _records(agent, now, i)
+    return [agent._report(now, i, why, True, recs[:MAX_RECORDS])] + _send(agent, now, recs[MAX_RECORDS:])
 
 
 def deadline(agent):
@@ -214,20 +252,30 @@ def deadline(agent):
     return t
 
 
-def flush(agent, now, everything=False):
-    """When some source's data is due (or ``everything``): one message (more if large) with every source's
-    unsent segments; open segments are committed when due within half a lag."""
-    t = deadline(agent)
-    if t is None or (t > now and not everything):
-        return []
+def _records(agent, now, first=None, everything=False):
+    """Every source's unsent records; open segments are committed when due within half a lag (``first``'s,
+    or all with ``everything``, at once)."""
     recs = []
     for i in sorted(agent.segs):
         s = agent.segs[i]
-        f = agent.filters[i]
-        for a, e, v, p, w, flag in s.take(now, everything or s.t is not None and s.t + s.lag // 2 <= now):
-            recs.append({"src": i, "epoch": f.epoch, "a": a, "e": e, "v": v, "s": p, "w": w, "f": flag})
+        commit = everything or i == first or s.t is not None and s.t + _half(s.lag) <= now
+        for a, e, v, p, w, flag in s.take(now, commit):
+            recs.append({"src": i, "epoch": agent.filters[i].epoch, "a": a, "e": e, "v": v, "s": p, "w": w, "f": flag})
+    return recs
+
+
+def _send(agent, now, recs):
     out = []
     for k in range(0, len(recs), MAX_RECORDS):
         agent.stats["reports"] += 1
         out.append(agent._up(now, "segs", {"t": now, "segs": recs[k:k + MAX_RECORDS]}))
     return out
+
+
+def flush(agent, now, everything=False):
+    """When some source's data is due (or ``everything``): one message (more if large) with every source's
+    unsent segments."""
+    t = deadline(agent)
+    if t is None or (t > now and not everything):
+        return []
+    return _send(agent, now, _records(agent, now, None, everything))

@@ -11,7 +11,9 @@ the answer once it could become the extreme, which is exactly when it reports.
 - **Demote** a source when its known bound ends ``(reach + 1)·δ`` inside every MIN/MAX query it is in:
   cut c = L − reach·δ in each (one downlink, and the acknowledging report: the old bound stays in force
   until the device has it). Only sources in no SUM/AVG query, and all of a source's queries at once:
-  a source that keeps a width for one query would save nothing by a cut in another.
+  a source that keeps a width for one query would save nothing by a cut in another. Lag queries do not
+  count (their sources' segments serve them, ``core/segments.py``): a source that a lagged AVG and a
+  real-time MAX read is cut like one that only the MAX reads.
 - **Re-cut** when L drops so that L − c < (reach − 1)·δ: c := L − reach·δ again (the acknowledging
   report tells the value; a source found above the new cut is promoted).
 - **Promote** a source that reports above one of its cuts: back to an ordinary bound (width ≤ δ).
@@ -25,6 +27,7 @@ Containment never depends on any of this: the backend mirrors the device's filte
 import math
 
 from backend.coordinator.core import aggregate
+from backend.coordinator.core.protocol import lagged
 
 INF = math.inf
 REACH = 4.0         # cuts sit this many δ beyond the answer's inner end (L for MAX, H for MIN)
@@ -47,9 +50,10 @@ class Cuts:
     def reset(self, coord):
         """Drop the cuts of queries that are gone or whose precision or sources changed."""
         qs = coord.queries
-        keep = {qid for qid, q in qs.items() if q.kind in ("min", "max") and self.prec.get(qid) == q.precision}
+        ext = {qid: q for qid, q in qs.items() if q.kind in ("min", "max") and not lagged(q)}
+        keep = {qid for qid, q in ext.items() if self.prec.get(qid) == q.precision}
         self.cut = {p: c for p, c in self.cut.items() if p[0] in keep and p[1] in qs[p[0]].weights}
-        self.prec = {qid: q.precision for qid, q in qs.items() if q.kind in ("min", "max")}
+        self.prec = {qid: q.precision for qid, q in ext.items()}
         self.edge = {qid: e for qid, e in self.edge.items() if qid in keep}
 
     def constraints(self, coord, key):
@@ -71,6 +75,8 @@ class Cuts:
         out = False
         for qid in qids:
             q = coord.queries[qid]
+            if lagged(q):
+                continue
             if q.kind in ("min", "max"):
                 if (qid, key) not in self.cut:
                     return False
@@ -85,11 +91,12 @@ class Cuts:
         A source's cuts go together: it is out of all its MIN/MAX queries (silent) or of none, since a
         source still in one keeps its width and a cut for another would only cost messages."""
         changed = {}
-        qids = [qid for qid in sorted(coord.by_source.get(key, ())) if coord.queries[qid].kind in ("min", "max")]
+        qs = [coord.queries[qid] for qid in sorted(coord.by_source.get(key, ())) if not lagged(coord.queries[qid])]
+        qids = [q.id for q in qs if q.kind in ("min", "max")]
         if not qids:
             return []
         # a source that a SUM/AVG query needs keeps a width anyway: no cut (but its reports move the extremes)
-        free = not any(coord.queries[qid].kind in ("sum", "avg") for qid in coord.by_source[key])
+        free = not any(q.kind in ("sum", "avg") for q in qs)
         ends = {qid: self._inner(coord, coord.queries[qid]) for qid in qids}
         if free and (qids[0], key) in self.cut:
             if any(_side(coord.queries[qid]) * (v - self.cut[(qid, key)]) > 0 for qid in qids):
@@ -105,7 +112,7 @@ class Cuts:
                 s = _side(q)
                 near = b if s > 0 else a            # the end of key's bound that faces the extreme
                 far = far and q.precision > 0 and s * (ends[qid] - near) >= (self.reach + 1.0) * q.precision
-            if far:
+            if far and coord.segments.ready(coord, key):   # (a lag query's source needs its segments first)
                 for qid in qids:
                     self._set(coord.queries[qid], key, ends[qid])
                 self.stats["demoted"] += 1
