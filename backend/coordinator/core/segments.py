@@ -76,6 +76,7 @@ class Mirror:
         self.last = {}          # lag query id -> its newest final answer
         self.asked = {}         # key -> downlink number of its segment mode, until a segment shows it in force
         self.sent = {}          # key -> (event time its segment mode left, times it was sent again)
+        self.alone = {}         # device -> its segment messages that no report carried
 
     # -- modes --------------------------------------------------------------------------------------
     def check(self, coord, q):
@@ -204,6 +205,8 @@ class Mirror:
         """A ``segs`` message from ``device``; times in ``unit`` per second."""
         keys = coord.devices[device]["keys"]
         single = coord.devices[device]["single"]
+        if "why" not in m:
+            self.alone[device] = self.alone.get(device, 0) + 1
         off = coord.models.off_since
         for r in m["segs"]:
             if r["src"] >= len(keys) or keys[r["src"]] not in self.mode or keys[r["src"]] in off:
