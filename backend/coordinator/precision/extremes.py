@@ -95,9 +95,10 @@ class Ledger:
         self.live = {qid: lv for qid, lv in self.live.items() if qid in queries}
 
     def worth(self, key, t):
-        """Whether ``key``'s open episode has saved so far at least what it cost, a re-cut now included."""
+        """Whether ``key``'s open episode has saved so far at least what its re-cuts cost, this one included
+        (its demotion is sunk: giving its width back costs as much again)."""
         ep, gap = self.open.get(key), self.gap[key][0]
-        return ep is None or (t - ep[0]) / (gap if gap > 0 else 1e-300) >= ep[1] + 2.0
+        return ep is None or (t - ep[0]) / (gap if gap > 0 else 1e-300) >= ep[1]
 
     def promoted(self, key, t, alone, extra=3.0):
         """``key``'s episode ended at ``t``: on a report above its cut (``extra``: the report, the control
