@@ -48,10 +48,10 @@ COLUMNS = [
      "pending": mixed.pending},
     {"label": "max-alone", "protocol": "deadband", "params": {"models": "constant"},
      "queries": mixed.queries(avg=False), "base": "deadband-mixed"},
-    # Zhu & Ravishankar 2004 at confidence 0.95: its adjustment tick at the sampling interval, deferrals up to
-    # 100 intervals (its defaults, 10 s and 600 s, fit second-scale data only)
+    # Zhu & Ravishankar 2004 at confidence 0.95: its adjustment tick at the sampling interval (at most a day),
+    # deferrals up to 100 intervals (its defaults, 10 s and 600 s, fit second-scale data only)
     {"label": "brownian", "protocol": "brownian", "query": {"confidence": 0.95}, "fidelity": True,
-     "params": lambda c: {"period": c["interval_s"], "tmax": 100 * c["interval_s"]}},
+     "params": lambda c: {"period": min(c["interval_s"], 86400.0), "tmax": 100 * c["interval_s"]}},
 ]
 MINIMA = (("clairvoyant_pc", lambda t, v, w: minimum_reports(v, w)), ("clairvoyant_pl", minimum_segments))
 TITLES = {"dev": "Development traces", "held-out": "Held-out traces (never tuned on)",
@@ -79,7 +79,10 @@ def run_limited(spec, limit):
     p = ctx.Process(target=_child, args=(spec, child), daemon=True)
     p.start()
     child.close()
-    out = parent.recv() if parent.poll(limit) else None
+    try:
+        out = parent.recv() if parent.poll(limit) else None
+    except EOFError:        # the child died before it sent anything: its exit code says how
+        out = None
     if out is None:
         p.terminate()
     p.join()
@@ -141,7 +144,7 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
                 m = r["messages"]["up"] + r["messages"]["down"]
                 rec.update(status="ok", samples=r["samples"], up=r["messages"]["up"], down=r["messages"]["down"],
                            messages=m, violations=r["violations"], runtime_s=round(r["runtime_s"], 3),
-                           samples_per_s=int(r["samples_per_s"] or 0), fidelity=r["fidelity"])
+                           samples_per_s=int(r["samples_per_s"] or 0), fidelity=r["fidelity"] if col.get("fidelity") else "")
                 row["samples"] = r["samples"]
                 row[label] = m
                 row[label + " samples/s"] = rec["samples_per_s"]
@@ -149,7 +152,7 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
                     row[label + " fidelity"] = r["fidelity"]
                 log("  %-16s %-18s %7d messages (%d up, %d down), %d violations, %6.2f s, %7d samples/s%s" % (
                     c["name"], label, m, rec["up"], rec["down"], rec["violations"], rec["runtime_s"],
-                    rec["samples_per_s"], "" if r["fidelity"] is None else ", fidelity %.4f" % r["fidelity"]))
+                    rec["samples_per_s"], ", fidelity %s" % r["fidelity"] if col.get("fidelity") else ""))
             runs.append(rec)
         row.update(minima(suite.workload(c, trace_dir, "deadband", duration=duration)))
         bases = dict({m[0]: "deadband" for m in MINIMA}, **{col["label"]: col.get("base", "deadband") for col in columns})
