@@ -124,9 +124,10 @@ class Agent:
         self.last_up = now
         return ("up", codec.encode(kind, fields))
 
-    def _report(self, now, i, why, constant=False):
+    def _report(self, now, i, why, constant=False, segs=None):
         """Report source ``i``'s current value stamped ``now`` and recentre on it; when lines are
-        allowed (edge.core.predict) the chosen model starts there, and only a line needs a ``line``."""
+        allowed (edge.core.predict) the chosen model starts there, and only a line needs a ``line``.
+        ``segs``: segment records riding along (a constant report, kind ``rsegs``: edge.core.segment)."""
         f = self.filters[i]
         v = self.values[i]
         self.stats["reports"] += 1
@@ -138,7 +139,17 @@ class Agent:
             if f.slope:
                 fields["slope"], fields["gap"] = f.slope, f.gap
                 return self._up(now, "line", fields)
+        if segs is not None:
+            fields["segs"] = segs
+            return self._up(now, "rsegs", fields)
         return self._up(now, "report", fields)
+
+    def _exit(self, now, i, why, ack=0):
+        """Report source ``i`` after a shrink or an assignment; in segment mode with the pending segments."""
+        if self.segs and i in self.segs:
+            from edge.core import segment
+            return segment.ride(self, now, i, why, ack)
+        return [self._report(now, i, why)]
 
     def start(self, now):
         """Birth (also sent after every reconnect), in parts when one payload cannot hold every source."""
@@ -276,8 +287,8 @@ class Agent:
         else:
             f.set_filter(m["width"], [(c["l"], c["u"]) for c in m["cons"]], m["epoch"])
         v = self.values[i]
-        if v is not None and (m["ack"] or f.check(v)) and not (self.segs and i in self.segs):
-            return [self._report(now, i, codec.WHY_ASSIGN)]
+        if v is not None and (m["ack"] or f.check(v)):
+            return self._exit(now, i, codec.WHY_ASSIGN, m["ack"])
         return []
 
     def _configure(self, now, m):
@@ -357,8 +368,8 @@ class Agent:
                     else:
                         f.shrink(self.shrink)
                     v = self.values[i]
-                    if v is not None and f.check(v) and not (self.segs and i in self.segs):
-                        out.append(self._report(at, i, codec.WHY_SHRINK))
+                    if v is not None and f.check(v):
+                        out += self._exit(at, i, codec.WHY_SHRINK)
                 if jump:
                     break
                 at = self._shrink_at()

@@ -31,7 +31,7 @@ from edge.core import codec, topics
 HISTORY = 600           # answer changes kept per query
 PAGE = 50               # default page of devices
 MAX_LIMIT = 500         # largest page a client may ask for
-MODELS = {"report": "constant", "line": "linear", "segs": "segment"}
+MODELS = {"report": "constant", "line": "linear", "segs": "segment", "rsegs": "segment"}
 _CODE = {codec.SCHEMAS[k][0]: k for k in codec.SCHEMAS if codec.SCHEMAS[k][1] == "up"}
 ANSWER_FIELDS = ("lo", "hi", "degraded", "reason", "final", "guarantee", "time", "revoked", "confidence",
                  "estimate", "error_bound", "through")
@@ -256,7 +256,7 @@ class DashboardState:
         d.messages += 1
         d.last_seen = now
         kind = _CODE.get(payload[1]) if len(payload) > 2 and payload[0] == codec.VERSION else None
-        if kind == "report" or kind == "line":
+        if kind == "report" or kind == "line" or kind == "rsegs":     # (rsegs: a segment source's report)
             d.models[payload[2]] = MODELS[kind]
         elif kind == "segs":
             try:

@@ -216,7 +216,7 @@ class Estimated(Adaptive):
         if m["v"] != codec.NO_VALUE:
             if not silent:
                 st.observe(m["v"])
-            for k in self.cuts.reported(coord, key, m["v"]):
+            for k in self.cuts.reported(coord, key, m["v"], m["why"] == codec.WHY_EXIT):
                 self._recut(coord, k)
         if self.since is None:
             self.since = t
