@@ -31,7 +31,8 @@ from edge.core import codec, topics
 HISTORY = 600           # answer changes kept per query
 PAGE = 50               # default page of devices
 MAX_LIMIT = 500         # largest page a client may ask for
-MODELS = {"report": "constant", "line": "linear", "segs": "segment", "mreport": "constant", "mline": "linear"}
+MODELS = {"report": "constant", "line": "linear", "segs": "segment", "mreport": "constant", "mline": "linear",
+          "rsegs": "segment"}
 _CODE = {codec.SCHEMAS[k][0]: k for k in codec.SCHEMAS if codec.SCHEMAS[k][1] == "up"}
 ANSWER_FIELDS = ("lo", "hi", "degraded", "reason", "final", "guarantee", "time", "revoked", "confidence",
                  "estimate", "error_bound", "through")
@@ -256,7 +257,7 @@ class DashboardState:
         d.messages += 1
         d.last_seen = now
         kind = _CODE.get(payload[1]) if len(payload) > 2 and payload[0] == codec.VERSION else None
-        if kind in ("report", "line", "mreport", "mline"):
+        if kind in ("report", "line", "mreport", "mline", "rsegs"):     # (rsegs: a segment source's report)
             d.models[payload[2]] = MODELS[kind]
         elif kind == "segs":
             try:

@@ -169,6 +169,7 @@ class Coordinator(Downlink, Resync, Uplink):
         self.queries[qid] = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
         self.dirty[qid] = None
         self._changed(self.queries[qid], now)
+        self.segments.queries_changed(self, self._now(now))     # segment widths follow the precision
         return self._flush(now)
 
     changed = None      # while a query changes: its sources (a local protocol revisits only them)

@@ -59,11 +59,12 @@ class Downlink:
 
     def _sent(self, key, epoch, ack, confirm):
         """A control was made. Acknowledged, a report carrying ``epoch`` is expected (the device reports at
-        once if it has a value and is not in segment mode): ``confirm`` = (stage, since, tries, unsafe) of
-        ``Integrity.expect``, by default sent again until answered (the mirror covers its loss)."""
+        once if it has a value; in segment mode too, its segments riding along): ``confirm`` = (stage,
+        since, tries, unsafe) of ``Integrity.expect``, by default sent again until answered (the mirror
+        covers its loss)."""
         s = self.cache.sources[key]
         stage, since, tries, unsafe = confirm or (RETRY, None, 0, False)
-        wait = (since, stage, tries, unsafe) if ack and s.value is not None and key not in self.segments.mode else None
+        wait = (since, stage, tries, unsafe) if ack and s.value is not None else None
         self._leave(s.device, key, epoch, unsafe, wait)
         self._touch(key)
 

@@ -30,7 +30,7 @@ class Resync:
         self.rx[device] = (m["boot"] if kind == "birth" else rx[0], m["seq"])
         if ig.check_clock(device, m["t"], now):
             self._suspect(device, self.t0)
-        if kind in ("report", "reply", "line", "birth"):
+        if kind in ("report", "reply", "line", "rsegs", "birth"):
             m["hull"] = ig.cover(device, m["t"])
             m.setdefault("boot", rx[0] if rx else None)
         t = m["t"] = ig.event(m["t"])
@@ -135,7 +135,9 @@ class Resync:
         if s is None or s.device != device:
             return
         self.integrity.stats["resent"] += 1
-        if type(what) is tuple:         # a probe or its reply lost: ask again, same id
+        if type(what) is tuple and what[0] == "segment":      # a segment mode or its answer lost
+            self.segments.resend(self, key, tries + 1)
+        elif type(what) is tuple:       # a probe or its reply lost: ask again, same id
             self.probe(key, token, tries + 1)
         elif stage == RETRY:            # the mirror covers its loss: send it again
             self._resend(key, (RETRY, None, tries + 1, False))

@@ -2,8 +2,14 @@
 segments of Elmeleegy et al. 2009 (swing/slide filters; not one of the five papers), device side
 ``edge/core/segment.py``.
 
-A query with ``"lag": L`` (seconds) puts its sources in segment mode when no lag-free query reads them
-(a source in both keeps reporting; its bounds are recorded as they change). The device sends data of time
+A query with ``"lag": L`` (seconds) puts its sources in segment mode, at the width the protocol gives the lag
+queries (``Protocol.segment_width``), unless a lag-free query holds the source's filter to no wider than
+that for good (``Protocol.segments_needed``): its bounds, recorded as they change, then serve the lag
+queries too, at no message of their own. Otherwise the lag-free queries are served by the source's filter,
+whose width and constraints the protocol allocates over them only, and its reports carry the device's
+pending segments (``edge/core/segment.py``); a source served by its filter that the protocol wants to let
+go (a MIN/MAX cut) is asked for segments first (``ready``) and keeps its bounds recorded until they flow.
+The device sends data of time
 τ by τ + D, D = L − λ, so once the coordinator's event clock reaches c every segment covering τ <= c − D
 has been applied. Per source the mirror keeps pieces ``[a, e, lo, hi, dlo, dhi]``: over [a, e) the value
 lies in [lo + dlo·(τ−a), hi + dhi·(τ−a)] (``e`` infinite while a committed line goes on; a float32
@@ -27,6 +33,7 @@ import bisect
 import heapq
 import math
 
+from backend.coordinator.core.integrity import RETRY
 from backend.coordinator.core.queries import QueryError
 
 INF = math.inf
@@ -57,7 +64,7 @@ def send_lag(coord, q):
 
 class Mirror:
     def __init__(self):
-        self.mode = {}          # key -> (D seconds, model) of a source in segment mode
+        self.mode = {}          # key -> (D seconds, model, width) of a source in segment mode
         self.pieces = {}        # key -> [[a, e, lo, hi, dlo, dhi], ...] in time order
         self.plain = {}         # key -> None: report-mode sources read by a lag query (history from known())
         self.final = {}         # lag query id -> final horizon reached (None: not started)
@@ -67,6 +74,9 @@ class Mirror:
         self.static = {}        # lag query id -> (lazy min-heap of (limit, key), largest D), rebuilt on mode changes
         self.lim = {}           # key -> its current limit (entries of the heaps that differ are stale)
         self.last = {}          # lag query id -> its newest final answer
+        self.asked = {}         # key -> downlink number of its segment mode, until a segment shows it in force
+        self.sent = {}          # key -> (event time its segment mode left, times it was sent again)
+        self.alone = {}         # device -> its segment messages that no report carried
 
     # -- modes --------------------------------------------------------------------------------------
     def check(self, coord, q):
@@ -79,26 +89,41 @@ class Mirror:
                              "segments are stamped by the device" % (q.id, coord.integrity.sigma))
 
     @staticmethod
-    def _want(coord, qids, want, plain, only=None):
+    def _want(coord, qids, want, only=None):
+        """(D, model, width) of every source of the lag queries among ``qids`` (or of ``only``): the shortest
+        D, the model of the query that asks it, the width the protocol gives the lag queries."""
         for qid in qids:
             q = coord.queries[qid]
             for key in q.sources if only is None else (only,):
-                if lag_of(q) is None:
-                    plain[key] = None
-                elif key not in want or send_lag(coord, q) < want[key][0]:
+                if lag_of(q) is not None and (key not in want or send_lag(coord, q) < want[key][0]):
                     want[key] = (send_lag(coord, q), MODELS[q.extra.get("segment", "line")])
+        for key in want:
+            want[key] += (coord.protocol.segment_width(coord, key),)
 
     def born(self, coord, key):
-        """A new source: segment mode if the lag queries naming it want it."""
-        want, plain = {}, {}
-        self._want(coord, sorted(coord.by_source.get(key, ())), want, plain, key)
+        """A new source: segment mode if a lag query names it and its filter does not serve it."""
+        want = {}
+        self._want(coord, sorted(coord.by_source.get(key, ())), want, key)
         self.static = {}
-        if key in want and key not in plain:
+        if key in want and coord.protocol.segments_needed(coord, key, want[key][2]):
             self.mode[key] = want[key]
             self.send(coord, key, *want[key])
-        elif key in want and key not in self.plain:
+        elif key in want:
             self.plain[key] = None
             self.touched(key, coord.clock, coord.cache.known(key))
+
+    def ready(self, coord, key):
+        """Whether a lag query over ``key`` may lose its filter's bounds: not before its segments flow (a
+        source served by its filter is asked for them now; its filter must stay as it is until then)."""
+        if key not in self.plain:
+            return True
+        if key not in self.mode:
+            want = {}
+            self._want(coord, sorted(coord.by_source.get(key, ())), want, key)
+            self.mode[key] = want[key]
+            self.send(coord, key, *want[key])
+            self.static = {}
+        return False
 
     def offline(self, key, t):
         """The device of ``key`` is gone at ``t``: what it sends from t − D on may be lost."""
@@ -108,26 +133,28 @@ class Mirror:
 
     def queries_changed(self, coord, now):
         """Put sources in or out of segment mode as the lag queries over them require."""
-        want, plain = {}, {}
-        self._want(coord, sorted(coord.queries), want, plain)
+        want = {}
+        self._want(coord, sorted(coord.queries), want)
         read = {k: None for qid in sorted(coord.queries) if lag_of(coord.queries[qid]) is not None
                 for k in coord.queries[qid].sources}
         for key in list(self.mode):
-            if key not in want or key in plain:
+            if key not in want:
                 del self.mode[key]
                 self._end(key, coord.clock)
                 if key in coord.cache.sources:
-                    self.send(coord, key, 0, 0)
-        for key, (d, model) in want.items():
-            if key not in plain and self.mode.get(key) != (d, model) and key in coord.cache.sources:
-                self.mode[key] = (d, model)
-                self.send(coord, key, d, model)
-        for key in read:        # a source not born yet joins when it is (born)
-            if key not in self.mode and key not in self.plain and key in coord.cache.sources:
+                    self.send(coord, key, 0, 0, 0.0)
+        for key, m in want.items():
+            if key not in coord.cache.sources:
+                continue        # (joins when it is born)
+            if key in self.mode or coord.protocol.segments_needed(coord, key, m[2]):
+                if self.mode.get(key) != m:
+                    self.mode[key] = m
+                    self.send(coord, key, *m)
+            elif key not in self.plain:
                 self.plain[key] = None
                 self.touched(key, now, coord.cache.known(key))
         for key in list(self.plain):
-            if key not in read or key in self.mode:
+            if key not in want:
                 del self.plain[key]
         for key in list(self.pieces):
             if key not in read:
@@ -138,9 +165,26 @@ class Mirror:
         self.pending = {qid: self.pending[qid] for qid in lagged if qid in self.pending}
         self.static = {}
 
-    def send(self, coord, key, d, model):
+    def send(self, coord, key, d, model, width, tries=0):
+        """Tell ``key``'s device its segment mode; a device with a reading answers at once with a segment
+        starting then, and is told again until it has (``resend``)."""
         s = coord.cache.sources[key]
-        coord.send(s.device, "segment", {"src": s.index, "lag": round(d * 1000), "model": model})
+        coord.send(s.device, "segment", {"src": s.index, "lag": round(d * 1000), "model": model, "width": width})
+        self.sent[key] = (coord._event_now(), tries)
+        if model and s.value is not None:
+            self.asked[key] = coord.devices[s.device]["down"]
+            coord._leave(s.device, ("segment", key), self.asked[key], wait=(None, RETRY, tries, False))
+
+    def reported(self, coord, key, t):
+        """A plain report of ``key`` stamped ``t``: from a source in segment mode, sent too long after its mode
+        left to have crossed it, the device never got it (it had no reading to answer with then)."""
+        if key in self.mode and t > self.sent[key][0] + 2 * coord.latency + coord.integrity.margin:
+            self.resend(coord, key, self.sent[key][1] + 1)
+
+    def resend(self, coord, key, tries):
+        """No segment of ``key`` since its mode was sent (``send``): the control or the answer was lost."""
+        if key in self.mode:
+            self.send(coord, key, *self.mode[key], tries=tries)
 
     def resync(self, coord, key, t):
         """A device born again at ``t``: what it sent reaches t − D (it may have rebooted and lost the
@@ -161,11 +205,16 @@ class Mirror:
         """A ``segs`` message from ``device``; times in ``unit`` per second."""
         keys = coord.devices[device]["keys"]
         single = coord.devices[device]["single"]
+        if "why" not in m:
+            self.alone[device] = self.alone.get(device, 0) + 1
         off = coord.models.off_since
         for r in m["segs"]:
             if r["src"] >= len(keys) or keys[r["src"]] not in self.mode or keys[r["src"]] in off:
                 continue        # (offline or out of sync: its pieces resume after a gap once it is born again)
             key = keys[r["src"]]
+            self.plain.pop(key, None)       # its segments flow: they serve it from here on
+            if key in self.asked:
+                coord.integrity.answered(device, ("segment", key), self.asked.pop(key))
             a, e = r["a"] / unit, (INF if r["f"] & 1 else r["e"] / unit)
             slope, v, h = r["s"] * unit, r["v"], r["w"] / 2
             pad = PAD[single] * (abs(v) + h)

@@ -199,7 +199,7 @@ class Uplink:
         if self._resync_event(device, kind, m):
             return
         self._trust(device)
-        if kind in ("report", "reply", "line"):
+        if kind in ("report", "reply", "line", "rsegs"):
             d = self.devices[device]
             if m["src"] >= len(d["keys"]):
                 self.admission.note(self.wall, device, BAD, "source index %d of %d" % (m["src"], len(d["keys"])))
@@ -207,6 +207,10 @@ class Uplink:
             key = d["keys"][m["src"]]
             if not self._fresh_report(device, key, m):
                 return          # reordered behind a newer report or birth: the mirror is newer already
+            if kind == "rsegs":         # the device's pending segments rode along
+                self.segments.receive(self, device, m, self.unit.get(device, 1))
+            elif kind != "reply":
+                self.segments.reported(self, key, m["t"])
             if m["v"] != NO_VALUE:
                 line = (m["td"], m["slope"], m["gap"]) if kind == "line" and m["gap"] > 0 else None
                 self.cache.report(key, m["epoch"], m["t"], m["v"], line)
