@@ -136,7 +136,7 @@ class DashboardState:
             return False
         payload = bytes(payload or b"")
         if t[1] == "q":
-            return self.answer(now, t[2], payload) if t[3] == "answer" else self.spec(t[2], payload)
+            return self.answer(now, t[2], payload) if t[3] in ("answer", "final") else self.spec(t[2], payload)
         if t[3] == "up":
             return self.uplink(now, t[2], payload)
         if t[3] == "state":

@@ -13,6 +13,7 @@ class Protocol:
     shrinks = False                    # whether the coordinator runs periodic shrinking
     local = False                      # a source's target depends only on the queries over it
     replaces = False                   # queries_changed rebuilds all per-query state: replace in place
+    finals = True                      # its answers are bounds of the mirror: final answers (core/finals.py)
 
     def source_added(self, coord, key):
         self.apply(coord, key)

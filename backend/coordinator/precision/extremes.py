@@ -90,6 +90,7 @@ class Cuts:
             return []
         # a source that a SUM/AVG query needs keeps a width anyway: no cut (but its reports move the extremes)
         free = not any(coord.queries[qid].kind in ("sum", "avg") for qid in coord.by_source[key])
+        free = free and key not in coord.segments.mode      # a segment's band is its width (App. A: W ≤ δ)
         ends = {qid: self._inner(coord, coord.queries[qid]) for qid in qids}
         if free and (qids[0], key) in self.cut:
             if any(_side(coord.queries[qid]) * (v - self.cut[(qid, key)]) > 0 for qid in qids):
