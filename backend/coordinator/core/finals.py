@@ -91,9 +91,6 @@ class Finals:
         hs = [st.h for st in self._of(key)]
         return INF if not hs else -INF if None in hs else min(hs)
 
-    def ranges(self, key):
-        return self.rng.get(key, ())
-
     def limit(self, key):
         s = self.replay.src.get(key)
         return -INF if s is None else s.limit
@@ -145,6 +142,8 @@ class Finals:
     def answers(self, clock):
         """The final answers issued by event clock ``clock`` (every uplink and control up to it applied)."""
         out = []
+        if not self.touched and not self.lost:
+            return out
         for key in self.lost:
             for qid in self.coord.by_source.get(key, ()):
                 if qid in self.qs:
@@ -199,7 +198,7 @@ class Finals:
 
     def _emit(self, qid, st, h, out):
         """Final answers of ``qid`` for [st.h, h), at every instant its answer changes there."""
-        lines, pend = st.lines, st.pend
+        lines, pend, pop = st.lines, st.pend, heapq.heappop
         while True:
             t = pend[0][0] if pend else INF
             e = lines.next_event()
@@ -209,9 +208,10 @@ class Finals:
                 break
             lines.advance(t)
             while pend and pend[0][0] == t:
-                _, _, key, p = heapq.heappop(pend)
+                _, _, key, p = pop(pend)
                 lines.set(key, p)
-            lines.advance(t)
+            if lines.next_event() <= t:
+                lines.advance(t)
             st.h = t
             out += self._issue(qid, st, t, h)
         st.h = h

@@ -72,6 +72,9 @@ class Sum:
 
     def _terms(self, key, p):
         w = self.w[key]
+        if w == 1.0 and not (p[DLO] or p[DHI]):     # (the common case: constant, unit weight)
+            lo, hi = p[LO], p[HI]
+            return ((lo,), (), ()) if -INF < lo < INF else None, ((hi,), (), ()) if -INF < hi < INF else None
         out = []
         for side in (LO, HI):
             s = side if w > 0 else LO + HI - side       # a negative weight swaps the ends
@@ -121,11 +124,14 @@ class Sum:
                 out.append((way, 0.0))
                 continue
             c, d, e = self.parts[side]
-            xs = list(c)
-            for y in d:
-                xs.extend(two_product(y, t) if t else ())
-            xs.extend(-x for x in e)
-            v, s = math.fsum(xs), math.fsum(d)
+            if d or e:
+                xs = list(c)
+                for y in d:
+                    xs.extend(two_product(y, t) if t else ())
+                xs.extend(-x for x in e)
+                v, s = math.fsum(xs), math.fsum(d)
+            else:
+                v, s = math.fsum(c), 0.0
             if n != 1:
                 v, s = v / n, s / n
             out.append((math.nextafter(v, way), math.nextafter(s, way) if s else 0.0))
@@ -385,7 +391,7 @@ class Lines:
                 self.said = reasons(self.why)
             rec["degraded"] = True
             rec["reason"] = self.said
-        elif hi - lo > precision + SLACK * (abs(lo) + abs(hi)):
+        elif hi - lo == INF or hi - lo > precision + SLACK * (abs(lo) + abs(hi)):
             rec["degraded"] = True
             rec["reason"] = "wider than precision: width %.6g" % (hi - lo)
         return rec

@@ -84,7 +84,7 @@ class Src:
 
 class Replay:
     def __init__(self, sink):
-        self.sink = sink        # .piece(key, p), .moved(key), .floor(key), .low(key), .ranges(key)
+        self.sink = sink        # .piece(key, p), .moved(key), .floor(key), .low(key), .rng {key: count ranges}
         self.cache = FinalCache()
         self.dev = {}
         self.src = {}
@@ -105,6 +105,17 @@ class Replay:
             d = self._restart(device, m)
         if d is None or m["boot"] != d.boot or not newer(m["seq"], d.next - 1) or d.lost is not None and not restart:
             return
+        if m["seq"] == d.next and not d.buf and kind != "mark":     # (in order, as most are)
+            d.next = (d.next + 1) & 0xFFFFFFFF
+            self._apply(device, d, kind, m)
+            if m["t"] > d.w:
+                d.w = m["t"]
+            if d.marks:
+                self._drain(device, d)
+            else:
+                for key in d.keys:
+                    self._advance(key)
+            return
         if kind == "mark":
             d.marks.append((m["seq"], m["t"]))
         elif len(d.buf) < BUFFER:
@@ -115,8 +126,12 @@ class Replay:
         """Follow ``device`` from birth ``m`` on (a new boot, a lost device, or numbers missing before it): its
         sources are lost from their watermark until the birth can have been sent."""
         d = self.dev.get(device)
-        if d is not None and d.lost is None:
-            self._offline(device, d, ("lost uplink" if d.boot == m["boot"] else "rebooted", device))
+        if d is not None and d.lost is None and d.boot == m["boot"]:     # (what is held past the gap goes too:
+            for key in d.keys:                                           # it may lie after another one)
+                if key is not None:
+                    self._lose(key, ("lost uplink", device), True)
+        elif d is not None and d.lost is None:
+            self._offline(device, d, ("rebooted", device))
         if d is None or d.boot != m["boot"]:
             old = d
             d = self.dev[device] = Dev(m["boot"])
@@ -179,10 +194,12 @@ class Replay:
                 d.keys.append(None)
             d.keys[i] = key
             v = None if rec["v"] == NO_VALUE else rec["v"]
-            args = (i, rec["width"], rec["epoch"], v, d.single, d.unit, hull, fresh)
+            args = (i, rec["width"], rec["epoch"], v, d.single, d.unit, hull)
             if s.lost is not None and not s.gap:    # what came before is unknown: replayed without pieces, then the birth
                 self._replay(key, t, record=False)
                 self._op(key, s, t, self.n, "birth", args, True)
+                if fresh:       # a new boot reports until told its segment mode again
+                    s.mode, s.pend, s.cover, s.taken = REPORT, None, INF, None
                 if s.mode == REPORT:
                     self._record(key, s, t)
                 s.limit = -INF
@@ -211,7 +228,9 @@ class Replay:
             self._push(key, t, op, args)
 
     def shrink(self, t, frac):
-        self.shrinks.append((t, frac))
+        """Olston §3.1's periodic shrink of every filter at tick ``t`` (in order with the controls around it)."""
+        self.n += 1
+        self.shrinks.append((t, self.n, frac))
 
     def mode(self, key, t, d, model):
         """A segment-mode control made at ``t``: D seconds (``model`` 0: back to reports)."""
@@ -298,6 +317,7 @@ class Replay:
             self.sink.moved(key)
 
     def _replay(self, key, limit, record=True):
+        """Apply ``key``'s events before ``limit`` in (time, order made) order, its pieces after each instant."""
         s = self.src[key]
         c, heap, shrinks = self.cache, s.heap, self.shrinks
         while True:
@@ -307,14 +327,20 @@ class Replay:
             if t >= limit:
                 return
             c.now = t
-            while heap and heap[0][0] == t:
-                _, n, op, args = heapq.heappop(heap)
-                self._op(key, s, t, n, op, args, record)
+            while True:         # (a tick's shrink comes after what was applied before it, as live)
+                a = heap[0] if heap and heap[0][0] == t else None
+                b = shrinks[s.si] if s.si < len(shrinks) and shrinks[s.si][0] == t else None
+                if a is None and b is None:
+                    break
+                if b is None or a is not None and a[1] < b[1]:
+                    _, n, op, args = heapq.heappop(heap)
+                    self._op(key, s, t, n, op, args, record)
+                else:
+                    s.si += 1
+                    f = c.sources.get(key)
+                    if f is not None:
+                        shrink_source(f, b[2])
             f = c.sources.get(key)
-            while s.si < len(shrinks) and shrinks[s.si][0] == t:
-                if f is not None:
-                    shrink_source(f, shrinks[s.si][1])
-                s.si += 1
             if f is not None and f.due == t:
                 c.refresh(f, t)
             if record and s.mode == REPORT and s.lost is None and f is not None:
@@ -323,7 +349,7 @@ class Replay:
     def _op(self, key, s, t, n, op, args, record):
         c = self.cache
         if op == "birth":
-            i, width, epoch, v, single, unit, hull, fresh = args
+            i, width, epoch, v, single, unit, hull = args
             if key not in c.sources:
                 c.add(key, s.device, i, width, epoch, v, single, unit)
                 s.floor = max(s.floor, hull)
@@ -332,8 +358,6 @@ class Replay:
                     c.hold(key, hull)
                     self._push(key, hull, "release", ())
                 c.rebirth(key, width, epoch, t, v, single, unit)
-            if fresh and s.lost is not None:    # a new boot reports until told its segment mode again
-                s.mode, s.pend, s.cover, s.taken = REPORT, None, INF, None
             if s.lost is not None and (not s.gap or n > s.gap):     # what it was before is unknown: the birth
                 s.lost, s.gap = None, 0                             # speaks from its latest instant
                 s.floor = max(s.floor, hull, self.sink.floor(key))
@@ -345,7 +369,8 @@ class Replay:
                 c.hold(key, hull)
                 self._push(key, hull, "release", ())
             c.report(key, epoch, t, v, line)
-            self._resume(key, s, n, hull)
+            if s.lost is not None:
+                self._resume(key, s, n, hull)
             if kind != "reply" and s.mode == SEGMENT:
                 s.mode, s.cover = REPORT, INF     # back to reports (after the segments up to here)
         elif op == "width":
@@ -363,9 +388,11 @@ class Replay:
 
     def _record(self, key, s, t):
         lo, hi = self.cache.known(key)
-        rs = self.sink.ranges(key)
+        rs = self.sink.rng.get(key)
         mem = {r: self.cache.member(key, r) for r in rs} if rs else None
-        why = ("no reading yet", key) if self.cache.sources[key].filt.center is None else None
+        f = self.cache.sources[key]
+        fs = [f.filt] + f.old + [g for _, g in f.prior] if f.old or f.prior else (f.filt,)
+        why = ("no reading yet", key) if any(g.center is None for g in fs) else None     # (or not before it)
         self._piece(key, s, [t, lo, hi, 0.0, 0.0, why, mem])
 
     def _piece(self, key, s, p):
