@@ -34,6 +34,8 @@ COLUMNS = [
     # segment mode (backend/coordinator/core/segments.py): final answers by t + L, L = 3 and 10 sampling intervals
     {"label": "segment L=3", "protocol": "deadband", "query": lambda c: {"lag": 3 * c["interval_s"]}},
     {"label": "segment L=10", "protocol": "deadband", "query": lambda c: {"lag": 10 * c["interval_s"]}},
+    # the same query as a MAX (its final answers: backend/coordinator/core/finals.py), each source within δ
+    {"label": "segment MAX L=10", "protocol": "deadband", "query": lambda c: {"lag": 10 * c["interval_s"], "kind": "max"}},
 ]
 MINIMA = (("clairvoyant_pc", lambda t, v, w: minimum_reports(v, w)), ("clairvoyant_pl", minimum_segments))
 TITLES = {"dev": "Development traces", "held-out": "Held-out traces (never tuned on)",
@@ -45,9 +47,15 @@ def _of(x, c):
     return (x(c) if callable(x) else x) or {}
 
 
+FINALS = ("finals", "final_violations", "final_revoked", "final_precision_misses", "final_degraded", "final_through")
+
+
 def _child(spec, conn):
     r = engine.run(spec)
-    conn.send({k: r[k] for k in ("messages", "samples", "violations", "runtime_s", "samples_per_s")})
+    out = {k: r[k] for k in ("messages", "samples", "violations", "runtime_s", "samples_per_s")}
+    q = r["queries"][spec["queries"][0]["id"]]
+    out.update({k: q.get(k) for k in FINALS}, final_p99=(q.get("final_latency") or {}).get("p99"))
+    conn.send(out)
     conn.close()
 
 
@@ -114,13 +122,15 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
                 m = r["messages"]["up"] + r["messages"]["down"]
                 rec.update(status="ok", samples=r["samples"], up=r["messages"]["up"], down=r["messages"]["down"],
                            messages=m, violations=r["violations"], runtime_s=round(r["runtime_s"], 3),
-                           samples_per_s=int(r["samples_per_s"] or 0))
+                           samples_per_s=int(r["samples_per_s"] or 0), final_p99=r["final_p99"],
+                           **{k: r[k] for k in FINALS})
                 row["samples"] = r["samples"]
                 row[label] = m
                 row[label + " samples/s"] = rec["samples_per_s"]
-                log("  %-16s %-18s %7d messages (%d up, %d down), %d violations, %6.2f s, %7d samples/s" % (
-                    c["name"], label, m, rec["up"], rec["down"], rec["violations"], rec["runtime_s"],
-                    rec["samples_per_s"]))
+                log("  %-16s %-18s %7d messages (%d up, %d down), %d violations, %6.2f s, %7d samples/s, "
+                    "%s finals (%s degraded, through %s)" % (
+                        c["name"], label, m, rec["up"], rec["down"], rec["violations"], rec["runtime_s"],
+                        rec["samples_per_s"], rec["finals"], rec["final_degraded"], rec["final_through"]))
                 if label == "deadband":
                     base = m
             runs.append(rec)
@@ -255,7 +265,9 @@ def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=
              "width per source (offline, exact). samples/s: simulator throughput of each run (wall clock, the "
              "whole run including the ground-truth check); the simulator works per event (a reading that must be "
              "reported, a message, a due timer), so it is lowest on traces where most readings are reported. A run "
-             "over its wall-clock limit (%g s) would show `> limit`. Violations in these runs: **%d**. "
+             "over its wall-clock limit (%g s) would show `> limit`. Every run also gives final answers "
+             "(DESIGN.md §4; `segment MAX L=10`: the same query as a MAX); violations count wrong or withdrawn "
+             "final answers too, and each run's finals are in `traces_runs.csv`. Violations in these runs: **%d**. "
              "Section took %.0f s on %d cores at a load average of %.1f (other work shares the cores; "
              "samples/s scale with it)." % (suite.PRECISION_FRACTION, limit, viol, time.time() - t0,
                                            os.cpu_count() or 1, os.getloadavg()[0]), ""]

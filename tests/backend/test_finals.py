@@ -8,7 +8,8 @@ from fractions import Fraction
 import pytest
 
 from backend.coordinator.core import finals as finals_mod
-from backend.coordinator.core.lines import A, HI, LO, SLACK, WHY, Lines, crossing, value
+from backend.coordinator.core.envelope import crossing
+from backend.coordinator.core.lines import A, HI, LO, SLACK, WHY, Lines, value
 from backend.coordinator.core.queries import parse_query
 from backend.sim import engine
 
