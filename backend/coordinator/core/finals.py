@@ -31,7 +31,7 @@ def _nodata(key, t):
 
 
 class Query:
-    __slots__ = ("start", "h", "lines", "pend", "heap", "last", "q", "n", "ident")
+    __slots__ = ("start", "h", "lines", "pend", "heap", "last", "q", "ident")
 
     def __init__(self, start):
         self.start = start      # event time it was registered at
@@ -41,7 +41,6 @@ class Query:
         self.heap = None        # lazy heap of (limit, key)
         self.last = None        # newest final answer
         self.q = None           # the query object the state was built for
-        self.n = 0              # final answers issued
         self.ident = None       # what the newest one was made of (``Lines.ident``)
 
 
@@ -227,7 +226,6 @@ class Finals:
             return []
         rec.update(time=t, query=qid, final=True, guarantee="interval", watermark=h)
         st.last = rec
-        st.n += 1
         return [("answer", rec)]
 
     def realtime(self, q, t):
