@@ -154,18 +154,17 @@ def cmd_query(args):
 
 
 def _broker_options(p):
-    p.add_argument("--broker-dir", help="the broker's folder (credentials.json from `quietfleet broker`)")
-    p.add_argument("--fleet", help="fleet name (default: the broker's)")
-    p.add_argument("--host", help="broker host")
-    p.add_argument("--port", type=int, help="broker port")
-    p.add_argument("--password", help="the backend user's password")
+    """Where the broker is and how to log in: ``quietfleet broker``'s credentials or your own broker's."""
+    from backend.live.access import add_options
+    add_options(p.add_argument_group("broker (quietfleet broker's credentials, or your own broker: README, "
+                                     "Your own broker)"))
 
 
 def _coordinator_options(p):
     """The coordinator settings of the live drivers; unset ones take ``backend.host``'s defaults."""
     from backend.host import DEFAULT_MODELS, LIVE_BEAT, LIVE_LATENCY, MODELS, SETTINGS
-    p.add_argument("--protocol", help="coordinator protocol, see backend/coordinator/protocols.py (default %s)"
-                   % SETTINGS["protocol"])
+    p.add_argument("--protocol", help="coordinator protocol, see backend/coordinator/protocols.py (default %s, "
+                   "the product; deadband is the plain baseline)" % SETTINGS["protocol"])
     p.add_argument("--period", type=float, help="adjustment period T in seconds (default %g)" % SETTINGS["period"])
     p.add_argument("--shrink", type=float, help="shrink fraction S per period, shrinking protocols (default %g)"
                    % SETTINGS["shrink"])
@@ -228,10 +227,14 @@ def _add_device_commands(sub):
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--duration", type=float, default=0, help="stop after this many seconds (default: Ctrl-C)")
     g.add_argument("--out", help="write the result (agents, messages up/down, violations) as JSON here")
+    g.add_argument("--protocol", help="the --out coordinator's protocol (default: the live drivers', adaptive)")
     g.set_defaults(fn=lambda a: __import__("backend.live.fleet", fromlist=["fleet_main"]).fleet_main(a))
     c = sub.add_parser("coordinator", help="run the live coordinator against a broker (answers on MQTT)")
-    c.add_argument("--credentials", required=True, help="credentials.json written by `quietfleet broker`/`fleet`")
-    c.add_argument("--query", action="append", help='query spec as JSON, e.g. \'{"id":"t","kind":"sum",...}\'')
+    c.add_argument("--query", action="append", metavar="JSON",
+                   help='a query spec with its id, e.g. \'{"id":"t","kind":"sum","sources":"all","precision":1}\'; '
+                        'repeat for more; each is published retained on its spec topic, so `quietfleet query '
+                        'list/remove` see it like any other')
+    _broker_options(c)
     _coordinator_options(c)
     c.add_argument("--answers", help="also append answers here as JSON lines")
     __import__("backend.ui.hooks", fromlist=["add_option"]).add_option(c)      # --ui: the dashboard (backend/ui)
@@ -246,7 +249,9 @@ def parser():
     s.add_argument("workload", help="workload file (JSON or YAML)")
     s.add_argument("--out", help="write RESULT.json here")
     s.add_argument("--answers", help="write ANSWERS.jsonl here")
-    s.add_argument("--protocol", help="override the workload's protocol")
+    s.add_argument("--protocol", help="override the workload's protocol (a workload naming none runs deadband, "
+                   "the papers' baseline: a workload file is an experiment record and keeps its meaning; the live "
+                   "drivers default to adaptive)")
     s.add_argument("--seed", type=int, help="override the workload's seed")
     s.add_argument("--quiet", action="store_true", help="no progress output")
     s.set_defaults(fn=cmd_sim)
@@ -256,7 +261,7 @@ def parser():
     d.add_argument("--duration", type=float, default=75.0, help="seconds of live queries (default 75)")
     d.add_argument("--cpython", type=int, default=6, help="CPython agents (default 6)")
     d.add_argument("--micropython", type=int, default=3, help="MicroPython agents (default 3)")
-    d.add_argument("--protocol", help="coordinator protocol (default: adaptive when available, else deadband)")
+    d.add_argument("--protocol", help="coordinator protocol (default adaptive, as every live driver)")
     d.add_argument("--latency", type=float, help="latency tolerance λ in seconds (default %g)" % LIVE_LATENCY)
     d.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     __import__("backend.ui.hooks", fromlist=["add_option"]).add_option(d)      # --ui: the dashboard (backend/ui)
@@ -270,12 +275,23 @@ def parser():
     k.add_argument("--master", default="local[*]", help="Spark master URL, e.g. spark://host:7077")
     k.add_argument("--groups", action="store_true",
                    help="one state key per query group, so independent groups use every core (new --dir only)")
+    k.add_argument("--ingest", choices=("spool", "kafka"), default="spool",
+                   help="spool (default: files under --dir) or kafka (the bridge produces to Kafka, the job reads "
+                        "Spark's Kafka source; a KRaft broker is started under --dir unless --kafka is given)")
+    k.add_argument("--kafka", help="bootstrap HOST:PORT of an existing Kafka cluster (with --ingest kafka)")
+    k.add_argument("--kafka-partitions", type=int, default=None, help="partitions of a new fleet topic (default 2, 8 with --groups)")
     __import__("backend.ui.hooks", fromlist=["add_option"]).add_option(k)      # --ui: the dashboard (backend/ui)
     k.set_defaults(fn=cmd_backend)
-    qy = sub.add_parser("query", help="add, list or remove continuous queries (retained specs)")
+    qy = sub.add_parser("query", help="add, list or remove continuous queries (retained specs)",
+                        description="add: check the spec against the running backend's protocol, register it (or "
+                                    "say what it replaces) and show its first answer; list: the backend's state and "
+                                    "every query with its latest answer (STALE while the backend is offline); "
+                                    "remove: withdraw a registered query (an unknown id is an error)")
     qy.add_argument("action", choices=["add", "list", "remove"])
     qy.add_argument("id", nargs="?", help="query id")
     qy.add_argument("spec", nargs="?", help="JSON spec for add (default: read stdin)")
+    qy.add_argument("--wait", type=float, default=3.0,
+                    help="seconds add/remove wait for the running backend's answer (default %(default)s)")
     _broker_options(qy)
     qy.set_defaults(fn=cmd_query)
     a = sub.add_parser("agent", help="run a CPython device agent (Raspberry Pi class) from device.toml")

@@ -22,8 +22,10 @@ from backend.coordinator.core.queries import QueryError
 from backend.coordinator.protocols import make
 
 
-# The settings every driver accepts, with the one set of defaults (T and S of Olston et al. §3.1).
-SETTINGS = {"protocol": "deadband", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": 0.0,
+# The settings every driver accepts, with the one set of defaults (T and S of Olston et al. §3.1). The
+# protocol is the product's, adaptive, for every live driver; a simulator workload names its own (its
+# default stays deadband, ``backend.sim.workload``: a workload file is an experiment record).
+SETTINGS = {"protocol": "adaptive", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": 0.0,
             "skew": 0.0, "t0": None, "params": None, "models": None, "echo": False}
 # Filter models devices may use (edge.core.predict): the setting ``models`` or ``params.models``; None
 # takes ``DEFAULT_MODELS``. "choose" picks constant or linear per source online by measured cost.
@@ -38,6 +40,8 @@ LIVE_LATENCY = 0.5
 # The agents' MQTT keepalive is 30 s as well.
 LIVE_BEAT = 30.0
 LIVE_SETTINGS = ("protocol", "period", "shrink", "latency", "beat", "models")
+# How a spec's error begins while its sources are not born yet: a state (logged at INFO), not a refusal.
+WAITING = "waiting for sources"
 
 def settings(given=None, **overrides):
     """Complete settings: ``SETTINGS`` updated by ``given`` and ``overrides``; unknown keys are an error."""
@@ -216,6 +220,8 @@ class Host:
         now = self._clock(now)
         if not isinstance(qid, str) or not qid:
             return self._bad(qid, "a query needs a non-empty string id, got %r" % (qid,))
+        if self._same(qid, spec):
+            return []                       # the spec it runs (a retained spec again after a reconnect)
         out = self._remove(now, qid)
         if self._empty(spec):
             return out + [("retract", qid)]
@@ -241,6 +247,18 @@ class Host:
             return self._bad(qid, str(e))
         self.specs[qid]["precision"] = precision
         return out
+
+    def _same(self, qid, spec):
+        """Whether ``spec`` (dict or JSON text) is exactly the spec query ``qid`` runs or waits with."""
+        have = self.specs.get(qid) or self.pending.get(qid)
+        if have is None or self._empty(spec):
+            return False
+        if isinstance(spec, (bytes, bytearray, str)):
+            try:
+                spec = json.loads(spec)
+            except ValueError:
+                return False
+        return isinstance(spec, dict) and dict(spec, id=spec.get("id", qid)) == have
 
     @staticmethod
     def _empty(spec):
@@ -271,7 +289,7 @@ class Host:
         if missing:
             self.pending[qid] = spec
             self._left[qid] = missing[::-1]
-            return [("error", qid, "waiting for sources %s to be born" % ", ".join(missing[:5]))]
+            return [("error", qid, "%s %s to be born" % (WAITING, ", ".join(missing[:5])))]
         try:
             out = self.coord.add_query(spec, self.event_time(now))
         except QueryError as e:

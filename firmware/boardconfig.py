@@ -10,6 +10,9 @@ import os
 BOARDS = {"esp32": "esp32.json", "rp2": "pico_w.json", "pico_w": "pico_w.json"}
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_KINDS = ("adc", "walk", "csv")
+# what the board agent reads (edge/runtime/micropython/qfagent.py, link.py, firmware/qfboard.py)
+KEYS = ("board", "wifi", "fleet", "device", "password", "host", "port", "user", "client_id", "keepalive", "period",
+        "width", "outbox", "sources", "ground_truth", "boot", "run_for")
 
 
 class ConfigError(ValueError):
@@ -26,9 +29,15 @@ def template(board):
 def check(cfg, where="config"):
     if not isinstance(cfg, dict):
         raise ConfigError("%s: expected a JSON object" % where)
+    unknown = sorted(k for k in cfg if k not in KEYS)
+    if unknown:
+        raise ConfigError("%s: unknown key %s (known: %s)" % (where, ", ".join(unknown), ", ".join(KEYS)))
     for key, kind in (("fleet", str), ("device", str), ("password", str), ("host", str), ("sources", list)):
         if not isinstance(cfg.get(key), kind):
             raise ConfigError("%s: %r must be a %s" % (where, key, kind.__name__))
+    for key in ("user", "client_id"):
+        if key in cfg and not (isinstance(cfg[key], str) and cfg[key]):
+            raise ConfigError("%s: %r must be a non-empty string" % (where, key))
     port = cfg.get("port", 1883)
     if not isinstance(port, int) or not 0 < port < 65536:
         raise ConfigError("%s: port must be an integer 1..65535" % where)

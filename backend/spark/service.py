@@ -1,12 +1,20 @@
 """The running backend (DESIGN.md §6): MQTT bridge -> spool -> Spark job -> MQTT, as one service.
 
 ``quietfleet backend --broker-dir DIR`` reads the broker's ``credentials.json`` (see
-``quietfleet broker``); ``--dir`` holds the spool, the checkpoint, the answer table (Parquet) and
+``quietfleet broker``), or takes your own broker's address, login, TLS files and client id
+(``backend.live.access``); ``--dir`` holds the spool, the checkpoint, the answer table (Parquet) and
 ``status.json``. Restarting with the same ``--dir`` resumes: the broker kept the bridge's
 persistent session, the spool kept what was appended, the checkpoint says what was applied.
+With ``ingest="kafka"`` (``--ingest kafka``) the bridge produces to the fleet's Kafka topic
+(``backend.spark.kafkalog``: routed by query group with ``--groups``, the routing journal in
+``<dir>/groups``) and the job reads Spark's Kafka source; ``--kafka HOST:PORT`` names a Kafka cluster,
+otherwise a KRaft broker is started on loopback with its data in ``<dir>/kafka`` (``kafkabroker``).
 Each start is a new backend incarnation (``host.new_incarnation``, later than the one in
 ``<dir>/incarnation``), appended to the spool as a ``qf/<fleet>/inc`` record: batches replayed from
 before it republish the same bytes, and devices drop what the earlier run may still deliver.
+The publisher carries the backend's state (``backend.live.presence``): online while it runs, its Last
+Will if the process dies, offline when it stops; the bridge's client id is ``--client-id`` (default
+``qf-bridge-<fleet>``), the publisher's that plus ``-pub`` (default ``qf-job-<fleet>``).
 """
 import json
 import logging
@@ -17,6 +25,7 @@ import threading
 import time
 
 from backend import host as hostmod
+from backend.live import access, presence
 from backend.spark import job
 from backend.spark.bridge import Bridge
 from backend.spark.publish import Publisher
@@ -29,10 +38,12 @@ GROUP_PARTITIONS = 8    # shuffle partitions when keyed by query group (fixed by
 
 class Backend:
     def __init__(self, directory, fleet, host, port, password, settings, master="local[*]", trigger=0.25,
-                 tick=0.1, status_sources=False, on_batch=None, spark=None, user="backend", groups=False):
+                 tick=0.1, status_sources=False, on_batch=None, spark=None, user="backend", groups=False,
+                 ingest="spool", kafka=None, kafka_partitions=None, tls=None, client_id=None):
         self.directory = os.path.abspath(directory)
         self.fleet = fleet
         self.host, self.port, self.user, self.password = host, port, user, password
+        self.tls, self.client_id = tls, client_id      # backend.live.access
         # the bridge spools every control as the broker passes it on: the job times round trips from there
         self.settings = hostmod.settings(settings, echo=True)
         self.master = master
@@ -42,21 +53,61 @@ class Backend:
         self.on_batch = on_batch
         self.spark = spark
         self.groups = groups            # one state key per query group (backend.spark.groups)
-        self.spool = self.bridge = self.publisher = self.query = None
+        self.ingest = ingest            # "spool" or "kafka"
+        self.kafka = kafka              # bootstrap of a Kafka cluster (None: start a broker under directory)
+        self.kafka_partitions = kafka_partitions or (GROUP_PARTITIONS if groups else 2)
+        self.spool = self.bridge = self.publisher = self.query = self.broker = None
         self.incarnation = None
+
+    def _log(self):
+        """The bridge's log and where the job reads it: the spool, or the fleet's Kafka topic."""
+        if self.ingest != "kafka":
+            spool = Spool(os.path.join(self.directory, "spool"), fsync="always")
+            return spool, spool.path
+        from backend.spark import kafkabroker, kafkalog
+        if self.kafka is None:
+            port, controller = self._kafka_ports()
+            self.broker = kafkabroker.KafkaBroker(os.path.join(self.directory, "kafka"), partitions=self.kafka_partitions,
+                                                  port=port, controller_port=controller).start()
+            bootstrap = self.broker.bootstrap
+        else:
+            bootstrap = self.kafka
+        topic = kafkalog.topic_name(self.fleet)
+        log = kafkalog.KafkaLog(bootstrap, topic, self.fleet, partitions=self.kafka_partitions,
+                                groups=os.path.join(self.directory, "groups") if self.groups else None)
+        return log, kafkalog.Topic(bootstrap, topic)
+
+    def _kafka_ports(self):
+        """The ports of our broker's last run (the restarted job's checkpoint names its bootstrap), else free ones."""
+        path = os.path.join(self.directory, "kafka", "ports")
+        try:
+            with open(path) as f:
+                port, controller = map(int, f.read().split())
+            return port, controller
+        except (OSError, ValueError):
+            from backend.spark.kafkabroker import free_port
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            port, controller = free_port(), free_port()
+            with open(path, "w") as f:
+                f.write("%d %d\n" % (port, controller))
+            return port, controller
 
     def start(self):
         os.makedirs(self.directory, exist_ok=True)
-        self.spool = Spool(os.path.join(self.directory, "spool"), fsync="always")
+        self.spool, source = self._log()
         self.incarnation = self._incarnation()
         self.spool.append([(time.time(), topics.spool(self.fleet, "inc"), b"%d" % self.incarnation)])
         self.bridge = Bridge(self.spool, self.fleet, self.host, self.port, self.user, self.password,
-                             tick_seconds=self.tick).start()
+                             tick_seconds=self.tick, tls=self.tls, client_id=self.client_id).start()
         if self.spark is None:
             self.spark = job.session(self.master, app="quietfleet-%s" % self.fleet,
                                      partitions=GROUP_PARTITIONS if self.groups else 1)
-        self.publisher = Publisher(self.host, self.port, self.user, self.password, "qf-job-%s" % self.fleet)
-        self.query = job.start(self.spark, self.spool.path, self.directory, self.fleet, self.settings,
+        self.pub_id = pub_id = self.client_id + "-pub" if self.client_id else "qf-job-%s" % self.fleet
+        kinds = hostmod.build(self.settings).protocol.kinds
+        state = (topics.backend(self.fleet), presence.online("spark", self.settings["protocol"], kinds, time.time(), pub_id),
+                 presence.offline("spark", "connection lost", client=pub_id))
+        self.publisher = Publisher(self.host, self.port, self.user, self.password, pub_id, tls=self.tls, state=state)
+        self.query = job.start(self.spark, source, self.directory, self.fleet, self.settings,
                                publisher=self.publisher, trigger=self.trigger,
                                status_sources=self.status_sources, on_batch=self.on_batch, writer=self.spool,
                                groups=self.groups)
@@ -105,7 +156,7 @@ class Backend:
             self.bridge.stop()
             self.bridge = None
         if self.publisher is not None:     # first: a batch waiting for acks fails now (and is replayed)
-            self.publisher.close()
+            self.publisher.close(presence.offline("spark", "stopped", time.time(), self.pub_id))
             self.publisher = None
         if self.query is not None:
             self.query.stop()
@@ -113,6 +164,9 @@ class Backend:
         if self.spool is not None:
             self.spool.close()
             self.spool = None
+        if self.broker is not None:
+            self.broker.stop()
+            self.broker = None
 
 
 def parse_params(items):
@@ -129,44 +183,34 @@ def parse_params(items):
     return out
 
 
-def connection(args):
-    """(host, port, password) of the backend user from ``--broker-dir`` or the explicit options."""
-    host, port, password = args.host, args.port, args.password
-    if args.broker_dir:
-        with open(os.path.join(args.broker_dir, "credentials.json")) as f:
-            cred = json.load(f)
-        host, port = host or cred["host"], port or cred["port"]
-        password = password or cred["users"]["backend"]
-        args.fleet = args.fleet or cred["fleet"]
-    if not args.fleet:
-        raise ValueError("give --fleet (or --broker-dir)")
-    if not port or password is None:
-        raise ValueError("give --broker-dir (the broker's folder) or --port and --password")
-    return host or "127.0.0.1", port, password
-
-
 def backend_main(args):
     """``quietfleet backend``: run bridge and Spark job until SIGINT/SIGTERM."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        host, port, password = connection(args)
+        acc = access.from_args(args)
         settings = hostmod.from_args(args, params=parse_params(args.param))
         hostmod.build(settings)         # a bad protocol or parameter is refused here, not in a Spark worker
-    except (ValueError, OSError, KeyError, TypeError) as e:
+    except KeyError as e:
+        print("quietfleet backend: %s lacks %s (write it with quietfleet broker)"
+              % (args.credentials or os.path.join(args.broker_dir, "credentials.json"), e), file=sys.stderr)
+        return 2
+    except (ValueError, OSError, TypeError) as e:
         print("quietfleet backend: %s" % e, file=sys.stderr)
         return 2
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    b = Backend(args.dir, args.fleet, host, port, password, settings, master=args.master, trigger=args.trigger,
-                groups=args.groups)
+    b = Backend(args.dir, args.fleet, acc.host, acc.port, acc.password, settings, master=args.master,
+                trigger=args.trigger, groups=args.groups, user=acc.user, tls=acc.tls, client_id=acc.client_id,
+                ingest=getattr(args, "ingest", "spool"), kafka=getattr(args, "kafka", None),
+                kafka_partitions=getattr(args, "kafka_partitions", None))
     ui = None                                   # --ui: the dashboard (backend/ui)
     try:
         b.start()
-        print("quietfleet backend: fleet %s, protocol %s, Spark %s, state in %s" % (
-            args.fleet, settings["protocol"], args.master, b.directory), flush=True)
+        print("quietfleet backend: fleet %s, broker %s, protocol %s, Spark %s, ingest %s, state in %s" % (
+            args.fleet, acc.where(), settings["protocol"], args.master, b.spool.path, b.directory), flush=True)
         from backend.ui import hooks as ui_hooks                                    # --ui
-        ui = ui_hooks.backend(args, b, host, port, password)                        # --ui
+        ui = ui_hooks.backend(args, b, acc)                                         # --ui
         while not stop.wait(1.0):
             b.raise_if_failed()
     except (RuntimeError, ValueError) as e:

@@ -52,6 +52,21 @@ def parse_topic(topic):
     return None, None
 
 
+def route(router, offset, arrival, topic, payload, rows):
+    """Route one log record through ``router`` (``backend.spark.groups.Router``), appending its rows
+    ``(grp, sub, offset, arrival, topic, device, channel, payload, retained)`` to ``rows``; returns the
+    journal entry ``(offset, device, channel, payload)`` if the record may have changed the table, else
+    None. The spool source routes on the driver with it, the Kafka bridge (``kafkalog``) before producing."""
+    device, channel = parse_topic(topic)
+    out, changed = router.route(device, channel, payload)
+    retained = topic.endswith(RETAINED)
+    for sub, (grp, name, chan, body) in enumerate(out):
+        if grp is not None:
+            own = chan == channel and name == device
+            rows.append((grp, sub, offset, arrival, topic if own else None, name, chan, body, retained and own))
+    return (offset, device, channel, payload) if changed else None
+
+
 def _batch(cols):
     return pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, ARROW_SCHEMA)],
                                       schema=ARROW_SCHEMA)
@@ -123,16 +138,9 @@ class SpoolStreamReader(DataSourceStreamReader):
             self.router = journal.router(lo)
         rows, entries = [], []
         for rec in self._scan(lo, hi):
-            device, channel = parse_topic(rec.topic)
-            out, changed = self.router.route(device, channel, rec.payload)
-            if changed:
-                entries.append((rec.offset, device, channel, rec.payload))
-            retained = rec.topic.endswith(RETAINED)
-            for sub, (grp, name, chan, payload) in enumerate(out):
-                if grp is not None:
-                    own = chan == channel and name == device
-                    rows.append((grp, sub, rec.offset, rec.arrival, rec.topic if own else None, name, chan,
-                                 payload, retained and own))
+            entry = route(self.router, rec.offset, rec.arrival, rec.topic, rec.payload, rows)
+            if entry is not None:
+                entries.append(entry)
         journal.append(entries)
         self.pos = hi
         return rows

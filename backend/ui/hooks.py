@@ -11,17 +11,23 @@ def add_option(parser):
     parser.add_argument("--ui", metavar="[HOST:]PORT", help=HELP)
 
 
-def coordinator(args, live, fleet, host, port, password, specs=(), out=print):
+def _login(acc):
+    """The dashboard's login from the driver's ``backend.live.access.Access``: same user and TLS, its own
+    client id (``--client-id`` + ``-ui``)."""
+    return dict(user=acc.user, tls=acc.tls, client_id=acc.client_id and acc.client_id + "-ui")
+
+
+def coordinator(args, live, acc, specs=(), out=print):
     """``quietfleet coordinator --ui``: totals from the coordinator's counters (and adaptive's deadband
-    estimate); the ``--query`` specs, which never pass the broker, give their kind and precision."""
-    return start_for(getattr(args, "ui", None), fleet, host, port, password, out=out,
-                     provider=CoordinatorTotals(live), specs=specs)
+    estimate); the ``--query`` specs are shown at once (their retained spec topics follow)."""
+    return start_for(getattr(args, "ui", None), acc.fleet, acc.host, acc.port, acc.password, out=out,
+                     provider=CoordinatorTotals(live), specs=specs, **_login(acc))
 
 
-def backend(args, service, host, port, password, out=print):
+def backend(args, service, acc, out=print):
     """``quietfleet backend --ui``: totals from the job's ``status.json``."""
-    return start_for(getattr(args, "ui", None), service.fleet, host, port, password, out=out,
-                     provider=BackendTotals(service))
+    return start_for(getattr(args, "ui", None), service.fleet, acc.host, acc.port, acc.password, out=out,
+                     provider=BackendTotals(service), **_login(acc))
 
 
 def demo(ui, broker, observer, devices, out=print):

@@ -25,6 +25,7 @@ import time
 
 import paho.mqtt.client as mqtt
 
+from backend.live.access import configure
 from backend.ui.state import HISTORY, PAGE, DashboardState
 from edge.core import topics
 
@@ -47,10 +48,11 @@ def parse_ui(value):
 class Dashboard:
     """The dashboard of ``fleet`` on the broker at ``broker_host:broker_port`` (as ``user``), served on
     ``address:port`` (0: a free port; ``url`` tells which). ``provider``: the driver's totals
-    (``backend.ui.providers``); ``specs``: query specs the driver was given outside the broker."""
+    (``backend.ui.providers``); ``specs``: query specs the driver was given outside the broker; ``tls``:
+    None or ``{"ca", "cert", "key"}`` (``backend.live.access``)."""
 
     def __init__(self, fleet, broker_host, broker_port, password, port=0, address="127.0.0.1", user="backend",
-                 provider=None, specs=(), history=HISTORY, ca=None, clock=time.time, client_id=None):
+                 provider=None, specs=(), history=HISTORY, tls=None, clock=time.time, client_id=None):
         self.fleet = fleet
         self.model = DashboardState(fleet, history, specs)
         self.lock = threading.Lock()
@@ -67,9 +69,7 @@ class Dashboard:
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
                         client_id=client_id or "qf-%s-ui-%d-%d" % (fleet, os.getpid(), id(self) & 0xFFFF),
                         protocol=mqtt.MQTTv311, clean_session=True)
-        c.username_pw_set(user, password)
-        if ca:
-            c.tls_set(ca_certs=ca)
+        configure(c, user, password, tls)
         c.reconnect_delay_set(0.1, 2.0)
         c.on_connect = self._on_connect
         c.on_message = self._on_message
@@ -83,7 +83,7 @@ class Dashboard:
             return
         f = self.fleet
         client.subscribe([(topics.query(f, "+", "answer"), 0), (topics.query(f, "+", "final"), 0),
-                          (topics.query(f, "+", "spec"), 0),
+                          (topics.query(f, "+", "spec"), 0), (topics.backend(f), 0),
                           (topics.device(f, "+", "state"), 0), (topics.device(f, "+", "up"), 0),
                           (topics.device(f, "+", "ctl"), 0)])
 

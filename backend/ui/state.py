@@ -13,6 +13,8 @@ One model for every driver (demo, live coordinator, Spark backend): it is fed wh
 * ``qf/<fleet>/d/<dev>/up``: counted per device; the filter model each source reports with comes
   from the report kind (``report`` constant, ``line`` linear, ``segs`` segment mode).
 * ``qf/<fleet>/d/<dev>/ctl``: counted (downlinks).
+* ``qf/<fleet>/backend/state``: the backend's online state or Last Will (``backend.live.presence``);
+  while it says offline every query row is ``stale`` with the reason, whatever its last answer says.
 
 Devices are paged and searched on the server (``devices_page``): the id order is sorted lazily (once
 after a batch of births), a search is a substring scan over one precomputed string per device and
@@ -23,6 +25,7 @@ import json
 import math
 from collections import deque
 
+from backend.live import presence
 from edge.core import codec, topics
 
 HISTORY = 600           # answer changes kept per query
@@ -121,6 +124,7 @@ class DashboardState:
         self.devices_version = 0    # bumps on every device change (a page refetches its rows)
         self.index_version = 0      # bumps when the set of devices or their sources change (searches)
         self.counts = {"up": 0, "ctl": 0, "state": 0, "answer": 0, "bad": 0}
+        self.backend = None         # the backend's latest state (presence.parse) with its receipt time
         self.started = None
         self._search = (None, None)
         for spec in specs:
@@ -132,9 +136,11 @@ class DashboardState:
         if self.started is None:
             self.started = now
         t = topics.parse(topic)
+        payload = bytes(payload or b"")
+        if t is not None and t[0] == self.fleet and t[1] == "backend":
+            return self.backend_state(now, payload)
         if t is None or t[0] != self.fleet or t[2] is None:
             return False
-        payload = bytes(payload or b"")
         if t[1] == "q":
             return self.answer(now, t[2], payload) if t[3] in ("answer", "final") else self.spec(t[2], payload)
         if t[3] == "up":
@@ -167,6 +173,15 @@ class DashboardState:
         if not isinstance(spec, dict):
             spec = {"kind": None}
         self._query(qid).spec = spec
+        self.version += 1
+        return True
+
+    def backend_state(self, now, payload):
+        """The backend's online state or its Last Will; an empty or foreign payload forgets it."""
+        state = presence.parse(payload)
+        if state is None and payload.strip():
+            self.counts["bad"] += 1
+        self.backend = None if state is None else dict(state, received=now)
         self.version += 1
         return True
 
@@ -339,14 +354,17 @@ class DashboardState:
         """Every query, sorted by id; with ``since`` ({id: cursor}, None: no history) each row carries
         its history after that cursor (all of it for an id not in ``since``)."""
         out = []
+        stale = presence.stale(self.backend)
         for qid in sorted(self.queries):
-            out.append(self.queries[qid].row(None if since is None else since.get(qid, 0)))
+            r = self.queries[qid].row(None if since is None else since.get(qid, 0))
+            r["stale"] = stale if stale and self.queries[qid].last is not None else None
+            out.append(r)
         return out
 
     def state(self, now, since=None, offset=0, limit=PAGE, q="", status="", provided=None, devices=True):
         """The ``/api/state`` document; ``since``: as ``query_rows`` (None: no histories). ``devices``: include one page of devices (a live event carries
         only the counts and ``devices_version``: the page fetches its rows when they changed)."""
-        doc = {"fleet": self.fleet, "now": now, "version": self.version,
+        doc = {"fleet": self.fleet, "now": now, "version": self.version, "backend": self.backend,
                "queries": self.query_rows(since),
                "device_counts": self.device_counts(), "totals": self.totals(provided)}
         if devices:

@@ -3,7 +3,8 @@
 ``qf/<fleet>/d/<device>/{up,ctl,state}`` per device, ``qf/<fleet>/q/<query>/{spec,answer,final}`` per query
 (``answer``: the latest provisional answer, ``final``: the latest final answer, DESIGN.md §4),
 ``qf/<fleet>/{tick,link,inc}`` for the spool's own records (the bridge's clock, its broker link, a new
-backend run), which no device or user publishes. Portable: runs unchanged on MicroPython.
+backend run), which no device or user publishes, and ``qf/<fleet>/backend/state`` for the backend's own
+online/offline state (its Last Will; ``backend.live.presence``). Portable: runs unchanged on MicroPython.
 """
 ROOT = "qf"
 DEVICE_CHANNELS = ("up", "ctl", "state")
@@ -35,6 +36,11 @@ def spool(fleet, channel):
     return "%s/%s/%s" % (ROOT, fleet, channel)
 
 
+def backend(fleet):
+    """``qf/<fleet>/backend/state``: the backend's online state and Last Will (``backend.live.presence``)."""
+    return "%s/%s/backend/state" % (ROOT, fleet)
+
+
 def fleet_root(fleet):
     """``qf/<fleet>/``: everything of one fleet lies below it."""
     return "%s/%s/" % (ROOT, fleet)
@@ -46,11 +52,14 @@ def fleet_all(fleet):
 
 
 def parse(topic):
-    """``(fleet, scope, name, channel)`` for a QuietFleet topic, scope ``"d"``, ``"q"`` or one of
-    ``SPOOL_CHANNELS`` (``name`` and ``channel`` None then); None for anything else."""
+    """``(fleet, scope, name, channel)`` for a QuietFleet topic, scope ``"d"``, ``"q"``, one of
+    ``SPOOL_CHANNELS`` (``name`` and ``channel`` None then) or ``"backend"`` (``(fleet, "backend", None,
+    "state")``); None for anything else."""
     parts = topic.split("/")
     if len(parts) == 3 and parts[0] == ROOT and parts[2] in SPOOL_CHANNELS:
         return parts[1], parts[2], None, None
+    if len(parts) == 4 and parts[0] == ROOT and parts[2] == "backend" and parts[3] == "state":
+        return parts[1], "backend", None, "state"
     if len(parts) != 5 or parts[0] != ROOT or not parts[3]:
         return None
     if parts[2] == "d" and parts[4] in DEVICE_CHANNELS or parts[2] == "q" and parts[4] in QUERY_CHANNELS:

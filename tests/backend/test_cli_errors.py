@@ -16,6 +16,7 @@ RELAY_WORKLOAD = {"protocol": "relay", "sources": {"generator": "zipf", "items":
                   "queries": [{"id": "c", "kind": "count"}]}
 DEVICE = {"fleet": '"f"', "device": '"d1"', "password": '"pw"'}
 WALK = '[sources.t]\nkind = "walk"\nstart = 20.0\nstep = 0.1\n'
+CRED = {"fleet": "f", "host": "127.0.0.1", "port": 1, "users": {"backend": "x"}}
 
 
 def fleet(**change):
@@ -94,6 +95,26 @@ OTHER = [
     ("backend protocol parameter", ["backend", "--fleet", "f", "--port", "1", "--password", "x", "--protocol",
                                     "adaptive", "--param", "cap=0.2"], None, "cap"),
     ("experiment unknown", ["experiment", "nope"], None, "nope"),
+    ("coordinator query without an id", ["coordinator", "--credentials", "{w}", "--query", '{"kind": "sum"}'], CRED,
+     '"id"'),
+    ("coordinator query kind its protocol lacks", ["coordinator", "--credentials", "{w}", "--query",
+                                                   '{"id": "r", "kind": "range", "range": [0, 1]}'], CRED,
+     "protocol adaptive"),
+    ("coordinator unknown protocol", ["coordinator", "--credentials", "{w}", "--protocol", "psychic"], CRED, "psychic"),
+    ("coordinator without a broker", ["coordinator", "--fleet", "f"], None, "--port"),
+    ("broker dir and credentials both", ["backend", "--broker-dir", "{d}", "--credentials", "{w}"], CRED, "not both"),
+    ("TLS CA missing", ["query", "list", "--fleet", "f", "--password", "x", "--tls-ca", "{d}/none.crt"], None,
+     "none.crt"),
+    ("TLS key without a certificate", ["query", "list", "--fleet", "f", "--password", "x", "--tls-key", "{w}"], "k",
+     "--tls-key needs --tls-cert"),
+    ("query, nothing listening", ["query", "list", "--fleet", "f", "--port", "1", "--password", "x"], None,
+     "cannot reach the broker at 127.0.0.1:1"),
+    ("agent certificate without tls", ["agent", "--config", "{w}"], device_toml(extra='[broker]\ncert = "c.crt"\n'),
+     "broker.cert needs broker.tls"),
+    ("agent key file missing", ["agent", "--config", "{w}"],
+     device_toml(extra='[broker]\ntls = true\ncert = "input.toml"\nkey = "nokey.pem"\n'), "nokey.pem"),
+    ("agent broker user not a string", ["agent", "--config", "{w}"], device_toml(extra='[broker]\nuser = 5\n'),
+     "broker.user"),
 ]
 CASES = [(name, ["sim", "{w}", "--quiet"], w, why) for name, w, why in SIM] + OTHER
 

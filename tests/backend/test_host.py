@@ -225,3 +225,28 @@ def test_a_birth_right_behind_early_reports_is_not_asked_for_again():
     for p in downs:
         agent.handle_message(2.0, p)
     assert agent.stats["stale"] == 0 and agent.inc is not None
+
+
+def test_the_spec_a_query_runs_or_waits_with_again_changes_nothing():
+    """A retained spec delivered again (a reconnect re-subscribes; ``coordinator --query`` publishes what it
+    registered) is the same query: no action, and the host ends where one that never saw it again ends."""
+    import json
+    spec = {"kind": "sum", "sources": ["a", "b"], "precision": 4}
+    hosts, agents = [Host(host.settings(protocol="adaptive")), Host(host.settings(protocol="adaptive"))], []
+    for h in hosts:
+        agents.append(Agent("dev", ["a", "b"], boot=5))
+        _closed_loop(h, agents[-1], [(0.0, None, "inc", b"100"), (0.0, "dev", "state", agents[-1].start(0.0)[0][1]),
+                                     (0.0, "q", "spec", json.dumps(spec).encode()),
+                                     (0.0, "w", "spec", b'{"kind": "avg", "sources": ["zz"], "precision": 1}')])
+    again = hosts[1]
+    assert again.record(1.0, "q", "spec", json.dumps(spec).encode(), True) == []
+    assert again.spec(1.0, "q", dict(spec, id="q")) == [] and again.spec(1.0, "q", dict(spec)) == []
+    assert again.record(1.0, "w", "spec", b'{"kind": "avg", "sources": ["zz"], "precision": 1}') == []
+    for h, agent in zip(hosts, agents):
+        for i in range(1, 40):
+            out = agent.handle_sample(i * 0.5, i % 2, 10.0 + 3 * (i % 7)) + agent.handle_timer(i * 0.5)
+            _closed_loop(h, agent, [(i * 0.5, "dev", ch, p) for ch, p in out] + [(i * 0.5, None, "tick", b"")])
+    assert hosts[0].coord.clock > 19.0 and hosts[0].coord.last["q"]["hi"] - hosts[0].coord.last["q"]["lo"] <= 4 + 1e-6
+    assert dict(host.digest(hosts[0]), records=0) == dict(host.digest(hosts[1]), records=0)
+    changed = again.spec(30.0, "q", dict(spec, precision=6))         # a different spec is a new query
+    assert "answer" in kinds(changed) and again.specs["q"]["precision"] == 6

@@ -38,6 +38,9 @@ def test_build_precompiles_the_agent_and_copies_boot_main_and_config(tmp_path):
     ({"sources": [{"name": "t", "kind": "adc"}]}, "integer pin"),
     ({"sources": [{"name": "t", "kind": "laser"}]}, "kind must be one of"),
     ({"wifi": {"password": "x"}}, "wifi"),
+    ({"hots": "x"}, "unknown key hots"),
+    ({"tls": True}, "unknown key tls"),            # the board agent has no TLS (README, Your own broker)
+    ({"user": ""}, "'user' must be a non-empty string"),
 ])
 def test_board_config_errors_name_the_problem(bad, msg):
     cfg = dict(boardconfig.template("pico_w"), **bad)

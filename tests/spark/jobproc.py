@@ -1,4 +1,6 @@
-"""The Spark job as its own process, for the driver-kill test: ``python jobproc.py SPOOL OUT SETTINGS [MARKER]``.
+"""The Spark job as its own process, for the driver-kill tests: ``python jobproc.py SPOOL OUT SETTINGS [MARKER]``.
+
+SPOOL is a spool directory or ``kafka://HOST:PORT/TOPIC`` (the fleet's log on Kafka).
 
 Runs ``backend.spark.job`` on the spool until SIGTERM, publishing to ``OUT/published.jsonl`` (one
 ``[topic, payload hex, qos, retain]`` line per message, as a broker would receive them). With MARKER,
@@ -41,6 +43,10 @@ def main(spool, out, settings, marker=None):
 
         from backend import host
         processor = Slow(host.settings(settings), True)
+    if spool.startswith("kafka://"):
+        from backend.spark.kafkalog import Topic
+        bootstrap, topic = spool[len("kafka://"):].split("/", 1)
+        spool = Topic(bootstrap, topic)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     spark = job.session("local[2]", app="qf-test-jobproc")

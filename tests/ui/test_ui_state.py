@@ -170,3 +170,30 @@ def test_a_real_agents_messages():
     s.message(now + 1, "qf/t/d/A/state", a.will())
     d = s.devices_page()["items"][0]
     assert d["sources"] == ["x", "y"] and d["online"] is False and d["fw"]
+
+
+def test_answers_are_stale_while_the_backends_state_says_offline():
+    """The backend's state topic (backend/live/presence.py): online, then its Last Will, then online again."""
+    from backend.live import presence
+    from edge.core import topics
+    s = DashboardState(F)
+    s.message(T0, "qf/t/q/tot/answer", answer("tot", T0, 10.0, 13.5))
+    s.message(T0, "qf/t/q/new/spec", json.dumps({"kind": "sum", "sources": ["a0"], "precision": 1}).encode())
+    assert s.state(T0)["backend"] is None and {r["id"]: r["stale"] for r in s.state(T0)["queries"]} == \
+        {"new": None, "tot": None}                      # no state at all: nothing to say (an older backend)
+    assert topics.parse(topics.backend(F)) == (F, "backend", None, "state")
+    s.message(T0 + 1, topics.backend(F), presence.online("coordinator", "adaptive", ["sum", "avg"], T0 + 1, "c1"))
+    st = s.state(T0 + 1)
+    assert st["backend"] == {"state": "online", "driver": "coordinator", "protocol": "adaptive", "kinds": ["avg", "sum"],
+                             "since": T0 + 1, "client": "c1", "received": T0 + 1}
+    assert [r["stale"] for r in st["queries"]] == [None, None]
+    s.message(T0 + 2, topics.backend(F), presence.offline("coordinator", "connection lost", client="c1"))
+    q = {r["id"]: r for r in s.state(T0 + 2)["queries"]}
+    assert q["tot"]["stale"] == "backend offline (connection lost)" and q["tot"]["degraded"] is False
+    assert q["new"]["stale"] is None                    # no answer to be stale
+    s.message(T0 + 3, topics.backend(F), presence.online("coordinator", "adaptive", ["sum"], T0 + 3))
+    assert all(r["stale"] is None for r in s.state(T0 + 3)["queries"])
+    s.message(T0 + 4, topics.backend(F), b"not json")   # garbage: counted, the state forgotten
+    assert s.state(T0 + 4)["backend"] is None and s.counts["bad"] == 1
+    s.message(T0 + 5, "qf/other/backend/state", presence.offline("spark", "stopped"))     # another fleet's
+    assert s.state(T0 + 5)["backend"] is None

@@ -98,9 +98,10 @@ class QueryView {
     f.final.style.display = row.guarantee ? "" : "none";
     f.time.textContent = row.time !== null && row.time !== undefined ? "at " + fmtTime(num(row.time)) : "";
     f.time.dataset.t = row.time === null || row.time === undefined ? "" : String(row.time);
-    f.reason.textContent = row.degraded ? (row.reason || "degraded") : "";
+    f.reason.textContent = row.stale ? "STALE: " + row.stale + ": nobody keeps this answer true"
+      : row.degraded ? (row.reason || "degraded") : "";
     f.error.textContent = row.error || "";
-    c.classList.toggle("degraded", !!row.degraded);
+    c.classList.toggle("degraded", !!row.degraded || !!row.stale);
     c.classList.toggle("error", !!row.error);
     if (row.history) {
       if (row.reset) this.points = row.history.slice();
@@ -182,6 +183,11 @@ class QueryView {
 function apply(doc) {
   S.skew = doc.now - Date.now() / 1000;
   document.getElementById("fleet").textContent = "fleet " + doc.fleet;
+  const be = document.getElementById("backend"), st = doc.backend;
+  be.textContent = !st ? "backend: no state" : st.state === "online"
+    ? "backend online" + (st.protocol ? " (" + st.driver + ", " + st.protocol + ")" : "")
+    : "backend OFFLINE (" + (st.reason || "unknown") + "): answers are stale";
+  be.className = "conn " + (st && st.state === "online" ? "on" : st ? "off" : "");
   const box = document.getElementById("queries");
   const seen = new Set();
   for (const row of doc.queries) {

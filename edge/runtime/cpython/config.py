@@ -13,7 +13,12 @@ Example::
     [broker]
     host = "127.0.0.1"
     port = 1883
-    tls = false             # true: also set ca = "ca.crt"
+    user = "dev1"           # broker user name (default: the device id, as quietfleet broker makes them)
+    client_id = "qf-demo-dev1"   # MQTT client id (this default: qf-<fleet>-<device>)
+    tls = false             # true: TLS, the broker's certificate checked against ca (default: the system's CAs)
+    ca = "ca.crt"           # with tls: the CA that signed the broker's certificate
+    cert = "dev1.crt"       # with tls, for a broker that asks for a client certificate ...
+    key = "dev1.key"        # ... and its private key
     keepalive = 30
 
     [sources.temp]          # sources in file order; kind = walk | csv | serial | function
@@ -27,12 +32,14 @@ import os
 import tomllib
 
 DEFAULTS = {"period": 1.0, "width": 0.0, "outbox": 1024, "ground_truth": None, "boot": None}
-BROKER_DEFAULTS = {"host": "127.0.0.1", "port": 1883, "tls": False, "ca": None, "keepalive": 30}
+BROKER_DEFAULTS = {"host": "127.0.0.1", "port": 1883, "tls": False, "ca": None, "cert": None, "key": None,
+                   "keepalive": 30, "user": None, "client_id": None}
 REQUIRED = ("fleet", "device", "password", "sources")
 # what each key may hold: "str", "bool", "int" (with its least value), "num+" (> 0), "num0" (>= 0), "num"
 TOP = {"fleet": "str", "device": "str", "password": "str", "sources": "table", "broker": "table",
        "period": "num+", "width": "num0", "outbox": ("int", 1), "ground_truth": "str", "boot": ("int", 0)}
-BROKER = {"host": "str", "port": ("int", 1), "tls": "bool", "ca": "str", "keepalive": ("int", 1)}
+BROKER = {"host": "str", "port": ("int", 1), "tls": "bool", "ca": "str", "cert": "str", "key": "str",
+          "keepalive": ("int", 1), "user": "str", "client_id": "str"}
 # per sensor kind: the keys a source of that kind takes (``required`` first)
 KINDS = {"walk": ((), {"kind": "str", "start": "num", "step": "num0", "seed": ("int", 0), "period": "num+"}),
          "csv": (("path",), {"kind": "str", "path": "str", "speed": "num+"}),
@@ -97,9 +104,16 @@ def load(path):
         return p if p is None or os.path.isabs(p) else os.path.join(base, p)
 
     cfg["ground_truth"] = resolve(cfg["ground_truth"])
-    broker["ca"] = resolve(broker["ca"])
-    if broker["tls"] and broker["ca"] is not None and not os.path.exists(broker["ca"]):
-        raise ValueError("%s: broker.ca %s does not exist" % (path, broker["ca"]))
+    for key in ("ca", "cert", "key"):
+        broker[key] = resolve(broker[key])
+        if broker[key] is not None and not broker["tls"]:
+            raise ValueError("%s: broker.%s needs broker.tls = true" % (path, key))
+        if broker[key] is not None and not os.path.isfile(broker[key]):
+            raise ValueError("%s: broker.%s %s does not exist" % (path, key, broker[key]))
+    if broker["key"] is not None and broker["cert"] is None:
+        raise ValueError("%s: broker.key needs broker.cert (the client certificate)" % path)
+    broker["user"] = broker["user"] or cfg["device"]
+    broker["client_id"] = broker["client_id"] or "qf-%s-%s" % (cfg["fleet"], cfg["device"])
     for name, spec in cfg["sources"].items():
         if not isinstance(spec, dict):
             raise ValueError("%s: source %r needs a table [sources.%s]" % (path, name, name))

@@ -48,12 +48,12 @@ class Runtime:
 
     def _client(self):
         b = self.cfg["broker"]
-        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="qf-%s-%s" % (self.cfg["fleet"], self.cfg["device"]),
-                        protocol=mqtt.MQTTv311, clean_session=True)
-        c.username_pw_set(self.cfg["device"], self.cfg["password"])
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=b["client_id"], protocol=mqtt.MQTTv311,
+                        clean_session=True)
+        c.username_pw_set(b["user"], self.cfg["password"])
         c.will_set(self.prefix + "state", self.agent.will(), qos=1, retain=True)
         if b["tls"]:
-            c.tls_set(ca_certs=b["ca"])
+            c.tls_set(ca_certs=b["ca"], certfile=b["cert"], keyfile=b["key"])
         c.max_queued_messages_set(self.cfg["outbox"])
         c.on_connect = self._on_connect
         c.on_disconnect = self._on_disconnect
@@ -69,10 +69,11 @@ class Runtime:
         return info.rc == mqtt.MQTT_ERR_SUCCESS
 
     def _on_connect(self, client, userdata, flags, reason, properties):
+        b = self.cfg["broker"]
         if reason.is_failure:
-            log.error("broker refused the connection: %s", reason)
+            log.error("the broker at %s:%s refused user %s: %s", b["host"], b["port"], b["user"], reason)
             return
-        log.info("connected to %s:%s", self.cfg["broker"]["host"], self.cfg["broker"]["port"])
+        log.info("connected to %s:%s as %s", b["host"], b["port"], b["user"])
         self.connected = True
         self.backoff = BACKOFF[0]
         client.socket().setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # no Nagle stalls
@@ -92,8 +93,9 @@ class Runtime:
         self.backoff = min(self.backoff * 2, BACKOFF[1])
         try:
             self.client.reconnect()
-        except OSError as e:
-            log.warning("broker unreachable: %s", e)
+        except (OSError, ValueError) as e:      # ValueError: paho's for a bad host name
+            b = self.cfg["broker"]
+            log.warning("cannot reach the broker at %s:%s: %s", b["host"], b["port"], getattr(e, "strerror", None) or e)
 
     # -- main loop --------------------------------------------------------------
     def stop(self, *_):

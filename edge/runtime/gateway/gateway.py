@@ -10,7 +10,8 @@ gateway's own device, so relay queries run on the live coordinator. ``truth`` na
 each sensor's ground truth (``time,source,value`` in value units, from the device's sample frames,
 each logged once the frame after it is read: ``_log``).
 
-``python -m edge.runtime.gateway.gateway CONFIG.json``; SIGINT/SIGTERM stop it cleanly (each sensor
+``python -m edge.runtime.gateway.gateway CONFIG.json`` (keys: ``edge.runtime.gateway.config``; broker user,
+TLS files and client ids for an operator's own broker too); SIGINT/SIGTERM stop it cleanly (each sensor
 publishes its offline state); it prints ``{"stats": ...}`` on exit.
 """
 import json
@@ -26,6 +27,7 @@ import serial
 
 from edge.core import codec, topics
 from edge.core.relay import RelayNode
+from edge.runtime.gateway import config
 from edge.runtime.gateway.bridge import SCALE, Bridge
 
 SILENT = 6.0            # s without a frame before a sensor counts as offline
@@ -45,7 +47,7 @@ class Sensor:
         if gw.truth:
             self.truth = open(os.path.join(gw.truth, "truth-%s.csv" % self.name), "a", buffering=1)
         self.prefix = topics.device_prefix(gw.fleet, self.name)
-        self.client = gw.session("%s.%s" % (gw.name, self.name), self.prefix + "state", self.bridge.boot)
+        self.client = gw.session("%s.%s" % (gw.cfg["client_id"], self.name), self.prefix + "state", self.bridge.boot)
         self.client.on_connect = lambda c, u, f, rc, p: rc.is_failure or (
             c.subscribe(self.prefix + "ctl", qos=1), gw.inbox.put((self, None)))   # (re)connected: a fresh birth
         self.client.on_message = lambda c, u, m: gw.inbox.put((self, m.payload))
@@ -53,6 +55,7 @@ class Sensor:
 
 class Gateway:
     def __init__(self, cfg):
+        cfg = config.check(dict(cfg))
         self.fleet = cfg["fleet"]
         self.name = cfg["gateway"]
         self.cfg = cfg
@@ -70,7 +73,7 @@ class Gateway:
             self.shift = rel.pop("shift", 10)
             self.relay = RelayNode(self.name, boot=boot & 0xFFFFFFFF, **rel)
             self.prefix = topics.device_prefix(self.fleet, self.name)
-            self.own = self.session(self.name, self.prefix + "state", boot)
+            self.own = self.session(cfg["client_id"], self.prefix + "state", boot)
             self.own.on_connect = lambda c, u, f, rc, p: rc.is_failure or c.subscribe(self.prefix + "ctl", qos=1)
             self.own.on_message = lambda c, u, m: self.inbox.put((None, m.payload))
         self.stats = {"noise": 0, "lines": []}
@@ -78,7 +81,9 @@ class Gateway:
     def session(self, client_id, will_topic, boot):
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311,
                         clean_session=False)
-        c.username_pw_set(self.name, self.cfg["password"])
+        c.username_pw_set(self.cfg["user"], self.cfg["password"])
+        if self.cfg.get("tls"):
+            c.tls_set(ca_certs=self.cfg.get("ca"), certfile=self.cfg.get("cert"), keyfile=self.cfg.get("key"))
         c.will_set(will_topic, codec.encode("gone", {"boot": boot & 0xFFFFFFFF}), qos=1, retain=True)
         c.reconnect_delay_set(0.1, 2.0)
         return c
@@ -86,11 +91,15 @@ class Gateway:
     def connect(self):
         clients = [s.client for s in self.sensors] + ([self.own] if self.relay else [])
         for c in clients:
-            c.connect_async(self.cfg.get("host", "127.0.0.1"), self.cfg["port"], keepalive=self.cfg.get("keepalive", 10))
+            c.connect_async(self.cfg["host"], self.cfg["port"], keepalive=self.cfg.get("keepalive", 10))
             c.loop_start()
         deadline = time.monotonic() + 10
         while not all(c.is_connected() for c in clients) and time.monotonic() < deadline:
             time.sleep(0.02)
+        if not all(c.is_connected() for c in clients):      # paho goes on trying: say where and as whom
+            print("gateway: not connected to the broker at %s:%s as %s within 10 s (a wrong password, ACL or "
+                  "certificate?); still trying" % (self.cfg["host"], self.cfg["port"], self.cfg["user"]),
+                  file=sys.stderr, flush=True)
 
     # -- actions -------------------------------------------------------------------------
     def act(self, sensor, now, actions):
@@ -208,10 +217,9 @@ def main(argv=None):
         print("usage: python -m edge.runtime.gateway.gateway CONFIG.json", file=sys.stderr)
         return 2
     try:
-        with open(argv[0]) as f:
-            cfg = json.load(f)
+        cfg = config.load(argv[0])
         gw = Gateway(cfg)
-    except (OSError, ValueError, KeyError, serial.SerialException) as e:
+    except (OSError, ValueError, serial.SerialException) as e:     # a bad config, a serial port missing
         print("gateway: %s" % e, file=sys.stderr)
         return 2
 

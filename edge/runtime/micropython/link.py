@@ -83,8 +83,9 @@ class Link:
     def __init__(self, cfg, will):
         self.prefix = topics.device_prefix(cfg["fleet"], cfg["device"])
         self.keepalive = cfg.get("keepalive", 30)
-        c = Client("qf-%s-%s" % (cfg["fleet"], cfg["device"]), cfg.get("host", "127.0.0.1"),
-                       cfg.get("port", 1883), cfg["device"], cfg["password"], self.keepalive)
+        # user and client id: an operator's own broker may name them (default: the device id, qf-<fleet>-<device>)
+        c = Client(cfg.get("client_id") or "qf-%s-%s" % (cfg["fleet"], cfg["device"]), cfg.get("host", "127.0.0.1"),
+                   cfg.get("port", 1883), cfg.get("user") or cfg["device"], cfg["password"], self.keepalive)
         c.set_last_will(self.prefix + "state", will, True, 1)
         c.set_callback(self._inbound)
         self.client = c

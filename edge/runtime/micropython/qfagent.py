@@ -2,7 +2,8 @@
 
 Run on the unix port with ``MICROPYPATH=<repo>:<repo>/edge/runtime/micropython``:
 ``micropython -X heapsize=32k -m qfagent device.json``; on a board, ``main.py`` calls ``main(path)``.
-The config is JSON: ``fleet``, ``device``, ``password``, ``host``, ``port``, ``keepalive``,
+The config is JSON: ``fleet``, ``device``, ``password``, ``host``, ``port``, ``keepalive``, ``user`` and
+``client_id`` (optional: default the device id and ``qf-<fleet>-<device>``; no TLS: see README),
 ``period``, ``width``, ``outbox``, ``ground_truth`` (optional path), ``boot`` (optional),
 ``run_for`` (optional seconds, then stop as on Ctrl-C) and
 ``sources``: a list of ``{"name": ..., "kind": "walk" | "csv", ...}`` in source-index order.
