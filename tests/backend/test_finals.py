@@ -246,3 +246,31 @@ def test_families_without_finals_refuse_lag_and_entity_queries_say_why():
     out = h.spec(0.0, "q", {"kind": "range", "sources": ["a", "b"], "range": [0, 1], "lag": 5})
     assert out[0][0] == "error" and "tolerance" in out[0][2] and "real time" in out[0][2], out
     assert "range" not in finals_mod.FINALS and "knn" not in finals_mod.FINALS
+
+
+def test_a_mark_proves_its_stamp_once_every_number_up_to_its_seq_is_in():
+    # the heartbeat of the plan (a ``mark`` carrying the device's latest sequence number, consuming none): the
+    # final mirror takes it as one more uplink proving "complete through t" (fed here straight to its intake)
+    from backend.host import Host
+    from edge.agent import Agent
+    h = Host(protocol="deadband", latency=0.0, t0=0.0)
+    a = Agent("d0", ["a"], boot=1, width=1.0)
+    a.handle_sample(0.0, 0, 5.0)
+
+    def pump(now, acts):
+        for act in acts:
+            if act[0] == "down":
+                for _, p in a.handle_message(now, act[2]):
+                    pump(now, h.record(now, "d0", "up", p))
+    pump(0.0, h.record(0.0, "d0", "state", a.start(0.0)[0][1]))
+    pump(0.0, h.spec(0.0, "q", {"kind": "sum", "sources": ["a"], "precision": 2.0}))
+    pump(1.0, h.record(1.0, "d0", "up", a.handle_sample(1.0, 0, 9.0)[0][1]))
+    rp = h.coord.finals.replay
+    assert rp.src["a"].limit == 1.0 and a.seq == rp.dev["d0"].next - 1
+    report = a.handle_sample(5.5, 0, 2.0)[0][1]          # numbered a.seq, held back by the network
+    rp.uplink("d0", "mark", {"seq": a.seq, "t": 6.0, "boot": 1})         # ahead of what was taken: waits
+    assert rp.src["a"].limit == 1.0
+    rp.uplink("d0", "mark", {"seq": a.seq - 1, "t": 5.0, "boot": 1})     # every number up to it is in
+    assert rp.src["a"].limit == 5.0
+    pump(6.5, h.record(6.5, "d0", "up", report))        # the number the first mark waited for
+    assert rp.src["a"].limit == 6.0 and rp.dev["d0"].mark == 6.0

@@ -74,9 +74,15 @@ class Sequence:
             return      # a clock found off by more than σ stays off: its times cannot be placed
         if restart:
             d = self._restart(device, m)
-        if d is None or m["boot"] != d.boot or not newer(m["seq"], d.next - 1) or d.lost is not None and not restart:
+        if d is None or m["boot"] != d.boot or d.lost is not None and not restart:
             return
-        if m["seq"] == d.next and not d.buf and kind != "mark":     # (in order, as most are)
+        if kind == "mark":      # the latest number used, not a new one: it proves its stamp once all up to it are in
+            d.marks.append((m["seq"], m["t"]))
+            self._drain(device, d)
+            return
+        if not newer(m["seq"], d.next - 1):
+            return
+        if m["seq"] == d.next and not d.buf:        # (in order, as most are)
             d.next = (d.next + 1) & 0xFFFFFFFF
             self._apply(device, d, kind, m)
             if m["t"] > d.w:
@@ -87,9 +93,7 @@ class Sequence:
                 for key in d.keys:
                     self._advance(key)
             return
-        if kind == "mark":
-            d.marks.append((m["seq"], m["t"]))
-        elif len(d.buf) < BUFFER:
+        if len(d.buf) < BUFFER:
             d.buf[m["seq"]] = (kind, m)
         self._drain(device, d)
 
@@ -119,8 +123,10 @@ class Sequence:
             d.next = (d.next + 1) & 0xFFFFFFFF
             self._apply(device, d, kind, m)
             d.w = max(d.w, m["t"])
-        while d.marks and not newer(d.marks[0][0], d.next - 1):
-            d.mark = max(d.mark, d.marks.pop(0)[1])
+        if d.marks:
+            done = [t for seq, t in d.marks if not newer(seq, d.next - 1)]
+            d.marks = [x for x in d.marks if newer(x[0], d.next - 1)]
+            d.mark = max([d.mark] + done)
         for key in d.keys:
             self._advance(key)
 
