@@ -33,6 +33,7 @@ class Downlink:
         """A new width; a narrowing is acknowledged, and sent again until it is (``_sent``)."""
         s = self.cache.sources[key]
         epoch, narrowing = self.cache.set_width(key, width)
+        self.finals.replay.control(key, self._event_now(), "width", (width, epoch))
         ack = 1 if narrowing or confirm else 0
         self.send(s.device, "width", {"src": s.index, "epoch": epoch, "period": self.tick - 1,
                                       "width": width, "ack": ack})
@@ -45,6 +46,7 @@ class Downlink:
         loss is found (``_missed``)."""
         s = self.cache.sources[key]
         epoch = self.cache.set_filter(key, width, cons, keep_old=bool(ack))
+        self.finals.replay.control(key, self._event_now(), "filter", (width, list(cons), epoch))
         if not ack and self.beat > 0:
             ack, confirm = 1, (FILTER, self._event_now(), 0, True)
         self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": ack,
