@@ -6,7 +6,7 @@ Per trace: the default AVG (``suite.describe``) and a MAX over ⌈n/3⌉ of its 
 (largest mean absolute change between successive readings), with the precision the suite's rule gives the AVG.
 ``queries(lag_avg, lag_max)`` builds the set with each query lagged by that many sampling intervals (None: real
 time): both real time (the deadband baseline ``deadband-mixed``), the AVG lagged for reports and the MAX live for
-alarms (``mixed``), or both lagged (``all-lagged``, once lag queries take a MAX: ``pending`` says why not yet);
+alarms (``mixed``), or both lagged (``all-lagged``);
 and the real-time MAX alone under deadband (``max-alone``): what the alarm costs by itself, a floor for
 ``mixed`` wherever the MAX's sources move together (no cut pays: ``precision/extremes.py``).
 """
@@ -15,7 +15,6 @@ import os
 
 import numpy as np
 
-from backend.coordinator.core.queries import QueryError, parse_query
 
 _PICKED = {}        # (trace path, n) -> the sources of the MAX
 
@@ -48,15 +47,6 @@ def queries(lag_avg=None, lag_max=None, avg=True):
                 q["lag"] = lag * c["interval_s"]
         return [mean, top] if avg else [top]
     return make
-
-
-def pending():
-    """Why a lagged MAX cannot run yet (None once lag queries take MIN/MAX: issue [final])."""
-    try:
-        parse_query({"id": "m", "kind": "max", "sources": ["a"], "precision": 1.0, "lag": 1.0}, ["a"])
-    except QueryError as e:
-        return "pending: %s" % str(e).split(": ", 1)[-1]
-    return None
 
 
 def shared_table(workloads, log):

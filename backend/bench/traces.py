@@ -34,8 +34,7 @@ def _top4(c, spec):
 # {"label": "segment L=10", "protocol": ..., "query": lambda c: {"lag": 10 * c["interval_s"]}}. ``queries``
 # (a function of the entry and the trace folder) replaces the trace's queries, ``more`` (a function of the
 # entry and its workload) adds queries to them, ``base`` names the column its ratio is to (default
-# deadband), ``pending`` says why the column cannot run yet (None: it can), ``fidelity`` shows the measured
-# fidelity of a probabilistic query.
+# deadband), ``fidelity`` shows the measured fidelity of a probabilistic query.
 COLUMNS = [
     {"label": "deadband", "protocol": "deadband", "params": {"models": "constant"}},
     {"label": "optimal_static", "protocol": "optimal_static"},
@@ -49,13 +48,14 @@ COLUMNS = [
     # segment mode (backend/coordinator/core/segments.py): final answers by t + L, L = 3 and 10 sampling intervals
     {"label": "segment L=3", "protocol": "deadband", "query": lambda c: {"lag": 3 * c["interval_s"]}},
     {"label": "segment L=10", "protocol": "deadband", "query": lambda c: {"lag": 10 * c["interval_s"]}},
+    # the same query as a MAX (its final answers: backend/coordinator/core/finals.py), each source within δ
+    {"label": "segment MAX L=10", "protocol": "deadband", "query": lambda c: {"lag": 10 * c["interval_s"], "kind": "max"}},
     # the AVG and a real-time MAX over a third of the sources (backend/bench/mixed.py): both real time under
     # deadband (the baseline), the AVG lagged by 10 sampling intervals for reports and the MAX live for
     # alarms, and both lagged; default parameters of the product's protocol
     {"label": "deadband-mixed", "protocol": "deadband", "params": {"models": "constant"}, "queries": mixed.queries()},
     {"label": "mixed", "protocol": "adaptive", "queries": mixed.queries(10), "base": "deadband-mixed"},
-    {"label": "all-lagged", "protocol": "adaptive", "queries": mixed.queries(10, 10), "base": "deadband-mixed",
-     "pending": mixed.pending},
+    {"label": "all-lagged", "protocol": "adaptive", "queries": mixed.queries(10, 10), "base": "deadband-mixed"},
     {"label": "max-alone", "protocol": "deadband", "params": {"models": "constant"},
      "queries": mixed.queries(avg=False), "base": "deadband-mixed"},
     # Zhu & Ravishankar 2004 at confidence 0.95: its adjustment tick at the sampling interval (at most a day),
@@ -74,10 +74,15 @@ def _of(x, c):
     return (x(c) if callable(x) else x) or {}
 
 
+FINALS = ("finals", "final_violations", "final_revoked", "final_precision_misses", "final_degraded", "final_through")
+
+
 def _child(spec, conn):
     r = engine.run(spec)
     out = {k: r[k] for k in ("messages", "samples", "violations", "runtime_s", "samples_per_s")}
     out["fidelity"] = min([q["fidelity"] for q in r["queries"].values() if q.get("fidelity") is not None] or [None])
+    q = r["queries"][spec["queries"][0]["id"]]
+    out.update({k: q.get(k) for k in FINALS}, final_p99=(q.get("final_latency") or {}).get("p99"))
     conn.send(out)
     conn.close()
 
@@ -134,12 +139,6 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
             p = dict(_of(col.get("params"), c))
             rec = {"trace": c["name"], "split": c["split"], "column": label, "protocol": proto,
                    "params": p, "limit_s": limit}
-            why = col["pending"]() if "pending" in col else None
-            if why:
-                rec.update(status=why)
-                row[label] = "pending"
-                runs.append(rec)
-                continue
             spec = suite.workload(c, trace_dir, proto, p, duration)
             if "queries" in col:
                 spec["queries"] = col["queries"](c, trace_dir)
@@ -156,15 +155,18 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
                 m = r["messages"]["up"] + r["messages"]["down"]
                 rec.update(status="ok", samples=r["samples"], up=r["messages"]["up"], down=r["messages"]["down"],
                            messages=m, violations=r["violations"], runtime_s=round(r["runtime_s"], 3),
-                           samples_per_s=int(r["samples_per_s"] or 0), fidelity=r["fidelity"] if col.get("fidelity") else "")
+                           samples_per_s=int(r["samples_per_s"] or 0), fidelity=r["fidelity"] if col.get("fidelity") else "",
+                           final_p99=r["final_p99"], **{k: r[k] for k in FINALS})
                 row["samples"] = r["samples"]
                 row[label] = m
                 row[label + " samples/s"] = rec["samples_per_s"]
                 if col.get("fidelity"):
                     row[label + " fidelity"] = r["fidelity"]
-                log("  %-16s %-18s %7d messages (%d up, %d down), %d violations, %6.2f s, %7d samples/s%s" % (
-                    c["name"], label, m, rec["up"], rec["down"], rec["violations"], rec["runtime_s"],
-                    rec["samples_per_s"], ", fidelity %s" % r["fidelity"] if col.get("fidelity") else ""))
+                log("  %-16s %-18s %7d messages (%d up, %d down), %d violations, %6.2f s, %7d samples/s, "
+                    "%s finals (%s degraded, through %s)%s" % (
+                        c["name"], label, m, rec["up"], rec["down"], rec["violations"], rec["runtime_s"],
+                        rec["samples_per_s"], rec["finals"], rec["final_degraded"], rec["final_through"],
+                        ", fidelity %s" % r["fidelity"] if col.get("fidelity") else ""))
             runs.append(rec)
         row.update(minima(suite.workload(c, trace_dir, "deadband", duration=duration)))
         bases = dict({m[0]: "deadband" for m in MINIMA}, **{col["label"]: col.get("base", "deadband") for col in columns})
@@ -201,7 +203,7 @@ def _table(rows, labels, protocols):
             if r.get(lab + " fidelity") is not None:
                 cell += ", fidelity %.3f" % r[lab + " fidelity"]
             cells.append(cell)
-        cells.append(" / ".join(str(r.get(p + " samples/s", "–" if r.get(p) == "pending" else "timeout")) for p in protocols))
+        cells.append(" / ".join(str(r.get(p + " samples/s", "timeout")) for p in protocols))
         out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -316,7 +318,9 @@ def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=
              "width per source (offline, exact). samples/s: simulator throughput of each run (wall clock, the "
              "whole run including the ground-truth check); the simulator works per event (a reading that must be "
              "reported, a message, a due timer), so it is lowest on traces where most readings are reported. A run "
-             "over its wall-clock limit (%g s) would show `> limit`. Violations in these runs: **%d**. "
+             "over its wall-clock limit (%g s) would show `> limit`. Every run also gives final answers "
+             "(DESIGN.md §4; `segment MAX L=10`: the same query as a MAX); violations count wrong or withdrawn "
+             "final answers too, and each run's finals are in `traces_runs.csv`. Violations in these runs: **%d**. "
              "Section took %.0f s on %d cores at a load average of %.1f (other work shares the cores; "
              "samples/s scale with it)." % (suite.PRECISION_FRACTION, limit, viol, time.time() - t0,
                                            os.cpu_count() or 1, os.getloadavg()[0]), "",
@@ -324,7 +328,6 @@ def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=
              "time its answer held the exact AVG; its violations are not counted above).", ""]
     lines += split_tables(rows, labels, protocols)
     lines += _means(rows, labels, "Geometric mean of the ratio to deadband")
-    pend = sorted({"%s %s" % (r["column"], r["status"]) for r in runs if r["status"].startswith("pending")})
     lines += ["## Lagged and real-time queries on the same sources", "",
               "Each trace's AVG and a MAX over the ⌈n/3⌉ most variable of its n sources (largest mean change between "
               "readings; same precision): `deadband-mixed` both real time under deadband, the baseline of the others; "
@@ -334,7 +337,6 @@ def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=
               "so that cuts pay). Brackets: the ratio to `deadband-mixed` on the same trace; "
               "`mixed` never sends more messages than `deadband-mixed` on %d of %d traces." % (
                   sum(1 for r in rows if r.get("mixed/db", 2) <= 1.0), sum(1 for r in rows if "mixed/db" in r)), ""]
-    lines += (["Not run yet: %s." % "; ".join(pend), ""] if pend else [])
     lines += split_tables(rows, pairs, pairs)
     lines += _means(rows, pairs, "Geometric mean of the ratio to deadband-mixed")
     lines += ["![mixed](%s)" % plots[3], ""]

@@ -126,17 +126,24 @@ class Segmenter:
         self._open(t, v)
         self.pt, self.pv = t, v
 
-    def rewidth(self, width, model=None, lag=None):
-        """A new width (or model, lag): the open segment ends at the last reading, the next starts there with it."""
+    def rewidth(self, width, model=None, lag=None, now=None):
+        """A new width (or model, lag): the open segment ends at the last reading, the next starts there with it.
+        A committed line ends at ``now`` instead (it held the last reading until then): it was sent as going
+        on, so its end is news the backend must hear, never a line silently replaced from its start."""
         if width == self.w and model in (None, self.model) and lag in (None, self.lag):
             return
-        if self.t is not None and self.pt > self.t:
-            self._close(self.pt)        # under the old width and model
+        at = self.pt
+        if self.t is not None and self.committed and now is not None:
+            self._hold(now)             # (it may end where it stopped holding the last reading)
+            if self.committed:
+                at = now
+        if self.t is not None and at > self.t:
+            self._close(at)             # under the old width and model
         self.w, self.h = width, self._r(width / 2)
         self.model = model or self.model
         self.lag = lag or self.lag
         if self.t is not None:
-            self._open(self.pt, self.pv)
+            self._open(at if at > self.t else self.t, self.pv)
 
     def due(self):
         """Clock time by which this source's unsent data must go out; None when nothing is owed."""
@@ -172,7 +179,7 @@ def configure(agent, now, i, m):
     s = agent.segs.get(i)
     width = m["width"] if agent.rnd is None else agent.rnd(m["width"])
     if s is not None and m["model"]:
-        s.rewidth(width, m["model"], lag)
+        s.rewidth(width, m["model"], lag, now)
     elif m["model"]:
         s = agent.segs[i] = Segmenter(m["model"], width, lag, agent.rnd)
         if getattr(agent.filters[i], "slope", 0.0) and agent.values[i] is not None:     # a line: constant from here on

@@ -184,3 +184,37 @@ def test_bad_segment_controls_are_counted():
         assert a.handle_message(0.0, bad) == []
     assert a.stats["bad_messages"] == 4 and not a.segs
     raises(ValueError, segment.Segmenter, 3, 1.0, 10)
+
+
+def test_a_committed_line_ends_where_its_width_changes_never_replaced_from_its_start():
+    # the backend takes a committed line as going on and may state final answers past what it heard; a new width
+    # used to replace the committed segment from its start unseen (a record with the same start and another
+    # line). Oracle: records sharing a start state one line, and the committed line ends at the change.
+    a = Agent("d", ["x"], width=4.0)
+    session(a)
+    a.handle_message(0.0, ctl(a, "segment", src=0, seq=2, lag=2000, model=segment.LINE, width=4.0))
+    recs = []
+
+    def take(out):
+        for _, p in out:
+            kind, m = codec.decode(p)
+            if kind in ("segs", "rsegs"):
+                recs.extend((r["a"], r["e"], r["v"], r["s"], r["w"], r["f"]) for r in m["segs"])
+    t = 0.0
+    for k in range(40):                     # flat: one line, committed once its data is due
+        t = k * 0.1
+        d = a.next_deadline()
+        if d is not None and d <= t:
+            take(a.handle_timer(d))
+        take(a.handle_sample(t, "x", 10.0 + (0.5 if k % 2 else 0.0)))
+    assert any(f & 1 for *_, f in recs), recs
+    take(a.handle_message(4.0, ctl(a, "segment", src=0, seq=3, lag=2000, model=segment.LINE, width=1.0)))
+    take(a.handle_sample(4.05, "x", 10.25))
+    take(a.handle_message(4.1, ctl(a, "segment", src=0, seq=4, lag=0, model=0, width=0.0)))    # everything out
+    by_start = {}
+    for r in recs:
+        line = r[2:5]
+        assert by_start.setdefault(r[0], line) == line, (r, by_start[r[0]])
+    before = [r for r in recs if r[5] & 1 and r[0] < 4.0][-1]      # committed under the old width
+    ends = [r[1] for r in recs if not r[5] & 1 and r[0] == before[0]]
+    assert ends == [4.0], (before, ends)        # it held the last reading until the new width came

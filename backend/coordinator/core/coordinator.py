@@ -24,10 +24,11 @@ from backend.coordinator.core.admission import RATE, Admission
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
 from backend.coordinator.core.downlink import Downlink
+from backend.coordinator.core.finals import Finals
 from backend.coordinator.core.integrity import Integrity
 from backend.coordinator.core.resync import Resync
 from backend.coordinator.core.queries import QueryError, parse_query
-from backend.coordinator.core.segments import Mirror
+from backend.coordinator.core.segments import Mirror, segmented
 from backend.coordinator.core.uplink import Uplink
 
 
@@ -84,7 +85,8 @@ class Coordinator(Downlink, Resync, Uplink):
         self.rx = {}                    # device -> (boot, last uplink seq) for duplicate suppression
         # DBM models of every source, for the interruption model (Zhu §4.5); a protocol may bring its own
         self.models = getattr(protocol, "models", None) or Models()
-        self.segments = Mirror()        # segment mode and final answers of lag queries
+        self.segments = Mirror()        # segment mode of lag queries' sources
+        self.finals = Finals(self)      # the final mirror and every query's final answers
         self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
         self.integrity = Integrity(self.latency, beat, skew)    # gaps, silence, skew (issue #20)
         # who may claim a source, floods, implausible stamps and values (DESIGN.md §10): counters in stats
@@ -137,7 +139,8 @@ class Coordinator(Downlink, Resync, Uplink):
         except QueryError:
             self._unregister(q.id, now, old)
             raise
-        self.segments.queries_changed(self, self._now(now))
+        self.segments.queries_changed(self)
+        self.finals.queries_changed(self._now(now))
         return self._flush(now)
 
     def remove_query(self, qid, now=None):
@@ -156,7 +159,8 @@ class Coordinator(Downlink, Resync, Uplink):
         self.running.pop(qid, None)
         self._changed(q, now, old)
         if segments:
-            self.segments.queries_changed(self, self._now(now))
+            self.segments.queries_changed(self)
+            self.finals.queries_changed(self._now(now))
 
     def drain(self):
         """The messages queued and not returned yet: a refused query change returns none."""
@@ -169,7 +173,8 @@ class Coordinator(Downlink, Resync, Uplink):
         self.queries[qid] = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
         self.dirty[qid] = None
         self._changed(self.queries[qid], now)
-        self.segments.queries_changed(self, self._now(now))     # segment widths follow the precision
+        self.segments.queries_changed(self)     # segment widths follow the precision
+        self.finals.queries_changed(self._now(now))
         return self._flush(now)
 
     changed = None      # while a query changes: its sources (a local protocol revisits only them)
@@ -252,8 +257,7 @@ class Coordinator(Downlink, Resync, Uplink):
         self._release(now)
         self._integrity(now)
         self._answers(self.clock)
-        if self.segments.final:     # every uplink stamped up to now − λ is in: final answers up to there
-            self.out += self.segments.answers(self, max(self.clock, now - self.latency))
+        self.out += self.finals.answers(self.clock)
         return self._flush(None)
 
     def _release(self, now):
@@ -281,6 +285,7 @@ class Coordinator(Downlink, Resync, Uplink):
                 self.tick += 1
                 if self.shrink:
                     self.cache.shrink(self.shrink)
+                    self.finals.replay.shrink(t, self.shrink)
                     self.dirty_src.update(dict.fromkeys(self.cache.sources))
                 self.protocol.period(self, t)
                 for key in self.models.off_since:    # offline widening grows with time
@@ -308,7 +313,6 @@ class Coordinator(Downlink, Resync, Uplink):
             qids = self.by_source.get(key)
             if qids:
                 bound = self.cache.known(key)
-                self.segments.touched(key, t, bound)
                 for qid in qids:
                     r = self.running.get(qid)
                     if r is not None:
@@ -319,7 +323,7 @@ class Coordinator(Downlink, Resync, Uplink):
             q = self.queries.get(qid)
             if q is None:
                 continue
-            fields = self.protocol.answer(self, q) if "lag" not in q.extra else self.segments.realtime(q, t)
+            fields = self.finals.realtime(q, t) if segmented(q) else self.protocol.answer(self, q)
             offline = self.degraded(q)
             fields["degraded"] = bool(fields.get("degraded")) or offline
             if offline:
@@ -334,6 +338,7 @@ class Coordinator(Downlink, Resync, Uplink):
                 self.last[qid] = fields
                 change = {"time": t, "query": qid}
                 change.update(fields)
+                change["watermark"] = self.finals.horizon(qid)      # through when its final answers go
                 if revoked:         # up to this change, which replaces them
                     change["revoked"] = [revoked[0], max(revoked[1], t)]
                 self.out.append(("answer", change))

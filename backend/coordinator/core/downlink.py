@@ -34,6 +34,7 @@ class Downlink:
         ``codec.METER`` bit for a metered device (edge.core.meter)."""
         s = self.cache.sources[key]
         epoch, narrowing = self.cache.set_width(key, width)
+        self.finals.replay.control(key, self._event_now(), "width", (width, epoch))
         ack = 1 if narrowing or confirm else 0
         self.send(s.device, "width", {"src": s.index, "epoch": epoch, "period": self.tick - 1,
                                       "width": width, "ack": ack | flags})
@@ -46,6 +47,7 @@ class Downlink:
         loss is found (``_missed``). ``flags``: ``codec.METER``/``SYNC`` bits for a metered device."""
         s = self.cache.sources[key]
         epoch = self.cache.set_filter(key, width, cons, keep_old=bool(ack))
+        self.finals.replay.control(key, self._event_now(), "filter", (width, list(cons), epoch))
         if not ack and self.beat > 0:
             ack, confirm = 1, (FILTER, self._event_now(), 0, True)
         self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": ack | flags,

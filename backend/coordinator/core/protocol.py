@@ -4,23 +4,19 @@ A protocol is the policy half of the coordinator: it decides filters and answers
 does messaging, ordering and caching. Hooks get the coordinator and act through
 ``coord.assign_width``, ``coord.assign_filter`` and ``coord.probe``.
 
-A lag query (``"lag"``) is served by its sources' segments (segment mode, ``core/segments.py``), never by
-their filters: a protocol allocates filters over the lag-free queries only (``realtime``), and gives
-the segments their width (``segment_width``).
+A lag query of a segmented kind (SUM/AVG/MIN/MAX with ``"lag"``) is served by its sources' segments (segment
+mode, ``core/segments.py``), never by their filters: a protocol allocates filters over the other queries only
+(``realtime``; a lagged COUNT keeps its sources reporting), and gives the segments their width (``segment_width``).
 """
 import math
 
 from backend.coordinator.core.aggregate import uniform_width
 from backend.coordinator.core.queries import AGGREGATES
-
-
-def lagged(q):
-    """Whether ``q`` is a lag query (answered from segments)."""
-    return q.extra.get("lag") is not None
+from backend.coordinator.core.segments import segmented as lagged
 
 
 def realtime(coord):
-    """The lag-free queries, {id: query} in id order: the ones sources' filters serve."""
+    """The queries sources' filters serve (all but the segmented lag queries), {id: query} in id order."""
     return {qid: coord.queries[qid] for qid in sorted(coord.queries) if not lagged(coord.queries[qid])}
 
 
@@ -30,6 +26,7 @@ class Protocol:
     shrinks = False                    # whether the coordinator runs periodic shrinking
     local = False                      # a source's target depends only on the queries over it
     replaces = False                   # queries_changed rebuilds all per-query state: replace in place
+    finals = True                      # its answers are bounds of the mirror: final answers (core/finals.py)
 
     def source_added(self, coord, key):
         self.apply(coord, key)
