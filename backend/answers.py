@@ -1,9 +1,9 @@
 """How every driver writes an answer (DESIGN.md §3, §4): one record, one guarantee vocabulary, strict JSON.
 
 ``answer_record`` turns a coordinator's answer change into what the simulator's JSONL, the live
-coordinator's retained payload and the Spark job's answer table all carry: the change plus its
-``guarantee`` (one word of ``GUARANTEES``) and ``final`` (true: a lag query's final answer, DESIGN.md §4
-segment mode); ``error_record`` is what stands in for the answer of a refused or waiting spec;
+coordinator's retained payloads and the Spark job's answer table all carry: the change plus its
+``guarantee`` (one word of ``GUARANTEES``) and ``final`` (DESIGN.md §4: true for a final answer, false for a
+provisional one); ``error_record`` is what stands in for the answer of a refused or waiting spec;
 ``answer_json`` writes either as strict JSON (``strict``: non-finite numbers as strings).
 """
 import json
@@ -34,19 +34,31 @@ def answer_record(change):
     """One answer change as every driver writes it (JSONL line, retained payload, table row): the
     coordinator's fields plus ``guarantee``; a degraded answer always carries a ``reason``.
 
-    Fields: ``time`` (event time from which it holds, until the query's next change), ``query``,
-    ``lo``/``hi`` or ``members``, ``degraded`` (true: no guarantee now; a source is offline, out of
-    sync or its clock is off, see ``reason``), ``reason`` (``"lost uplink: d3; offline: s5; ..."``:
+    Fields: ``time`` (event time from which it holds, until the query's next change of the same kind),
+    ``query``, ``lo``/``hi`` or ``members``, ``degraded`` (true: no guarantee now; a source is offline, out
+    of sync or its clock is off, see ``reason``), ``reason`` (``"lost uplink: d3; offline: s5; ..."``:
     the integrity findings of ``coordinator.core.integrity`` first — lost uplink, silent, rebooted,
-    lost state, clock skew — then the offline widening), ``guarantee``, and, when late news showed
-    earlier answers may have been wrong, ``revoked: [t0, t1]``: every answer of this query holding
-    within [t0, t1) (up to this change) is withdrawn and counts as degraded (issue #20)."""
+    lost state, clock skew — then the offline widening), ``guarantee``, ``final`` and ``watermark``.
+
+    Two kinds of answer (DESIGN.md §4). A **provisional** answer (``final: false``) is the real-time best
+    answer; when late news shows earlier ones may have been wrong, a later one says ``revoked: [t0, t1]``:
+    every provisional answer of this query holding within [t0, t1) (up to this change) is withdrawn and
+    counts as degraded (issue #20). A **final** answer (``final: true``, ``coordinator.core.finals``) holds
+    from ``time`` until the query's next final answer with bounds linear in time, [lo + dlo·(τ−time),
+    hi + dhi·(τ−time)], and is never withdrawn; degraded, it says why (a source lost or offline there, or
+    "wider than precision: width W"). ``watermark`` is the query's final horizon when the answer was made:
+    final answers exist for every time before it (null: none yet, or a family without final answers)."""
     rec = dict(change)
     rec["guarantee"] = guarantee(change)
-    rec.setdefault("final", False)      # final: a lag query's answer for a past time that no longer changes
+    rec.setdefault("final", False)
     if rec["guarantee"] == "degraded":
         rec.setdefault("reason", "degraded by the protocol")
     return rec
+
+
+def channel(rec):
+    """The query topic channel a record is retained on: ``final`` for a final answer, else ``answer``."""
+    return "final" if rec.get("final") else "answer"
 
 
 def error_record(qid, message, now):

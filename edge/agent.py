@@ -98,15 +98,15 @@ class Agent:
     def _up(self, now, kind, fields):
         return ("up", self.delivery.number(now, kind, fields))
 
-    def _report(self, now, i, why, constant=False):
+    def _report(self, now, i, why, constant=False, segs=None):
         """Report source ``i``'s current value stamped ``now`` and recentre on it; when lines are
-        allowed (edge.core.predict) the chosen model starts there, and only a line needs a ``line``."""
+        allowed (edge.core.predict) the chosen model starts there, and only a line needs a ``line``.
+        ``segs``: segment records riding along (a constant report, kind ``rsegs``: edge.core.segment)."""
         f = self.filters[i]
         v = self.values[i]
         self.stats["reports"] += 1
         fields = {"src": i, "epoch": f.epoch, "t": now, "v": v, "why": why}
-        kind = "report"
-        mt = self.meter
+        kind, mt = "report", self.meter
         guarded = self.guard and f.center is not None and f.lo != -INF
         if guarded:
             # while the backend does not know when this reading came (clock skew), it states the hull of the
@@ -119,13 +119,23 @@ class Agent:
             if f.slope:
                 fields["slope"], fields["gap"] = f.slope, f.gap
                 kind = "line"
-        if mt is not None:
-            if mt.shadows[i] is None:
-                mt.count(i)         # the filter is deadband's: so is the report
+        if mt is not None and mt.shadows[i] is None:
+            mt.count(i)         # the filter is deadband's: so is the report
+        if segs is not None and kind == "report":   # (segment mode: outside the backend's ledger, no counts)
+            fields["segs"] = segs
+            kind = "rsegs"
+        elif mt is not None:
             kind = mt.stamp(i, fields, kind)
         if guarded:
             fields["why"] |= codec.GUARDED
         return self._up(now, kind, fields)
+
+    def _exit(self, now, i, why, ack=0):
+        """Report source ``i`` after a shrink or an assignment; in segment mode with the pending segments."""
+        if self.segs and i in self.segs:
+            from edge.core import segment
+            return segment.ride(self, now, i, why, ack)
+        return [self._report(now, i, why)]
 
     def start(self, now):
         """Birth (also sent after every reconnect), in parts when one payload cannot hold every source."""
@@ -289,8 +299,8 @@ class Agent:
         else:
             f.set_filter(m["width"], [(c["l"], c["u"]) for c in m["cons"]], m["epoch"])
         v = self.values[i]
-        if v is not None and (m["ack"] & 1 or f.check(v)) and not (self.segs and i in self.segs):
-            return [self._report(now, i, codec.WHY_ASSIGN)]
+        if v is not None and (m["ack"] & codec.ACK or f.check(v)):
+            return self._exit(now, i, codec.WHY_ASSIGN, m["ack"] & codec.ACK)
         return []
 
     def _configure(self, now, m):
@@ -327,28 +337,22 @@ class Agent:
         return self._ms(self.t0_ms + (self.period + 1) * self.period_ms)
 
     def next_deadline(self):
-        """The caller's time of the next shrink, resend or heartbeat mark; None when none is due."""
-        t = self.delivery.deadline()
+        """The caller's time of the next shrink, resend, heartbeat mark, line gap (also a meter shadow's) or data
+        due, or None."""
+        ts = [self.delivery.deadline()]
         if self.period_ms > 0 and self.shrink > 0:
-            b = self._shrink_at()
-            if t is None or b < t:
-                t = b
+            ts.append(self._shrink_at())
         if self.alt is not None:
             from edge.core import predict
-            g = predict.deadline(self)
-            if g is not None and (t is None or g < t):
-                t = g
+            ts.append(predict.deadline(self))
         if self.segs:
             from edge.core import segment
-            b = segment.deadline(self)
-            if b is not None and (t is None or b < t):
-                t = b
+            ts.append(segment.deadline(self))
         if self.meter is not None:
             from edge.core import meter
-            b = meter.deadline(self)
-            if b is not None and (t is None or b < t):
-                t = b
-        return None if t is None else t - self.offset
+            ts.append(meter.deadline(self))
+        ts = [t for t in ts if t is not None]
+        return min(ts) - self.offset if ts else None
 
     def handle_timer(self, now):
         now += self.offset
@@ -376,8 +380,8 @@ class Agent:
                     else:
                         f.shrink(self.shrink)
                     v = self.values[i]
-                    if v is not None and f.check(v) and not (self.segs and i in self.segs):
-                        out.append(self._report(at, i, codec.WHY_SHRINK))
+                    if v is not None and f.check(v):
+                        out += self._exit(at, i, codec.WHY_SHRINK)
                 if jump:
                     break
                 at = self._shrink_at()

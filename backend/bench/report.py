@@ -289,15 +289,20 @@ def main(out_dir, quick=False, smoke=False, log=None):
     thr = throughput_table(sizes, log)
     log("[bench] backend state size")
     state = state_table(sizes, log)
+    log("[bench] lagged and real-time queries on the shared workloads")
+    from backend.bench.mixed import shared_table
+    lagged = shared_table(workloads(scale), log)
     log("[bench] real traces")
     from backend.bench.traces import section as traces_section
     trace_lines, trace_viol = traces_section(out_dir, quick=quick, smoke=smoke, log=log)
     edge, edge_note = (None, "skipped in smoke runs") if smoke else _optional("backend.bench.edge", "figures", log, quick=quick)
     spark, spark_note = (None, "skipped in smoke runs") if smoke else _optional("backend.spark.bench_job", "figures", log, quick=quick)
-    for name, rows in (("protocols", proto), ("clairvoyant", clair), ("throughput", thr), ("state", state)):
+    for name, rows in (("protocols", proto), ("clairvoyant", clair), ("throughput", thr), ("state", state),
+                       ("lagged", lagged)):
         _write_csv(os.path.join(out_dir, name + ".csv"), rows)
     plots = _plots(out_dir, proto, thr)
-    viol = sum(r["violations"] for r in proto + clair + thr) + trace_viol
+    viol = sum(r["violations"] for r in proto + clair + thr) + trace_viol + sum(
+        r[k] for r in lagged for k in r if k.startswith("violations"))
     lines = ["# QuietFleet benchmark report", "",
              "Command: `quietfleet bench%s` — %s, Python %s, %d cores, %s; took %.0f s." % (
                  " --smoke" if smoke else (" --quick" if quick else ""), platform.machine(),
@@ -319,7 +324,11 @@ def main(out_dir, quick=False, smoke=False, log=None):
              "two are checked equal (messages, answers, agent state) in the tests.", "", _md(thr), "![throughput](throughput.png)", "",
              "## Backend state as the fleet grows", "",
              "Pickled coordinator (bound cache, queries, protocol state) that the Spark job keeps per query "
-             "group, after every source's birth and first report; one AVG over all sources.", "", _md(state)]
+             "group, after every source's birth and first report; one AVG over all sources.", "", _md(state),
+             "## Lagged and real-time queries on the same sources", "",
+             "Each shared workload with SUM/AVG queries beside others: the SUM/AVG lagged by 10 sampling intervals "
+             "(final answers from segments) while the rest stay real time, against every query real time under "
+             "deadband; the ratio must never exceed 1.", "", _md(lagged)]
     lines += trace_lines
     for title, data, note in (("Edge cost", edge, edge_note), ("Spark backend", spark, spark_note)):
         lines += ["## " + title, ""]

@@ -2,7 +2,9 @@
 
 For every trace of ``backend.bench.suite`` with its default AVG query: messages (up + down) of each protocol
 column in ``COLUMNS``, the clairvoyant piecewise-constant and piecewise-linear minima per source at
-the deadband width, ratios to deadband, their geometric means, simulator samples/s, and plots.
+the deadband width, ratios to deadband, their geometric means, simulator samples/s, and plots. Columns of
+other query sets (``backend.bench.mixed``: the AVG beside a MAX, lagged or not) are compared with their own
+baseline (``base``), and a probabilistic column shows its measured fidelity beside its messages.
 Each simulation runs in a child process under a wall-clock limit, so a run that stalls shows as a
 timeout instead of stalling the report. ``main`` is ``scripts/traces.py`` (convert, optionally ``--bench``).
 """
@@ -12,7 +14,7 @@ import multiprocessing
 import os
 import time
 
-from backend.bench import suite
+from backend.bench import mixed, suite
 from backend.coordinator.core import aggregate
 from backend.coordinator.core.queries import parse_query
 from backend.coordinator.protocols import PROTOCOLS
@@ -29,9 +31,10 @@ def _top4(c, spec):
 # The protocol columns, each run with default parameters unless it says otherwise. More (filter models,
 # segment mode at two lags) are appended here, one entry each: ``params`` and ``query`` may be dicts or
 # functions of the catalogue entry, e.g. a segment column
-# {"label": "segment L=10", "protocol": ..., "query": lambda c: {"lag": 10 * c["interval_s"]}};
-# ``more``: a function of the entry and its workload giving queries to add; ``base``: the column its ratio
-# is taken to (default deadband).
+# {"label": "segment L=10", "protocol": ..., "query": lambda c: {"lag": 10 * c["interval_s"]}}. ``queries``
+# (a function of the entry and the trace folder) replaces the trace's queries, ``more`` (a function of the
+# entry and its workload) adds queries to them, ``base`` names the column its ratio is to (default
+# deadband), ``fidelity`` shows the measured fidelity of a probabilistic query.
 COLUMNS = [
     {"label": "deadband", "protocol": "deadband", "params": {"models": "constant"}},
     {"label": "optimal_static", "protocol": "optimal_static"},
@@ -45,11 +48,26 @@ COLUMNS = [
     # segment mode (backend/coordinator/core/segments.py): final answers by t + L, L = 3 and 10 sampling intervals
     {"label": "segment L=3", "protocol": "deadband", "query": lambda c: {"lag": 3 * c["interval_s"]}},
     {"label": "segment L=10", "protocol": "deadband", "query": lambda c: {"lag": 10 * c["interval_s"]}},
+    # the same query as a MAX (its final answers: backend/coordinator/core/finals.py), each source within δ
+    {"label": "segment MAX L=10", "protocol": "deadband", "query": lambda c: {"lag": 10 * c["interval_s"], "kind": "max"}},
+    # the AVG and a real-time MAX over a third of the sources (backend/bench/mixed.py): both real time under
+    # deadband (the baseline), the AVG lagged by 10 sampling intervals for reports and the MAX live for
+    # alarms, and both lagged; default parameters of the product's protocol
+    {"label": "deadband-mixed", "protocol": "deadband", "params": {"models": "constant"}, "queries": mixed.queries()},
+    {"label": "mixed", "protocol": "adaptive", "queries": mixed.queries(10), "base": "deadband-mixed"},
+    {"label": "all-lagged", "protocol": "adaptive", "queries": mixed.queries(10, 10), "base": "deadband-mixed"},
+    {"label": "max-alone", "protocol": "deadband", "params": {"models": "constant"},
+     "queries": mixed.queries(avg=False), "base": "deadband-mixed"},
+    # Zhu & Ravishankar 2004 at confidence 0.95: its adjustment tick at the sampling interval (at most a day),
+    # deferrals up to 100 intervals (its defaults, 10 s and 600 s, fit second-scale data only)
+    {"label": "brownian", "protocol": "brownian", "query": {"confidence": 0.95}, "fidelity": True,
+     "params": lambda c: {"period": min(c["interval_s"], 86400.0), "tmax": 100 * c["interval_s"]}},
 ]
 MINIMA = (("clairvoyant_pc", lambda t, v, w: minimum_reports(v, w)), ("clairvoyant_pl", minimum_segments))
 TITLES = {"dev": "Development traces", "held-out": "Held-out traces (never tuned on)",
           "held-out-2": "Held-out traces, second set (added 2026-11-24, never tuned on)",
-          "held-out-3": "Held-out traces, third set (added 2026-11-26, kept from the engineers until the final run)"}
+          "held-out-3": "Held-out traces, third set (added 2026-11-26, kept from the engineers until the final run)",
+          "synthetic": "Synthetic traces (seeded stand-ins for larger fleets, `backend/bench/synthetic.py`)"}   # one per suite.SPLITS
 
 
 def _of(x, c):
@@ -57,9 +75,16 @@ def _of(x, c):
     return (x(c) if callable(x) else x) or {}
 
 
+FINALS = ("finals", "final_violations", "final_revoked", "final_precision_misses", "final_degraded", "final_through")
+
+
 def _child(spec, conn):
     r = engine.run(spec)
-    conn.send({k: r[k] for k in ("messages", "samples", "violations", "runtime_s", "samples_per_s")})
+    out = {k: r[k] for k in ("messages", "samples", "violations", "runtime_s", "samples_per_s")}
+    out["fidelity"] = min([q["fidelity"] for q in r["queries"].values() if q.get("fidelity") is not None] or [None])
+    q = r["queries"][spec["queries"][0]["id"]]
+    out.update({k: q.get(k) for k in FINALS}, final_p99=(q.get("final_latency") or {}).get("p99"))
+    conn.send(out)
     conn.close()
 
 
@@ -70,7 +95,10 @@ def run_limited(spec, limit):
     p = ctx.Process(target=_child, args=(spec, child), daemon=True)
     p.start()
     child.close()
-    out = parent.recv() if parent.poll(limit) else None
+    try:
+        out = parent.recv() if parent.poll(limit) else None
+    except EOFError:        # the child died before it sent anything: its exit code says how
+        out = None
     if out is None:
         p.terminate()
     p.join()
@@ -102,23 +130,24 @@ def minima(spec):
 def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
     """One row per trace and one run record per (trace, column)."""
     rows, runs = [], []
+    columns = [col for col in columns or COLUMNS if col["protocol"] in PROTOCOLS]
     for c in cat:
         row = {"trace": c["name"], "split": c["split"], "domain": c["domain"], "sources": c["sources"],
                "span": suite.human(duration if duration is not None else c["span_s"]),
                "interval": suite.human(c["interval_s"])}
-        for col in columns or COLUMNS:
+        for col in columns:
             label, proto = col["label"], col["protocol"]
-            if proto not in PROTOCOLS:
-                continue
             p = dict(_of(col.get("params"), c))
+            rec = {"trace": c["name"], "split": c["split"], "column": label, "protocol": proto,
+                   "params": p, "limit_s": limit}
             spec = suite.workload(c, trace_dir, proto, p, duration)
+            if "queries" in col:
+                spec["queries"] = col["queries"](c, trace_dir)
             extra = _of(col.get("query"), c)
             spec["queries"] = [dict(q, **extra) for q in spec["queries"]]
             if col.get("more"):
                 spec["queries"] += col["more"](c, spec)
             r = run_limited(spec, limit)
-            rec = {"trace": c["name"], "split": c["split"], "column": label, "protocol": proto,
-                   "params": p, "limit_s": limit}
             if r is None:
                 rec.update(status="timeout")
                 row[label] = "> %g s" % limit
@@ -127,20 +156,24 @@ def measure(cat, trace_dir, limit, duration=None, columns=None, log=print):
                 m = r["messages"]["up"] + r["messages"]["down"]
                 rec.update(status="ok", samples=r["samples"], up=r["messages"]["up"], down=r["messages"]["down"],
                            messages=m, violations=r["violations"], runtime_s=round(r["runtime_s"], 3),
-                           samples_per_s=int(r["samples_per_s"] or 0))
+                           samples_per_s=int(r["samples_per_s"] or 0), fidelity=r["fidelity"] if col.get("fidelity") else "",
+                           final_p99=r["final_p99"], **{k: r[k] for k in FINALS})
                 row["samples"] = r["samples"]
                 row[label] = m
                 row[label + " samples/s"] = rec["samples_per_s"]
-                log("  %-16s %-18s %7d messages (%d up, %d down), %d violations, %6.2f s, %7d samples/s" % (
-                    c["name"], label, m, rec["up"], rec["down"], rec["violations"], rec["runtime_s"],
-                    rec["samples_per_s"]))
+                if col.get("fidelity"):
+                    row[label + " fidelity"] = r["fidelity"]
+                log("  %-16s %-18s %7d messages (%d up, %d down), %d violations, %6.2f s, %7d samples/s, "
+                    "%s finals (%s degraded, through %s)%s" % (
+                        c["name"], label, m, rec["up"], rec["down"], rec["violations"], rec["runtime_s"],
+                        rec["samples_per_s"], rec["finals"], rec["final_degraded"], rec["final_through"],
+                        ", fidelity %s" % r["fidelity"] if col.get("fidelity") else ""))
             runs.append(rec)
         row.update(minima(suite.workload(c, trace_dir, "deadband", duration=duration)))
-        base = {col["label"]: col.get("base", "deadband") for col in columns or COLUMNS}
-        for label in list(base) + [m[0] for m in MINIMA]:
-            b = row.get(base.get(label, "deadband"))
-            if isinstance(row.get(label), int) and b:
-                row[label + "/db"] = round(row[label] / b, 4)
+        bases = dict({m[0]: "deadband" for m in MINIMA}, **{col["label"]: col.get("base", "deadband") for col in columns})
+        for label, base in bases.items():
+            if isinstance(row.get(label), int) and isinstance(row.get(base), int) and row[base]:
+                row[label + "/db"] = round(row[label] / row[base], 4)
         rows.append(row)
     return rows, runs
 
@@ -167,10 +200,22 @@ def _table(rows, labels, protocols):
         cells = [r["trace"], str(r.get("samples", "")), r["span"], r["interval"], str(r["sources"])]
         for lab in labels:
             v = r.get(lab, "")
-            cells.append("%s (%.3f)" % (v, r[lab + "/db"]) if lab + "/db" in r else str(v))
+            cell = "%s (%.3f)" % (v, r[lab + "/db"]) if lab + "/db" in r else str(v)
+            if r.get(lab + " fidelity") is not None:
+                cell += ", fidelity %.3f" % r[lab + " fidelity"]
+            cells.append(cell)
         cells.append(" / ".join(str(r.get(p + " samples/s", "timeout")) for p in protocols))
         out.append("| " + " | ".join(cells) + " |")
     return out
+
+
+def _means(rows, labels, title):
+    """A table of ``geomeans`` of ``labels`` per split."""
+    out = ["### " + title, "", "| split | " + " | ".join(labels) + " |", "|" + "---|" * (len(labels) + 1)]
+    for split, got in geomeans(rows):
+        out.append("| %s | %s |" % (split, " | ".join(
+            "%.3f (%d traces)" % got[lab + "/db"] if lab + "/db" in got else "–" for lab in labels)))
+    return out + [""]
 
 
 def split_tables(rows, labels, protocols):
@@ -205,13 +250,15 @@ def _bars(plt, path, rows, labels, key, ylabel, title, line, log=False):
     plt.close(fig)
 
 
-def _plots(out_dir, rows, labels, cat, trace_dir, duration):
+def _plots(out_dir, rows, labels, pairs, cat, trace_dir, duration):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     _bars(plt, os.path.join(out_dir, "traces_ratio.png"), rows, labels, "/db", "messages / deadband",
           "Real traces: messages relative to deadband (missing bar = timeout)", 1.0)
-    _bars(plt, os.path.join(out_dir, "traces_speed.png"), rows, labels, " samples/s", "simulated samples / s",
+    _bars(plt, os.path.join(out_dir, "traces_mixed.png"), rows, pairs, "/db", "messages / deadband-mixed",
+          "AVG + MAX over the same sources, relative to both real time under deadband", 1.0)
+    _bars(plt, os.path.join(out_dir, "traces_speed.png"), rows, labels + pairs, " samples/s", "simulated samples / s",
           "Simulator throughput per trace and protocol (dashed: 200k samples/s)", 200000, log=True)
     cols = 3
     nrow = int(math.ceil(len(rows) / cols))
@@ -232,7 +279,7 @@ def _plots(out_dir, rows, labels, cat, trace_dir, duration):
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "traces_data.png"), dpi=80)
     plt.close(fig)
-    return ["traces_ratio.png", "traces_speed.png", "traces_data.png"]
+    return ["traces_ratio.png", "traces_speed.png", "traces_data.png", "traces_mixed.png"]
 
 
 def _write_csv(path, rows):
@@ -255,9 +302,11 @@ def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=
     rows, runs = measure(cat, trace_dir, limit, duration=5.0 if smoke else None, log=log)
     _write_csv(os.path.join(out_dir, "traces.csv"), rows)
     _write_csv(os.path.join(out_dir, "traces_runs.csv"), runs)
-    protocols = [c["label"] for c in COLUMNS if c["protocol"] in PROTOCOLS]
+    cols = [c for c in COLUMNS if c["protocol"] in PROTOCOLS]
+    protocols = [c["label"] for c in cols if "queries" not in c]
     labels = protocols + [m[0] for m in MINIMA]
-    plots = _plots(out_dir, rows, labels, cat, trace_dir, 5.0 if smoke else None)
+    pairs = [c["label"] for c in cols if "queries" in c]
+    plots = _plots(out_dir, rows, labels, pairs, cat, trace_dir, 5.0 if smoke else None)
     viol = sum(r.get("violations", 0) for r in runs)
     lines = ["## Real traces (issue #18)", "",
              "Public recordings shipped inside pinned packages, converted by `scripts/traces.py` (catalogue with "
@@ -270,17 +319,29 @@ def section(out_dir, quick=False, smoke=False, log=print, trace_dir=None, limit=
              "width per source (offline, exact). samples/s: simulator throughput of each run (wall clock, the "
              "whole run including the ground-truth check); the simulator works per event (a reading that must be "
              "reported, a message, a due timer), so it is lowest on traces where most readings are reported. A run "
-             "over its wall-clock limit (%g s) would show `> limit`. Violations in these runs: **%d**. "
+             "over its wall-clock limit (%g s) would show `> limit`. Every run also gives final answers "
+             "(DESIGN.md §4; `segment MAX L=10`: the same query as a MAX); violations count wrong or withdrawn "
+             "final answers too, and each run's finals are in `traces_runs.csv`. Violations in these runs: **%d**. "
              "Section took %.0f s on %d cores at a load average of %.1f (other work shares the cores; "
              "samples/s scale with it)." % (suite.PRECISION_FRACTION, limit, viol, time.time() - t0,
-                                           os.cpu_count() or 1, os.getloadavg()[0]), ""]
+                                           os.cpu_count() or 1, os.getloadavg()[0]), "",
+             "`brownian`: Zhu & Ravishankar's probes at confidence 0.95, with the fidelity measured (the share of "
+             "time its answer held the exact AVG; its violations are not counted above).", ""]
     lines += split_tables(rows, labels, protocols)
-    lines += ["### Geometric mean of the ratio to deadband", "", "| split | " + " | ".join(labels) + " |",
-              "|" + "---|" * (len(labels) + 1)]
-    for split, got in geomeans(rows):
-        lines.append("| %s | %s |" % (split, " | ".join(
-            "%.3f (%d traces)" % got[lab + "/db"] if lab + "/db" in got else "–" for lab in labels)))
-    lines += ["", "Every run's figures (samples/s, runtime, up/down, status) are in `traces_runs.csv`.", ""]
+    lines += _means(rows, labels, "Geometric mean of the ratio to deadband")
+    lines += ["## Lagged and real-time queries on the same sources", "",
+              "Each trace's AVG and a MAX over the ⌈n/3⌉ most variable of its n sources (largest mean change between "
+              "readings; same precision): `deadband-mixed` both real time under deadband, the baseline of the others; "
+              "`mixed` the AVG lagged by 10 sampling intervals (final answers by then, from segments) and the MAX in "
+              "real time (alarms); `all-lagged` both lagged; `max-alone` the real-time MAX alone under deadband (what the "
+              "alarm costs by itself: `mixed` pays it and segments for the rest, unless the MAX's sources sit apart "
+              "so that cuts pay). Brackets: the ratio to `deadband-mixed` on the same trace; "
+              "`mixed` never sends more messages than `deadband-mixed` on %d of %d traces." % (
+                  sum(1 for r in rows if r.get("mixed/db", 2) <= 1.0), sum(1 for r in rows if "mixed/db" in r)), ""]
+    lines += split_tables(rows, pairs, pairs)
+    lines += _means(rows, pairs, "Geometric mean of the ratio to deadband-mixed")
+    lines += ["![mixed](%s)" % plots[3], ""]
+    lines += ["Every run's figures (samples/s, runtime, up/down, status) are in `traces_runs.csv`.", ""]
     lines += ["![ratios](%s)" % plots[0], "", "![speed](%s)" % plots[1], "", "![traces](%s)" % plots[2], "",
               "### Catalogue", "",
               suite.catalogue_md(cat)]

@@ -1,7 +1,8 @@
 """The live ground-truth checker (DESIGN.md §4): every answer change against the agents' own logs.
 
 ``violations`` replays the readings every agent logged through the simulator's ``Truth`` and checks each
-answer change of each query at every instant, honouring revoked windows as the simulator does;
+provisional answer change of each query at every instant, honouring revoked windows as the simulator does,
+and every final answer without exemption (``backend.sim.final_truth``);
 ``explain`` prints the first violating instants with the readings and answers around them;
 ``deadband_reports`` replays the same readings through plain deadband (what the demo and the dashboard compare with). Used by
 ``quietfleet fleet`` (``fleet.py``) and ``quietfleet demo`` (``demo.py``).
@@ -10,7 +11,7 @@ import math
 
 from backend.coordinator.core import aggregate
 from backend.coordinator.core.queries import parse_query
-from backend.sim import truth as truth_mod
+from backend.sim import final_truth, truth as truth_mod
 from edge.core.interval import IntervalFilter
 
 
@@ -19,12 +20,13 @@ def time_of(row):
     return row[0]
 
 
-def violations(queries, readings, answers, end, wrong=None):
-    """Check every answer change against the agents' ground truth, honouring revoked windows as the
+def violations(queries, readings, answers, end, wrong=None, finals=None):
+    """Check every provisional answer change against the agents' ground truth, honouring revoked windows as the
     simulator's checker does; returns {query: (violations, violation seconds, degraded seconds)}. ``readings``: [(t, source, value)] of every agent,
     each agent's in its log order (a gateway stamps a backlog of board frames with one time: the last sample at
     a time is the value from then on). ``wrong``: a dict that gets {query: [(t, lo, hi, exact)]} of every
-    violating instant."""
+    violating instant; ``finals``: a dict that gets {query: ``final_truth.check_final``'s figures} of its final
+    answers up to ``end``."""
     sources = sorted({s for _, s, _ in readings})
     truth = truth_mod.Truth(sources)
     qs = [parse_query(q, set(sources)) for q in queries]
@@ -41,8 +43,15 @@ def violations(queries, readings, answers, end, wrong=None):
         truth.flush(t)
     out = {}
     for q in qs:
-        mine = [(a["time"], a["lo"], a["hi"], a["degraded"]) for a in answers if a["query"] == q.id and a["time"] <= end]
-        revoked = [a["revoked"] for a in answers if a["query"] == q.id and "revoked" in a]
+        fin = [a for a in answers if a["query"] == q.id and a.get("final") and a["time"] <= end]
+        if finals is not None:
+            finals[q.id] = final_truth.check_final(
+                truth.tracks[q.id].timeline, [(a["time"], a["lo"], a["hi"], a["dlo"], a["dhi"], a["degraded"],
+                                               a["watermark"]) for a in fin],
+                min(end, fin[-1]["watermark"]) if fin else end, [(-math.inf, q.precision)])
+        answers_q = [a for a in answers if a["query"] == q.id and not a.get("final")]
+        mine = [(a["time"], a["lo"], a["hi"], a["degraded"]) for a in answers_q if a["time"] <= end]
+        revoked = [a["revoked"] for a in answers_q if "revoked" in a]
         mine = truth_mod.revoke(mine, revoked)      # answers withdrawn later count as degraded (issue #20)
         bad = [] if wrong is not None else None
         v, vt, _, dt = truth_mod.check(truth.tracks[q.id].timeline, mine, q.precision, end, bad)

@@ -4,8 +4,9 @@ A thin paho-mqtt (2.1, MQTT 3.1.1) adapter, I/O and time only: uplinks on ``qf/<
 births/Last Wills on ``.../state`` (with the broker's ``retained`` flag) and query specs on
 ``qf/<fleet>/q/+/spec`` become ``Host.record`` calls stamped with the wall clock; the host's actions
 go to an ``MqttSink``: downlinks on the device's ``ctl`` topic at QoS 1, answers (and spec errors)
-retained at QoS 0 on ``qf/<fleet>/q/<id>/answer`` as JSON, a removed query's answer cleared; the latest of
-each is published again on every connect (QoS 0 is dropped while disconnected). One
+retained at QoS 0 as JSON on ``qf/<fleet>/q/<id>/answer`` (provisional) and ``.../final`` (the latest final
+answer), a removed query's cleared; the latest of each is published again on every connect (QoS 0 is dropped
+while disconnected). One
 thread: ``client.loop()`` waits on the socket until the host's next deadline, so callbacks and timers
 never run concurrently. The session is persistent, so uplinks queued by the broker while the
 coordinator was away (a broker restart, a reconnect) are delivered, not lost. The coordinator's own
@@ -23,7 +24,7 @@ import time
 import paho.mqtt.client as mqtt
 
 from backend import host as hostmod
-from backend.answers import answer_json, error_record
+from backend.answers import answer_json, channel, error_record
 from backend.live import access, presence
 from backend.live.broker import BACKEND_USER
 from edge.core import topics
@@ -39,7 +40,7 @@ class MqttSink:
 
     def __init__(self, live):
         self.live = live
-        self.latest = {}        # query -> its latest answer topic payload (b"": cleared), sent again on connect
+        self.latest = {}        # (query, channel) -> its latest answer payload (b"": cleared), sent again on connect
 
     def down(self, device, payload):
         live = self.live
@@ -54,7 +55,7 @@ class MqttSink:
         live.stats["answers"] += 1
         if live.answers is not None:
             live.answers.append(change)
-        self._publish(change["query"], answer_json(change))
+        self._publish(change["query"], answer_json(change), channel(change))
 
     def error(self, qid, message):
         # a spec waiting for its sources is a state, not a failure: it registers when they are born
@@ -62,21 +63,22 @@ class MqttSink:
         self._publish(qid, answer_json(error_record(qid, message, self.live.host.now)))
 
     def retract(self, qid):
-        self.latest[qid] = b""
-        self.live.client.publish(topics.query(self.live.fleet, qid, "answer"), b"", qos=0, retain=True)
+        for ch in ("answer", "final"):
+            self.latest[(qid, ch)] = b""
+            self.live.client.publish(topics.query(self.live.fleet, qid, ch), b"", qos=0, retain=True)
 
-    def _publish(self, qid, text):
+    def _publish(self, qid, text, ch="answer"):
         live = self.live
         if live.out is not None:
             live.out.write(text + "\n")
-        self.latest[qid] = text
-        live.client.publish(topics.query(live.fleet, qid, "answer"), text, qos=0, retain=True)
+        self.latest[(qid, ch)] = text
+        live.client.publish(topics.query(live.fleet, qid, ch), text, qos=0, retain=True)
 
     def republish(self):
         """Every query's latest answer again: paho drops QoS 0 messages while disconnected, and answers made
         then (before the first connect, or degraded during a broker outage) must still reach the topic."""
-        for qid, text in sorted(self.latest.items()):
-            self.live.client.publish(topics.query(self.live.fleet, qid, "answer"), text, qos=0, retain=True)
+        for (qid, ch), text in sorted(self.latest.items()):
+            self.live.client.publish(topics.query(self.live.fleet, qid, ch), text, qos=0, retain=True)
 
 
 class LiveCoordinator:

@@ -263,12 +263,13 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         answers = job.read_answers(backend.directory)
         status = backend.status()["groups"][FLEET]
         end = min(max(r[0] for r in d.readings()) for d in devices)
-        wrong = {}
-        checked = violations(queries, readings, answers, end, wrong)
+        wrong, finals = {}, {}
+        checked = violations(queries, readings, answers, end, wrong, finals)
         explain(queries, readings, answers, wrong, out)
         result = {"protocol": protocol, "dir": workdir, "samples": len(window), "uplink": observer.counts["up"],
                   "ctl": observer.counts["ctl"], "deadband": deadband_reports(queries, readings, t_reg),
-                  "violations": sum(v for v, _, _ in checked.values()), "per_query": checked,
+                  "violations": sum(v for v, _, _ in checked.values()) + sum(f["final_violations"] for f in finals.values()),
+                  "per_query": checked, "finals": finals,
                   "late": status["stats"]["late"], "settle": settle, "answers": len(answers), "queries": queries,
                   "agents": {d.name: d.stats for d in devices}}
         _table(result, out)
@@ -307,10 +308,12 @@ def _table(r, out):
     out("")
     out("control messages sent by the backend %d, answer changes %d, late reports %d"
         % (r["ctl"], r["answers"], r["late"]))
-    out("| query | violations | violation s | degraded s |")
-    out("|---|---:|---:|---:|")
+    out("| query | violations | violation s | degraded s | final answers (degraded) | final violations |")
+    out("|---|---:|---:|---:|---:|---:|")
     for qid, (v, vt, dt) in r["per_query"].items():
-        out("| %s | %d | %.3f | %.1f |" % (qid, v, vt, dt))
+        f = r["finals"].get(qid) or {"finals": 0, "final_degraded": 0, "final_violations": 0}
+        out("| %s | %d | %.3f | %.1f | %d (%d) | %d |" % (qid, v, vt, dt, f["finals"], f["final_degraded"],
+                                                        f["final_violations"]))
     out("Guarantees against the agents' ground truth: %s." % (
         "all held (0 violations)" if r["violations"] == 0 else "%d VIOLATIONS" % r["violations"]))
 

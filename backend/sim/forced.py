@@ -24,7 +24,7 @@ class Forced:
         except codec.CodecError:
             return
         names = self.keys.get(device, ())
-        if codec.PLAIN.get(kind, kind) in ("report", "reply"):
+        if codec.PLAIN.get(kind, kind) in ("report", "reply", "rsegs"):
             keys = names[m["src"]:m["src"] + 1]
         elif kind == "birth":
             keys = names[m["first"]:m["first"] + len(m["sources"])]

@@ -36,6 +36,7 @@ class Loop:
         self.offset = {}                  # device -> its clock's fixed offset from true time (skew)
         self.timer_at = {}
         self.answers = []
+        self.emitted = []             # the clock each answer was issued at
         self.now = 0.0
         self.end = math.inf           # events after this time are not run
         self.watch = None             # watch(now, device, payload, arrivals) of every uplink sent
@@ -113,6 +114,7 @@ class Loop:
 
     def answer(self, change):
         self.answers.append(change)
+        self.emitted.append(self.now)
 
     def error(self, qid, message):
         raise WorkloadError("query %s: %s" % (qid, message))

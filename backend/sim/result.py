@@ -9,7 +9,7 @@ degraded and withdrawn shares, wrong provisional answers and how soon they were 
 """
 import math
 
-from backend.sim import entity_truth, segment_truth, summary_truth, truth as truth_mod, withdrawal
+from backend.sim import entity_truth, final_truth, summary_truth, truth as truth_mod, withdrawal
 
 
 def _split(sim):
@@ -19,7 +19,7 @@ def _split(sim):
     ents = {qid: [] for qid in sim.truth.entity.tracks}
     sums = {qid: [] for qid in sim.truth.summary.tracks}
     revoked, published = {}, {}
-    for a in sim.answers:
+    for a, at in zip(sim.answers, sim.emitted):
         if "revoked" in a and a["revoked"][0] <= w.duration:    # open-ended past the checked span
             lo, hi = a["revoked"]
             revoked.setdefault(a["query"], []).append([lo, hi if hi < w.duration else math.inf])
@@ -27,7 +27,8 @@ def _split(sim):
         if a["time"] > w.duration or a["time"] >= sim.ended.get(a["query"], (math.inf,))[0]:
             continue
         if a.get("final"):
-            finals.setdefault(a["query"], []).append((a["time"], a["lo"], a["hi"], a["dlo"], a["dhi"], a["degraded"]))
+            finals.setdefault(a["query"], []).append(((a["time"], a["lo"], a["hi"], a["dlo"], a["dhi"], a["degraded"],
+                                                       a["watermark"]), at))
         elif a["query"] in sums:
             sums[a["query"]].append(a)
         elif a["query"] in ents:
@@ -42,12 +43,12 @@ def _split(sim):
             by_q[qid] = truth_mod.revoke(by_q[qid], windows)
         elif qid in ents:
             ents[qid] = truth_mod.revoke(ents[qid], windows)
-    return by_q, prob, ents, sums, finals, revoked, (raw, published)
+    return by_q, prob, ents, sums, finals, (raw, published)
 
 
 def fleet(sim, elapsed):
     w = sim.w
-    by_q, prob, ents, sums, finals, revoked, (raw, published) = _split(sim)
+    by_q, prob, ents, sums, finals, (raw, published) = _split(sim)
     per_q = {}
     tot_v = tot_m = 0
     tot_vt = 0.0
@@ -72,12 +73,13 @@ def fleet(sim, elapsed):
                       "mean_width": sum(widths) / len(widths) if widths else None}
         per_q[qid].update(truth_mod.fidelity(tl, answers, w.duration))
         per_q[qid].update(withdrawal.provisional(tl, raw.get(qid, []), published.get(qid, ()), min(w.duration, end)))
-        if qid in sim.coord.segments.start or qid in finals:       # a lag query: its final answers too
+        if qid in sim.coord.finals.qs or qid in finals:      # its final answers too, without exemption
             mine = finals.get(qid, [])
-            through = sim.coord.segments.final.get(qid) or (mine[-1][0] if mine else end)
-            fin = segment_truth.check_final(tl, mine, min(end, through), sim.precisions[qid], revoked.get(qid, ()))
+            through = sim.coord.finals.horizon(qid) or (mine[-1][0][0] if mine else end)
+            fin = final_truth.check_final(tl, [f for f, _ in mine], min(end, through), sim.precisions[qid],
+                                          [at for _, at in mine])
             per_q[qid].update(fin)
-            tot_v += fin["final_violations"]
+            tot_v += fin["final_violations"] + fin["final_revoked"]
             tot_m += fin["final_precision_misses"]
         if qid in prob:     # a probabilistic guarantee is measured, not counted as violations
             per_q[qid].update({"guarantee": "probabilistic", "confidence": prob[qid]})

@@ -19,10 +19,11 @@ class WorkloadError(ValueError):
 
 
 QUERY = ("id", "kind", "sources", "weights", "precision", "range", "confidence")
-QUERY_EXTRA = {"range": ("k", "point", "rank_tolerance", "fp_tolerance", "fn_tolerance"),
+QUERY_EXTRA = {"range": ("k", "point", "rank_tolerance", "fp_tolerance", "fn_tolerance", "lag"),   # (lag: refused, why)
                "summary": ("type", "window", "value", "radius", "every"),
                "relay": ("error", "window", "span"),
-               "sum": ("lag", "segment"), "avg": ("lag", "segment")}     # segment mode: backend/coordinator/core/segments.py
+               "sum": ("lag", "segment"), "avg": ("lag", "segment"), "min": ("lag", "segment"),
+               "max": ("lag", "segment"), "count": ("lag",)}     # lag: backend/coordinator/core/finals.py, segments.py
 
 
 def number(d, key, default, where, lo=None, positive=False):

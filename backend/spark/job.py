@@ -293,14 +293,15 @@ class Sink:
         targets = table.column("target").to_pylist()
         bodies = table.column("body")
         latest, status = {}, {}
+        finals = table.column("final").to_pylist()
         for i, (kind, target) in enumerate(zip(kinds, targets)):
             if kind == "answer" or kind == "error":
-                latest[target] = i
+                latest[(target, "final" if finals[i] else "answer")] = i
                 if kind == "error":     # a refused spec is an error; one waiting for its sources is news
                     message = json.loads(bodies[i].as_py()).get("error", "")
                     (log.info if message.startswith(hostmod.WAITING) else log.error)("query %s: %s", target, message)
             elif kind == "retract":
-                latest[target] = None
+                latest[(target, "answer")] = latest[(target, "final")] = None
             elif kind == "status":
                 status[table.column("grp")[i].as_py()] = json.loads(bodies[i].as_py())
         answers = table.filter(pc.equal(table.column("kind"), "answer"))
@@ -310,9 +311,9 @@ class Sink:
             for i, kind in enumerate(kinds):
                 if kind == "down":
                     self.publisher.publish(topics.device(self.fleet, targets[i], "ctl"), payloads[i].as_py(), qos=1)
-            for qid, i in sorted(latest.items()):
+            for (qid, ch), i in sorted(latest.items()):      # provisional on .../answer, final on .../final
                 body = b"" if i is None else answer_json(json.loads(bodies[i].as_py())).encode()
-                self.publisher.publish(topics.query(self.fleet, qid, "answer"), body, qos=0, retain=True)
+                self.publisher.publish(topics.query(self.fleet, qid, ch), body, qos=0, retain=True)
             self.publisher.flush()
         published_at = time.time()
         self._replace(os.path.join(self.out_dir, "status.json"),

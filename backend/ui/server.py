@@ -82,8 +82,8 @@ class Dashboard:
             log.error("broker refused the dashboard: %s", reason)
             return
         f = self.fleet
-        client.subscribe([(topics.query(f, "+", "answer"), 0), (topics.query(f, "+", "spec"), 0),
-                          (topics.backend(f), 0),
+        client.subscribe([(topics.query(f, "+", "answer"), 0), (topics.query(f, "+", "final"), 0),
+                          (topics.query(f, "+", "spec"), 0), (topics.backend(f), 0),
                           (topics.device(f, "+", "state"), 0), (topics.device(f, "+", "up"), 0),
                           (topics.device(f, "+", "ctl"), 0)])
 

@@ -11,7 +11,7 @@ One model for every driver (demo, live coordinator, Spark backend): it is fed wh
 * ``qf/<fleet>/d/<dev>/state``: births (sources, firmware, capabilities; online) and Last Wills
   (``gone``: offline), decoded with ``edge.core.codec``.
 * ``qf/<fleet>/d/<dev>/up``: counted per device; the filter model each source reports with comes
-  from the report kind (``report`` constant, ``line`` linear, ``segs`` segment mode).
+  from the report kind (``report`` constant, ``line`` linear, ``segs`` and ``rsegs`` segment mode).
 * ``qf/<fleet>/d/<dev>/ctl``: counted (downlinks).
 * ``qf/<fleet>/backend/state``: the backend's online state or Last Will (``backend.live.presence``);
   while it says offline every query row is ``stale`` with the reason, whatever its last answer says.
@@ -31,7 +31,8 @@ from edge.core import codec, topics
 HISTORY = 600           # answer changes kept per query
 PAGE = 50               # default page of devices
 MAX_LIMIT = 500         # largest page a client may ask for
-MODELS = {"report": "constant", "line": "linear", "segs": "segment", "mreport": "constant", "mline": "linear"}
+MODELS = {"report": "constant", "line": "linear", "segs": "segment", "mreport": "constant", "mline": "linear",
+          "rsegs": "segment"}
 _CODE = {codec.SCHEMAS[k][0]: k for k in codec.SCHEMAS if codec.SCHEMAS[k][1] == "up"}
 ANSWER_FIELDS = ("lo", "hi", "degraded", "reason", "final", "guarantee", "time", "revoked", "confidence",
                  "estimate", "error_bound", "through")
@@ -142,7 +143,7 @@ class DashboardState:
         if t is None or t[0] != self.fleet or t[2] is None:
             return False
         if t[1] == "q":
-            return self.answer(now, t[2], payload) if t[3] == "answer" else self.spec(t[2], payload)
+            return self.answer(now, t[2], payload) if t[3] in ("answer", "final") else self.spec(t[2], payload)
         if t[3] == "up":
             return self.uplink(now, t[2], payload)
         if t[3] == "state":
@@ -256,9 +257,9 @@ class DashboardState:
         d.messages += 1
         d.last_seen = now
         kind = _CODE.get(payload[1]) if len(payload) > 2 and payload[0] == codec.VERSION else None
-        if kind in ("report", "line", "mreport", "mline"):
+        if kind in ("report", "line", "mreport", "mline", "rsegs"):     # (rsegs: a segment source's report)
             d.models[payload[2]] = MODELS[kind]
-        elif kind == "segs":
+        if kind == "segs" or kind == "rsegs":       # (and the segment records that ride along)
             try:
                 for s in codec.decode(payload)[1]["segs"]:
                     d.models[s["src"]] = "segment"

@@ -8,7 +8,8 @@ Anything malformed, truncated, oversized, of an unknown version or kind, or carr
 import struct
 
 VERSION = 2          # 2: device times (T), integer-ms downlink times, incarnation and birth token on downlinks, birth parts
-# New kinds (segs 8, mark 9, segment 23, ack 26, link 27; beat 3 is gone) extend version 2 backwards-compatibly: an older peer drops them as unknown kinds.
+# New kinds (segs 8, mark 9, mreport 11, mline 12, rsegs 13, segment 23, ack 26, link 27; beat 3 is gone) extend
+# version 2 backwards-compatibly: an older peer drops them as unknown kinds.
 MAX_PAYLOAD = 4096
 MAX_STR = 64
 MAX_LIST = 255
@@ -84,6 +85,9 @@ SCHEMAS = {
     # the heartbeat (edge.core.delivery): ``seq`` is the latest uplink number already used (a mark takes
     # none, so a lost mark is never a gap); the device's data is complete through its time ``t``
     "mark": (9, "up", "IT", "seq t"),
+    # a report (as ``report``) of a source in segment mode whose real-time filter it left, carrying the
+    # device's pending segment records (as ``segs``, any of its sources): lagged data rides along for free
+    "rsegs": (13, "up", "BHITdB*BHTTdddB", "src epoch seq t v why segs src epoch a e v s w f"),
     # downlink: backend -> device. Every one carries the backend's incarnation ``inc`` (one per backend
     # run) and ``to``, the token of the device birth it answers (boot ^ the birth's seq): a device drops
     # a control message from before its latest birth or from another backend run.
@@ -95,8 +99,9 @@ SCHEMAS = {
     # number of adjustment periods (shrinks) the backend has applied, so both sides count the same periods
     "config": (20, "down", "IIIIdIqqI", "seq inc to period shrink beat t0 now tick"),
     "rebirth": (21, "down", "III", "seq inc to"),
-    # segment mode for source src: send data of time τ by τ + lag (ms); model 1 line, 2 constant, 0 off
-    "segment": (23, "down", "BIIIqB", "src seq inc to lag model"),
+    # segment mode for source src: send data of time τ by τ + lag (ms); model 1 line, 2 constant, 0 off;
+    # segments within ±width/2 (the lag queries' width; the source's filter keeps the real-time queries')
+    "segment": (23, "down", "BIIIqBd", "src seq inc to lag model width"),
     # SWAT summary replication (Bulut & Singh 2003 §3): window 0 drops the tree; subs/read are segment masks
     "summary": (22, "down", "BIIIHBII*Bd", "src seq inc to window k subs read pad seg w"),
     # querying-metadata for relay nodes (Zhang et al. 2005 §3.2): op 1 add / 0 remove, agg 0 count / 1 sum

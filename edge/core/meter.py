@@ -134,8 +134,10 @@ def control(agent, now, i, kind, m):
             agent.alt[i] = ch
         mt.shadows[i] = None
     g = agent.filters[i]
-    if g.center is None or not flags & ACK or (agent.segs and i in agent.segs):
+    if g.center is None or not flags & ACK:
         return []
+    if agent.segs and i in agent.segs:  # segment mode (outside the backend's ledger): the segments ride along
+        return agent._exit(now, i, WHY_SYNC, ACK)
     agent.stats["reports"] += 1
     fields = {"src": i, "epoch": g.epoch, "t": now, "v": g.center, "why": WHY_SYNC}
     if getattr(g, "slope", 0.0):

@@ -11,13 +11,24 @@ the true value at every instant of the segment, not only at sample instants. A r
 closes the segment (its line: the middle of [lo, hi]) and opens the next one.
 
 Lag: data of time τ must be sent by τ + ``lag`` (the query's L minus the network's λ, sent by the
-backend). Closed segments wait and travel together; when the oldest unsent data is due, the open segment
-is *committed*: its line is fixed at the middle of [lo, hi] and sent, and the segment goes on as long as
-readings keep fitting that line, so silence means "still on the committed line". Its end travels with
-the next due message. Portable (MicroPython and CPython), float32-safe: times are the agent's clock
+backend). Closed segments wait and travel together; when the oldest unsent data is due, they go in one
+message with the open segment ended there and the next *committed*: the constant of the last reading,
+which goes on as long as readings keep within ±W/2 of it, so silence means "still on the committed
+line". Its end travels with the next due message. Portable (MicroPython and CPython), float32-safe: times are the agent's clock
 (integer ms on a board); the backend pads what it states for a float32 board.
+
+Lagged and real-time queries on one source: the segments' width W and lag come from the lag queries (the
+``segment`` control); the source's interval filter keeps the real-time queries' width and constraints
+(infinite and none when only lag queries read it: it never reports). A reading that leaves that filter is
+reported at once (codec kind ``rsegs``), and the report carries every pending segment record of the
+device: the open segment ends at the report and the next, starting with the reported reading, is
+committed as the constant it reports (``restart``). So while the filter's bound is no wider than W, the
+committed constant holds for as long as the filter stays silent, the segments never need a message of
+their own, and the source costs exactly its real-time reports; segments go on their own only when due
+and no report carried them.
 """
 from edge.core import codec
+from edge.core.codec import WHY_EXIT, WHY_FIRST
 
 INF = float("inf")
 LINE = 1
@@ -49,7 +60,6 @@ class Segmenter:
         self.pt = None          # previous reading
         self.pv = None
         self.committed = False
-        self.until = None       # when a committed line stops holding the last reading
         self.done = []          # records not sent yet
         self.since = None       # earliest time whose data is not sent yet
 
@@ -68,7 +78,7 @@ class Segmenter:
         return r(r(r(v - h) - self.v) / d), r(r(r(v + h) - self.v) / d)
 
     def _open(self, t, v):
-        self.t, self.v, self.committed, self.until = t, v, False, None
+        self.t, self.v, self.committed = t, v, False
         self.lo, self.hi = self._fit(v, t) if self.model == CONST else (-INF, INF)
         if self.since is None:
             self.since = t
@@ -82,7 +92,6 @@ class Segmenter:
 
     def _hold(self, t):
         """The last reading held until ``t``: a line segment must still be within ±h of it there."""
-        self._expire(t)
         if self.model == LINE and t > self.pt:
             lo, hi = self._fit(self.pv, t)
             lo, hi = max(lo, self.lo), min(hi, self.hi)
@@ -91,27 +100,6 @@ class Segmenter:
                 self._open(self.pt, self.pv)
                 lo, hi = self._fit(self.pv, t)
             self.lo, self.hi = lo, hi
-
-    def _watch(self):
-        """A committed sloped line leaves the last reading's band at ``until`` (None: never)."""
-        self.until = None
-        p = self.lo
-        if self.committed and self.model == LINE and p != 0.0:
-            r = self._r
-            q = r(r(r(self.pv + self.h if p > 0 else self.pv - self.h) - self.v) / p)
-            if q != q or q == INF or q == -INF:
-                return
-            self.until = self.t + (int(q) if isinstance(self.t, int) else q)
-            if self.until < self.pt:
-                self.until = self.pt
-
-    def _expire(self, now):
-        """Past ``until`` the committed line no longer holds the last reading: it ends there."""
-        if self.until is not None and now > self.until:
-            e = self.until
-            self._close(e)
-            self._open(e, self.pv)
-            self.until = None
 
     def sample(self, t, v):
         """Take reading ``v`` at time ``t`` (times never decrease)."""
@@ -127,65 +115,77 @@ class Segmenter:
             else:
                 self.lo, self.hi = lo, hi
         self.pt, self.pv = t, v
-        self._watch()
 
-    def rewidth(self, width, model=None, lag=None):
-        """A new width (or model, lag): the open segment ends at the last reading, the next starts there with it."""
+    def restart(self, t, v):
+        """Reading ``v`` at ``t`` was reported (or is the last one, held until ``t``): the open segment ends at
+        ``t`` and a new one starts there with it (committed at once by ``take``, as the constant ``v``)."""
+        if self.t is not None:
+            self._hold(t)
+            if t > self.t:
+                self._close(t)
+        self._open(t, v)
+        self.pt, self.pv = t, v
+
+    def rewidth(self, width, model=None, lag=None, now=None):
+        """A new width (or model, lag): the open segment ends at the last reading, the next starts there with it.
+        A committed line ends at ``now`` instead (it held the last reading until then): it was sent as going
+        on, so its end is news the backend must hear, never a line silently replaced from its start."""
         if width == self.w and model in (None, self.model) and lag in (None, self.lag):
             return
-        if self.t is not None and self.pt > self.t:
-            self._close(self.pt)        # under the old width and model
+        at = self.pt
+        if self.t is not None and self.committed and now is not None:
+            self._hold(now)             # (it may end where it stopped holding the last reading)
+            if self.committed:
+                at = now
+        if self.t is not None and at > self.t:
+            self._close(at)             # under the old width and model
         self.w, self.h = width, self._r(width / 2)
         self.model = model or self.model
         self.lag = lag or self.lag
         if self.t is not None:
-            self._open(self.pt, self.pv)
+            self._open(at if at > self.t else self.t, self.pv)
 
     def due(self):
         """Clock time by which this source's unsent data must go out; None when nothing is owed."""
-        if self.since is not None:
-            return self.since + self.lag
-        return None if self.until is None else self.until + self.lag
+        return None if self.since is None else self.since + self.lag
 
-    def take(self, now, commit):
-        """The records to send now; ``commit``: also fix and send the open segment."""
-        if self.t is not None and not self.committed and commit:
-            self._hold(now)
-        self._expire(now)
+    def take(self, now):
+        """The records to send now; the open segment ends now and the next, starting with the last reading, is
+        committed as that constant (centred on where the readings go on from, it holds longest: 3-8 % fewer
+        messages on the trace suite than fixing the open segment's own flattest line)."""
+        if self.t is not None and not self.committed and now > self.t:
+            self.restart(now, self.pv)
         out = self.done
         self.done = []
         self.since = None
         if self.t is not None and not self.committed:
-            if commit:      # the flattest feasible line: a trend when the readings show one, else constant
-                self.lo = self.hi = 0.0 if self.lo <= 0.0 <= self.hi and self.model == LINE else self._r(_mid(self.lo, self.hi))
-                self.committed = True
-                self._watch()
-                p = self.lo
-                out.append((self.t, now, self.v if self.model == LINE else p, p if self.model == LINE else 0.0,
-                            self.w, COMMITTED))
-            else:
-                self.since = self.t
+            self.lo = self.hi = 0.0 if self.model == LINE else self._r(_mid(self.lo, self.hi))
+            self.committed = True
+            p = self.lo
+            out.append((self.t, now, self.v if self.model == LINE else p, p if self.model == LINE else 0.0,
+                        self.w, COMMITTED))
         return out
 
 
 # -- the agent's side (edge/agent.py calls these; ``agent.segs`` maps source index -> Segmenter) --------
 
-def owns(agent, i):
-    return agent.segs is not None and i in agent.segs
-
-
 def configure(agent, now, i, m):
-    """A ``segment`` control: lag (ms) and model for source ``i``; model 0 ends segment mode."""
+    """A ``segment`` control: lag (ms), model and width for source ``i``; model 0 ends segment mode."""
     lag = agent._ms(m["lag"])
-    if m["model"] and (lag <= 0 or m["model"] not in (LINE, CONST)):
+    if m["model"] and (lag <= 0 or m["model"] not in (LINE, CONST) or not m["width"] >= 0):
         raise ValueError("bad segment control")
     if agent.segs is None:
         agent.segs = {}
     s = agent.segs.get(i)
+    width = m["width"] if agent.rnd is None else agent.rnd(m["width"])
     if s is not None and m["model"]:
-        s.rewidth(agent.filters[i].width, m["model"], lag)
+        s.rewidth(width, m["model"], lag, now)
     elif m["model"]:
-        agent.segs[i] = Segmenter(m["model"], agent.filters[i].width, lag, agent.rnd)
+        s = agent.segs[i] = Segmenter(m["model"], width, lag, agent.rnd)
+        if getattr(agent.filters[i], "slope", 0.0) and agent.values[i] is not None:     # a line: constant from here on
+            return ride(agent, now, i, codec.WHY_ASSIGN, 1)
+    if m["model"] and agent.values[i] is not None:
+        s.restart(now, agent.values[i])     # its segments start now: what is sent next answers the control
     out = flush(agent, now, True)
     if not m["model"] and s is not None:
         del agent.segs[i]
@@ -195,12 +195,23 @@ def configure(agent, now, i, m):
 
 
 def sample(agent, now, i, v):
-    s = agent.segs[i]
-    w = agent.filters[i].width
-    if w != s.w:
-        s.rewidth(w)
-    s.sample(now, v)
+    """Reading ``v`` of source ``i``: reported at once if it leaves the source's filter, else segmented."""
+    f = agent.filters[i]
+    if not f.silent() and f.check(v):
+        return ride(agent, now, i, WHY_FIRST if f.center is None else WHY_EXIT)
+    agent.segs[i].sample(now, v)
     return flush(agent, now)
+
+
+def ride(agent, now, i, why, ack=0):
+    """Report source ``i`` (kind ``rsegs``) with every pending segment record of the device; a silent filter
+    reports only when a control asks for an acknowledgement."""
+    v = agent.values[i]
+    if v is None or not ack and agent.filters[i].silent():
+        return []
+    agent.segs[i].restart(now, v)
+    recs = _records(agent, now)
+    return [agent._report(now, i, why, True, recs[:MAX_RECORDS])] + _send(agent, now, recs[MAX_RECORDS:])
 
 
 def deadline(agent):
@@ -214,18 +225,19 @@ def deadline(agent):
     return t
 
 
-def flush(agent, now, everything=False):
-    """When some source's data is due (or ``everything``): one message (more if large) with every source's
-    unsent segments; open segments are committed when due within half a lag."""
-    t = deadline(agent)
-    if t is None or (t > now and not everything):
-        return []
+def _records(agent, now):
+    """Every source's unsent records, its open segment committed (fixed from here on: silence then means "still
+    on it", so nothing more is owed until a reading leaves it; left open, its data would fall due within the
+    lag and cost a message of its own: on the trace suite committing at every message sends 15-30 % fewer)."""
     recs = []
     for i in sorted(agent.segs):
         s = agent.segs[i]
-        f = agent.filters[i]
-        for a, e, v, p, w, flag in s.take(now, everything or s.t is not None and s.t + s.lag // 2 <= now):
-            recs.append({"src": i, "epoch": f.epoch, "a": a, "e": e, "v": v, "s": p, "w": w, "f": flag})
+        for a, e, v, p, w, flag in s.take(now):
+            recs.append({"src": i, "epoch": agent.filters[i].epoch, "a": a, "e": e, "v": v, "s": p, "w": w, "f": flag})
+    return recs
+
+
+def _send(agent, now, recs):
     out = []
     for k in range(0, len(recs), MAX_RECORDS):
         agent.stats["reports"] += 1
@@ -233,12 +245,20 @@ def flush(agent, now, everything=False):
     return out
 
 
+def flush(agent, now, everything=False):
+    """When some source's data is due (or ``everything``): one message (more if large) with every source's
+    unsent segments."""
+    t = deadline(agent)
+    if t is None or (t > now and not everything):
+        return []
+    return _send(agent, now, _records(agent, now))
+
+
 def complete(agent, now):
     """The time through which every source's segment data has been sent (``now`` when nothing is owed):
     what a heartbeat ``mark`` may claim (edge.core.delivery)."""
     t = now
     for s in agent.segs.values():
-        for c in (s.since, s.until):
-            if c is not None and c < t:
-                t = c
+        if s.since is not None and s.since < t:
+            t = s.since
     return t

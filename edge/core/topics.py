@@ -1,13 +1,14 @@
 """MQTT topic names of DESIGN.md §3, the one spelling both the devices and the backend use.
 
-``qf/<fleet>/d/<device>/{up,ctl,state}`` per device, ``qf/<fleet>/q/<query>/{spec,answer}`` per query,
+``qf/<fleet>/d/<device>/{up,ctl,state}`` per device, ``qf/<fleet>/q/<query>/{spec,answer,final}`` per query
+(``answer``: the latest provisional answer, ``final``: the latest final answer, DESIGN.md §4),
 ``qf/<fleet>/{tick,link,inc}`` for the spool's own records (the bridge's clock, its broker link, a new
 backend run), which no device or user publishes, and ``qf/<fleet>/backend/state`` for the backend's own
 online/offline state (its Last Will; ``backend.live.presence``). Portable: runs unchanged on MicroPython.
 """
 ROOT = "qf"
 DEVICE_CHANNELS = ("up", "ctl", "state")
-QUERY_CHANNELS = ("spec", "answer")
+QUERY_CHANNELS = ("spec", "answer", "final")
 SPOOL_CHANNELS = ("tick", "link", "inc")
 
 

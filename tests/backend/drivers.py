@@ -30,7 +30,8 @@ CASES = {"naive": ("naive", {}), "deadband": ("deadband", {}), "uniform": ("unif
          "optimal_static": ("optimal_static", {"steps": {s: 0.5 + (i % 5) * 0.4 for i, s in enumerate(IDS)}}),
          "brownian": ("brownian", {"min_obs": 5}),
          "lines": ("deadband", {"models": "linear"}),       # linear dual prediction (edge.core.predict)
-         "segment": ("deadband", {})}      # lag queries (segment mode, final answers) beside a lag-free max
+         "segment": ("deadband", {}),      # lag queries (segment mode, final answers) beside a lag-free max
+         "segment-adaptive": ("adaptive", {})}     # the same under adaptive: the max's cuts let segment sources go
 
 
 def workload(case):
@@ -46,7 +47,7 @@ def workload(case):
         {"id": "band", "kind": "count", "sources": "all", "range": [95.0, 105.0]},
     ]
     lag = {}
-    if case == "segment":       # s0..s5 run segments, the max keeps s6.. reporting (their bounds recorded)
+    if case.startswith("segment"):      # s0..s11 run segments; the max's s6.. keep their filters beside them
         queries = [dict(q, lag=3.0 + 2 * (q["id"] == "mix"), segment="constant" if q["id"] == "mean" else "line")
                    if q["kind"] in ("sum", "avg") else q for q in queries if q["kind"] in ("sum", "avg", "max")]
         lag = {"lag": 4.0}

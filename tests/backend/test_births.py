@@ -125,11 +125,14 @@ def test_float32_boards_in_an_all_query_hear_nothing_when_another_is_born(protoc
 
 
 def test_a_lag_query_under_a_remove_and_add_protocol_keeps_its_devices_in_segment_mode_across_births():
-    # brownian keeps per-query state, so an "all" query takes newborns in by a removal and an addition; the
-    # removal alone took every device out of segment mode (and the addition put it back), restarting the
-    # query's final answers at every birth. Oracle: only the newborn is told its segment mode.
-    h = Host(protocol="brownian", latency=0.5, t0=0.0)
-    h.spec(0.5, "q", {"kind": "sum", "sources": "all", "precision": 2.0, "lag": 2.0})
+    # a protocol that keeps per-query state (brownian did, before it refused lag: it has no final answers) takes
+    # newborns into an "all" query by a removal and an addition; the removal alone took every device out of
+    # segment mode (and the addition put it back), restarting the query's final answers at every birth.
+    # Oracle: only the newborn is told its segment mode (an AVG: the segments' width, its precision, does not
+    # depend on how many sources it has; a SUM's narrows for all).
+    h = Host(protocol="deadband", latency=0.5, t0=0.0)
+    h.coord.protocol.replaces = False       # the removal-and-addition path
+    h.spec(0.5, "q", {"kind": "avg", "sources": "all", "precision": 2.0, "lag": 2.0})
     agents, start = {}, None
     for k in range(6):
         dev, now = "d%d" % k, 1.0 + k
@@ -137,8 +140,8 @@ def test_a_lag_query_under_a_remove_and_add_protocol_keeps_its_devices_in_segmen
         out = h.record(now, dev, "state", birth) + h.record(now + 0.6, None, "tick", b"")   # births wait λ
         told = [a[1] for a in out if a[0] == "down" and codec.decode(a[2])[0] == "segment"]
         assert told == [dev], (k, told)
-        start = h.coord.segments.start["q"] if start is None else start
-        assert h.coord.segments.start["q"] == start                    # its final answers go on from there
+        start = h.coord.finals.qs["q"].start if start is None else start
+        assert h.coord.finals.qs["q"].start == start                    # its final answers go on from there
         _pump(h, agents, now + 0.6, out)
 
 

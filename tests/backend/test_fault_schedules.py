@@ -1,16 +1,20 @@
-"""Property (issue #20): over 1,000 random fault schedules, a non-degraded answer is never wrong.
+"""Property (issue #20): over 1,000 random fault schedules, a non-degraded answer is never wrong, and a final
+answer is never wrong, never withdrawn and never wider than its precision unless it says so.
 
 Each schedule is a small fleet in the simulator under a random mix of loss, duplication, reordering,
-clock skew, reboots and partitions, with a heartbeat; the ground-truth checkers (``backend.sim.truth``,
-``entity_truth`` and ``segment_truth`` for final answers, honouring revoked windows) must find 0
-violations. Aggregate queries run under the default adaptive protocol, deadband and Olston's shrinking
-rule (``adaptive`` with ``rule: shrink``: periodic shrinks counted in the backend's periods, under skew
-too); segment-mode ``lag`` queries (final answers; skew 0, which they require) under adaptive and
-deadband; entity queries under every Cheng protocol (range: nofilter, ZT-NRP, FT-NRP; k-NN: nofilter,
-RTP, ZT-RP, FT-RP) with λ = 0 (with any delay the entity protocols degrade every answer, which would
-prove nothing): their filters are acknowledged under a heartbeat and lost probes asked again. The run
-also shows that the faults did something: messages were lost, answers were degraded and revoked, final
-answers were revoked, and the degraded time is at least the time the faults forced.
+clock skew, reboots and partitions, with a heartbeat; the ground-truth checkers (``backend.sim.truth`` and
+``entity_truth`` honouring revoked windows for provisional answers, ``final_truth`` for final answers without
+exemption) must find 0 violations. Aggregate queries run under the default adaptive protocol, deadband and
+Olston's shrinking rule (``adaptive`` with ``rule: shrink``: periodic shrinks counted in the backend's
+periods, under skew too); ``lag`` queries of every aggregate kind (segment mode for SUM, AVG, MIN, MAX; skew 0,
+which they require) under adaptive and deadband; entity queries under every Cheng protocol (range:
+nofilter, ZT-NRP, FT-NRP; k-NN: nofilter, RTP, ZT-RP, FT-RP) with λ = 0 (with any delay the entity protocols
+degrade every answer, which would prove nothing): their filters are acknowledged under a heartbeat and lost
+probes asked again. Every aggregate query has final answers (``backend/coordinator/core/finals.py``): 0 wrong,
+0 withdrawn or restated, 0 wider than precision without saying so, and some for every query whose horizon
+moved. The run also shows that the faults did something: messages were lost, provisional answers were
+degraded and revoked, final answers were degraded, and the degraded time is at least the time the faults
+forced.
 """
 import random
 
@@ -36,9 +40,13 @@ def _queries(r, mode, params):
             q.update(fp_tolerance=0.3, fn_tolerance=0.3)
         return protocol, [q]
     if mode == "segment":
-        return r.choice(["adaptive", "deadband"]), [
-            {"id": "q", "kind": r.choice(["sum", "avg"]), "sources": "all", "precision": r.choice([2.0, 6.0]),
-             "lag": r.choice([1.0, 2.0, 4.0]), "segment": r.choice(["line", "constant"])}]
+        kind = r.choice(["sum", "avg", "min", "max", "count"])
+        q = {"id": "q", "kind": kind, "sources": "all", "precision": r.choice([2.0, 6.0]), "lag": r.choice([1.0, 2.0, 4.0])}
+        if kind == "count":
+            q.update(range=[95, 105], precision=1.0)
+        else:
+            q["segment"] = r.choice(["line", "constant"])
+        return r.choice(["adaptive", "deadband"]), [q]
     protocol = r.choice(["adaptive", "deadband", "shrink"])
     if protocol == "shrink":
         protocol = "adaptive"
@@ -73,8 +81,8 @@ def schedule(seed):
 
 
 def test_no_violation_outside_degraded_or_revoked_windows_over_1000_fault_schedules():
-    bad, kinds = [], set()
-    lost = revoked = degraded = forced = finals_revoked = resent = 0.0
+    bad, kinds, unfinal = [], set(), []
+    lost = revoked = degraded = forced = finals = finals_degraded = resent = 0.0
     for seed in range(SCHEDULES):
         w = schedule(seed)
         sim = engine.simulation(w)
@@ -83,8 +91,16 @@ def test_no_violation_outside_degraded_or_revoked_windows_over_1000_fault_schedu
         kinds.add((w["protocol"], w["params"].get("rule"), q["kind"], "lag" in q))
         if res["violations"]:
             bad.append((seed, w["protocol"], q["kind"], res["violations"]))
+        for qid, x in res["queries"].items():
+            if "finals" not in x:
+                continue
+            if x["final_violations"] or x["final_revoked"] or x["final_precision_misses"]:
+                bad.append((seed, qid, "final", x["final_violations"], x["final_revoked"], x["final_precision_misses"]))
+            if sim.coord.finals.horizon(qid) is not None and x["finals"] == 0:
+                unfinal.append((seed, qid))
+            finals += x["finals"]
+            finals_degraded += x["final_degraded"]
         lost += res["network"]["lost"] + res["network"]["partitioned"]
-        finals_revoked += "lag" in q and any("revoked" in a and a["revoked"][0] > 0 for a in sim.answers)
         f = res["faults"]
         if f is not None:       # None: this schedule drew no fault at all
             revoked += f["integrity"]["lost"] + f["integrity"]["silent"]
@@ -92,9 +108,10 @@ def test_no_violation_outside_degraded_or_revoked_windows_over_1000_fault_schedu
             degraded += f["degraded_share"]
             forced += f["forced_share"]
     assert bad == [], "violations outside degraded windows (seed, protocol, kind, count): %s" % bad[:20]
+    assert unfinal == [], "queries with a final horizon and no final answer (seed, query): %s" % unfinal[:20]
     assert {(p, k) for p, _, k, _ in kinds} >= set(ENTITY)
     assert {("adaptive", "shrink"), ("adaptive", None), ("deadband", None)} <= {(p, r) for p, r, _, lag in kinds if not lag}
-    assert {("adaptive", "sum"), ("deadband", "avg")} <= {(p, k) for p, _, k, lag in kinds if lag}
+    assert {"sum", "avg", "min", "max", "count"} <= {k for p, _, k, lag in kinds if lag}
     assert lost > 1000 and revoked > 1000 and resent > 100     # the faults happened and were detected
-    assert finals_revoked > 10                     # lost or late segments revoked final answers
+    assert finals > 10000 and finals_degraded > 100     # final answers everywhere, degraded where faults hid data
     assert degraded >= forced > 0                  # degraded where it had to be, and not only there

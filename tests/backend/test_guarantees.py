@@ -81,7 +81,7 @@ def test_link_loss_degrades_answers_alike_in_the_live_and_spark_paths(tmp_path):
     records = base + [(5.0, link, b"lost"), (5.5, link, b"lost")] + ticks + [(13.0, link, b"restored")]
     from backend.spark.source import parse_topic
     cols = job.run_batch(Host(settings), [(t, *parse_topic(topic), p, False) for t, topic, p in records])
-    spark = [json.loads(b) for k, b in zip(cols["kind"], cols["body"]) if k == "answer"]
+    spark = [json.loads(b) for k, f, b in zip(cols["kind"], cols["final"], cols["body"]) if k == "answer" and not f]
     downs = [(t, codec.decode(p)[0]) for k, t, p in zip(cols["kind"], cols["target"], cols["payload"]) if k == "down"]
     assert [d for d in downs if d[1] == "rebirth"] == [("d1", "rebirth"), ("d2", "rebirth")]
     assert [(a["time"], a["degraded"]) for a in spark][-1] == (4.5, True)
@@ -103,6 +103,6 @@ def test_link_loss_degrades_answers_alike_in_the_live_and_spark_paths(tmp_path):
             live.message(now, topic, payload)
     live.close()
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [(a["time"], a["degraded"], a["guarantee"]) for a in lines if "error" not in a] == \
+    assert [(a["time"], a["degraded"], a["guarantee"]) for a in lines if "error" not in a and not a["final"]] == \
         [(a["time"], a["degraded"], guarantee(a)) for a in spark]
     assert live.stats["dropped_down"] == len(downs) and not live.host.blind     # no broker here: counted

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from backend.bench import report as bench
 from backend.bench import suite
+from backend.coordinator.precision import regret
 from backend.sim import engine
 
 
@@ -91,6 +92,25 @@ def test_query_changes_and_devices_that_do_not_meter(tmp_path, monkeypatch):
     assert p.stats["moves"] > 0 and p.stats["syncs"] > 0
     plain = lambda run: sorted(m for m in run if int(m[2][1:]) % 2)
     assert plain(ours) == plain(dead)          # to the instant, up and down
+
+
+def test_sources_in_segment_mode_stay_outside_the_ledger_and_come_back_as_twins(tmp_path, monkeypatch):
+    # four more sources read by a lagged AVG and a real-time SUM too wide to serve it (segment mode in both runs
+    # alike, real-time exits as rsegs): outside the ledger every control to them is flagged METER, so their
+    # meters never fork a shadow nor send a count report; when the lag query goes and a MAX takes them, they
+    # come back into the ledger as deadband's twins and may move
+    spec = dict(bench.workloads(0.3, data_dir=str(tmp_path)))["hetero-24"]
+    spec["sources"] = dict(spec["sources"], count=28)
+    late = ["s%d" % i for i in range(24, 28)]
+    spec["queries"] = spec["queries"] + [{"id": "lagged", "kind": "avg", "sources": late, "precision": 2.0, "lag": 30.0},
+                                         {"id": "wide", "kind": "sum", "sources": late, "precision": 60.0}]
+    spec["events"] = [{"time": 700, "remove_query": "lagged"},
+                      {"time": 700, "add_query": {"id": "m3", "kind": "max", "sources": late, "precision": 10.0}}]
+    left, leave = [], regret.Ledger.leave
+    monkeypatch.setattr(regret.Ledger, "leave", lambda led, key: left.append(key) or leave(led, key))
+    ours, dead, p = _check(spec)
+    assert set(left) == set(late) and p.stats["moves"] > 0
+    assert not p.ledger.rebase and set(p.ledger.counts) >= set(late)   # back, counted from their first report
 
 
 @st.composite

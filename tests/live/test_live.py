@@ -1,10 +1,12 @@
 """The live coordinator loop (backend/live/coordinator.py) against Mosquitto, with a scripted device: retained births
 trigger a rebirth, query specs arrive on their topic, answers leave retained as JSON, a Last Will
-degrades them, bad specs are answered with an error on the answer topic and bad payloads are counted
-without stopping the loop, and removing a spec clears its retained answer."""
+degrades them, the latest final answer is retained on its own topic, bad specs are answered with an error on the
+answer topic and bad payloads are counted without stopping the loop, and removing a spec clears its retained
+answers."""
 import json
 import time
 
+from backend.answers import answer_json
 from backend.host import Host
 from backend.live.coordinator import LiveCoordinator
 from edge.agent import Agent
@@ -14,14 +16,14 @@ from helpers import client, close, connected, expect, silent, subscribe
 FLEET = "t"
 
 
-def _answer(c, qid, pred, timeout=5.0):
+def _answer(c, qid, pred, timeout=5.0, channel="answer"):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
             topic, payload, retain = c.inbox.get(timeout=0.2)
         except Exception:
             continue
-        if topic == topics.query(FLEET, qid, "answer") and payload:
+        if topic == topics.query(FLEET, qid, channel) and payload:
             a = json.loads(payload)
             if pred(a):
                 return a, retain
@@ -82,6 +84,18 @@ def test_specs_births_answers_and_last_will(broker):
     subscribe(late, topics.query(FLEET, "+", "answer"))
     assert _answer(late, "tot", lambda a: True)[1] is True
     close(late)
+    # the device speaks again (a reading leaves its bound): its watermark passes the query's start, and the
+    # latest final answer is retained on .../final beside the provisional one
+    for ch, payload in agent.handle_sample(time.time(), 0, 14.0):
+        dev.publish(topics.device(FLEET, "A", ch), payload, qos=1)
+    feed(lambda: any(x.get("final") and not x["degraded"] and x["query"] == "tot" for x in answers))
+    late = client(broker, "backend")
+    assert connected(late)[0]
+    subscribe(late, topics.query(FLEET, "+", "final"))
+    f, retained = _answer(late, "tot", lambda x: True, channel="final")
+    last = json.loads(answer_json([x for x in answers if x.get("final")][-1]))
+    assert retained and f == last and f["final"] is True and f["watermark"] > f["time"], (f, last)
+    close(late)
     late = client(broker, "backend")                     # refused specs say why, retained too
     assert connected(late)[0]
     subscribe(late, topics.query(FLEET, "+", "answer"))
@@ -102,16 +116,17 @@ def test_specs_births_answers_and_last_will(broker):
     end = time.monotonic() + 3
     while "tot" in coord.queries and time.monotonic() < end:
         time.sleep(0.05)
-    late = client(broker, "backend")                     # and its retained answer is cleared
+    late = client(broker, "backend")                     # and its retained answers are cleared
     assert connected(late)[0]
     subscribe(late, topics.query(FLEET, "tot", "answer"))
+    subscribe(late, topics.query(FLEET, "tot", "final"))
     silent(late, lambda t, p: bool(p), 0.5)
     close(late)
     live.stop()
     thread.join(5)
     assert "tot" not in coord.queries
-    times = [a["time"] for a in answers]
-    assert times == sorted(times)                  # answers advance in event time
+    times = [a["time"] for a in answers if not a.get("final")]
+    assert times == sorted(times)                  # answers advance in event time (and final ones apart)
     assert host.stats["bad_specs"] == 2 and coord.stats["bad_messages"] == 1
     close(user)
     close(dev)

@@ -153,7 +153,7 @@ def test_network_cut_while_agents_keep_sampling(env):
 def _stale(answers):
     """The answers with every degraded one replaced by the query's last certain bounds, unflagged."""
     last, out = {}, []
-    for a in answers:
+    for a in (a for a in answers if not a.get("final")):     # (provisional ones: those the checker revokes)
         if not a["degraded"]:
             last[a["query"]] = a
         out.append(dict(last.get(a["query"], a), time=a["time"], degraded=False))

@@ -12,6 +12,7 @@ from backend.spark import job
 from backend import host as hostmod
 from backend.answers import strict
 from backend.host import Host
+from backend.spark.answers import Table
 from backend.spark.spool import Spool
 from edge.core import codec
 from backend.spark.source import parse_topic
@@ -273,3 +274,28 @@ def test_a_checkpoint_resumes_after_settings_gain_a_key_at_its_default(tmp_path)
         job.check_settings(out, {"protocol": "deadband", "period": 5.0, "rate": 50.0})  # not the default: refused
     with pytest.raises(ValueError, match="use a new --dir"):
         job.check_settings(out, {"protocol": "deadband", "period": 6.0})
+
+
+MIXED = [{"id": "mean", "kind": "avg", "sources": "all", "precision": 2.0, "lag": 3.0},
+         {"id": "top", "kind": "max", "sources": ["s0", "s3", "s5"], "precision": 3.0}]
+
+
+@pytest.mark.parametrize("protocol", ["deadband", "adaptive"])
+def test_a_lagged_avg_and_a_real_time_max_on_the_same_sources_through_the_job(job_spark, tmp_path, protocol):
+    # the MAX's sources keep their filters beside their segments (reports carry them: kind rsegs); the
+    # answer table and its final column hold the AVG's final answers as the reference coordinator made them
+    settings = {"protocol": protocol, "period": 5.0}
+    records, ref = record(settings, duration=20.0, seed=3, queries=MIXED)
+    kinds = [codec.decode(p)[0] for _, topic, p in records if topic.endswith("/up")]
+    assert kinds.count("rsegs") > 5 and kinds.count("segs") > 5
+    with Spool(tmp_path / "spool", fsync="never") as sp:
+        sp.append(records)
+    out = str(tmp_path / "out")
+    q = job.start(job_spark, str(tmp_path / "spool"), out, FLEET, settings, available_now=True, status_sources=True)
+    q.awaitTermination(120)
+    assert q.exception() is None
+    compare(out, ref, len(records))
+    table = Table(os.path.join(out, "answers")).read(columns=("query", "final", "fields")).to_pylist()
+    finals = [r for r in table if r["final"]]
+    assert len(finals) >= 10 and all(r["query"] == "mean" and json.loads(r["fields"])["final"] for r in finals)
+    assert any(r["query"] == "top" and not r["final"] for r in table)

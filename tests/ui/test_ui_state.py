@@ -75,13 +75,18 @@ def test_uplinks_count_and_tell_the_model():
         {"src": 1, "epoch": 0, "a": T0, "e": T0 + 1, "v": 1.0, "s": 0.0, "w": 1.0, "f": 1}]})
     s.message(T0 + 4, "qf/t/d/A/up", segs)
     assert s.devices["A"].row()["model"] == "segment"
+    s.message(T0 + 4, "qf/t/d/A/up", report(0, "report"))
+    assert s.devices["A"].row()["model"] == "constant+segment"
+    s.message(T0 + 4, "qf/t/d/A/up", codec.encode("rsegs", {"src": 0, "epoch": 0, "seq": 5, "t": T0, "v": 1.0,
+                                                             "why": 0, "segs": []}))      # a segment source's report
+    assert s.devices["A"].row()["model"] == "segment" and s.devices["A"].messages == 6
     s.message(T0 + 5, "qf/t/d/A/up", b"\x09\x01junk")
     s.message(T0 + 5, "qf/t/d/A/ctl", b"whatever")
     t = s.state(T0 + 6)["totals"]
-    assert t["uplink"] == 5 and t["downlink"] == 1 and t["bad"] == 1
+    assert t["uplink"] == 7 and t["downlink"] == 1 and t["bad"] == 1
     assert t["samples"] is None and t["deadband"] is None and t["saved_vs_samples"] is None
     s.message(T0 + 6, "qf/other/d/A/up", report(0))          # another fleet: not ours
-    assert s.counts["up"] == 5
+    assert s.counts["up"] == 7
 
 
 def test_answers_specs_history_and_errors():

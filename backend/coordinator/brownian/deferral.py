@@ -31,6 +31,7 @@ class Brownian(Protocol):
     name = "brownian"
     kinds = ("sum", "avg", "min", "max")
     guarantee = "probabilistic"         # answers hold with the query's confidence, measured as fidelity
+    finals = False                      # no bound to finalise: the guarantee is a probability (README: finals)
 
     def __init__(self, capacity=math.inf, order="penalty", defer=True, tmax=600.0, k=100, min_obs=10,
                  timeout=10.0, lead=0.0, confidence=DEFAULT_CONFIDENCE):

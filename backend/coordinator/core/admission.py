@@ -160,13 +160,13 @@ class Admission:
         """Whether every number of an uplink is finite (a value may be +inf: "none yet") and a line's gap
         (the time between its readings) is none or from ``GAPS[0]`` to ``GAPS[1]`` s."""
         bad = None
-        if kind in ("report", "reply", "line"):
+        if kind in ("report", "reply", "line", "rsegs"):
             bad = not (math.isfinite(m["v"]) or m["v"] == math.inf) or (
                 kind == "line" and not (math.isfinite(m["slope"]) and math.isfinite(m.get("o", 0.0))
                                         and (m["gap"] <= 0 or GAPS[0] <= m["gap"] / unit <= GAPS[1])))
         elif kind == "birth":
             bad = any(not (math.isfinite(r["v"]) or r["v"] == math.inf) or not r["width"] >= 0 for r in m["sources"])
-        elif kind == "segs":
+        if kind in ("segs", "rsegs") and not bad:      # (rsegs: a report with segment records riding along)
             bad = any(not all(math.isfinite(r[f]) for f in ("a", "e", "v", "s", "w")) for r in m["segs"])
         if bad:
             self.note(now, device, VALUE, "a %s with a value that is not a finite number (or a line's gap out of range)" % kind)

@@ -19,6 +19,7 @@ which the latest reading lies, valid until ``now + H``; ``due`` holds each line'
 import heapq
 import math
 
+from edge.core.codec import newer
 from edge.core.float32 import f32
 from edge.core.predict import LineFilter, horizon
 
@@ -51,6 +52,15 @@ class Source:
     @reports.setter
     def reports(self, n):
         self._n, self._period = n, self.clock[0]
+
+
+def shrink_source(s, s_frac):
+    """Olston §3.1's periodic shrink of every mirror of source ``s``."""
+    s.filt.shrink(s_frac)
+    for f in s.old:
+        f.shrink(s_frac)
+    for _, f in s.prior:
+        f.shrink(s_frac)
 
 
 def _member(f, rng):
@@ -182,11 +192,7 @@ class BoundCache:
         kept = {key: [(until, f.copy()) for f in [self.sources[key].filt] + self.sources[key].old]
                 for key, until in (hold or {}).items()}
         for s in self.sources.values():
-            s.filt.shrink(s_frac)
-            for f in s.old:
-                f.shrink(s_frac)
-            for _, f in s.prior:
-                f.shrink(s_frac)
+            shrink_source(s, s_frac)
         for key, prior in kept.items():
             self.sources[key].prior += prior
 
@@ -230,24 +236,39 @@ class BoundCache:
     def _keep_old(self, s):
         s.old.append(s.filt.copy())
 
-    def set_width(self, key, width):
-        """Assign a width under a new epoch; returns (epoch, narrowing)."""
+    def set_width(self, key, width, epoch=None):
+        """Assign a width under a new epoch (``epoch``: the one the live mirror gave it); returns (epoch, narrowing)."""
         s = self.sources[key]
         narrowing = width < s.filt.width
         if narrowing:
             self._keep_old(s)
-        epoch = (s.filt.epoch + 1) & 0xFFFF
+        epoch = (s.filt.epoch + 1) & 0xFFFF if epoch is None else epoch
         s.filt.set_width(width, epoch)
         return epoch, narrowing
 
-    def set_filter(self, key, width, cons, keep_old=True):
+    def set_filter(self, key, width, cons, keep_old=True, epoch=None):
         """Install constraints and a width under a new epoch (confirmed by the device unless ``keep_old`` is off)."""
         s = self.sources[key]
         if keep_old:
             self._keep_old(s)
-        epoch = (s.filt.epoch + 1) & 0xFFFF
+        epoch = (s.filt.epoch + 1) & 0xFFFF if epoch is None else epoch
         s.filt.set_filter(width, cons, epoch)
         return epoch
+
+    def rebirth(self, key, width, epoch, t, v, single, unit):
+        """A birth of ``key``'s device states its filter (``width`` under ``epoch``) and value ``v`` (None: none)
+        at ``t``: trust it, under an epoch newer than both sides' (the device may have rebooted to epoch 0)."""
+        s = self.sources[key]
+        top = s.filt.epoch if newer(s.filt.epoch, epoch) else epoch
+        s.old = []
+        s.filt.rnd = f32 if single else None
+        s.filt.pad = single
+        s.unit = unit
+        s.filt.set_filter(width, [], epoch)
+        s.filt.center = None
+        if v is not None:
+            self.report(key, epoch, t, v)
+        s.filt.epoch = top
 
     def set_bound(self, key, lo, hi):
         s = self.sources[key]

@@ -24,11 +24,12 @@ from backend.coordinator.core.admission import RATE, Admission
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
 from backend.coordinator.core.downlink import Downlink
+from backend.coordinator.core.finals import Finals
 from backend.coordinator.core.integrity import Integrity
 from backend.coordinator.core.resync import Resync
 from backend.coordinator.core.queries import QueryError, parse_query
 from backend.coordinator.core.reserve import Reserve
-from backend.coordinator.core.segments import Mirror
+from backend.coordinator.core.segments import Mirror, segmented
 from backend.coordinator.core.uplink import Uplink
 from backend.coordinator.core.vouch import Vouch
 
@@ -86,7 +87,8 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         self.rx = {}                    # device -> (boot, last uplink seq) for duplicate suppression
         # DBM models of every source, for the interruption model (Zhu §4.5); a protocol may bring its own
         self.models = getattr(protocol, "models", None) or Models()
-        self.segments = Mirror()        # segment mode and final answers of lag queries
+        self.segments = Mirror()        # segment mode of lag queries' sources
+        self.finals = Finals(self)      # the final mirror and every query's final answers
         self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
         self.integrity = Integrity(self.latency, beat, skew, net=latency)    # gaps, silence, clocks (issue #20)
         self.unclocked = {}             # source keys whose device clock is known less well than ±σ (degraded)
@@ -145,7 +147,8 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         except QueryError:
             self._unregister(q.id, now, old)
             raise
-        self.segments.queries_changed(self, self._now(now))
+        self.segments.queries_changed(self)
+        self.finals.queries_changed(self._now(now))
         return self._flush(now)
 
     def remove_query(self, qid, now=None):
@@ -166,7 +169,8 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         self.running.pop(qid, None)
         self._changed(q, now, old)
         if segments:
-            self.segments.queries_changed(self, self._now(now))
+            self.segments.queries_changed(self)
+            self.finals.queries_changed(self._now(now))
 
     def drain(self):
         """The messages queued and not returned yet: a refused query change returns none."""
@@ -180,6 +184,8 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         self.queries[qid].reserve = self.reserve.get(qid)
         self.dirty[qid] = None
         self._changed(self.queries[qid], now)
+        self.segments.queries_changed(self)     # segment widths follow the precision
+        self.finals.queries_changed(self._now(now))
         return self._flush(now)
 
     changed = None      # while a query changes: its sources (a local protocol revisits only them)
@@ -268,8 +274,7 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
                 q.reserve = self.reserve.get(qid)
                 self._changed(q, None)
         self.replan.clear()
-        if self.segments.final:     # every uplink stamped up to now − λ is in: final answers up to there
-            self.out += self.segments.answers(self, max(self.clock, now - self.latency))
+        self.out += self.finals.answers(self.clock)
         return self._flush(None)
 
     def _release(self, now):
@@ -297,6 +302,7 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
                 self.tick += 1
                 if self.shrink:
                     self.cache.shrink(self.shrink, self._shrink_hold(t))
+                    self.finals.replay.shrink(t, self.shrink)
                     self.dirty_src.update(dict.fromkeys(self.cache.sources))
                 self.protocol.period(self, t)
                 for key in self.models.off_since:    # offline widening grows with time
@@ -326,7 +332,6 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
             qids = self.by_source.get(key)
             if qids:
                 bound = self.cache.known(key)
-                self.segments.touched(key, t, bound)
                 for qid in qids:
                     r = self.running.get(qid)
                     if r is not None:
@@ -337,7 +342,7 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
             q = self.queries.get(qid)
             if q is None:
                 continue
-            fields = self.protocol.answer(self, q) if "lag" not in q.extra else self.segments.realtime(q, t)
+            fields = self.finals.realtime(q, t) if segmented(q) else self.protocol.answer(self, q)
             offline = self.degraded(q)
             fields["degraded"] = bool(fields.get("degraded")) or offline
             if offline:
@@ -351,6 +356,7 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
                 self.last[qid] = fields
                 change = {"time": t, "query": qid}
                 change.update(fields)
+                change["watermark"] = self.finals.horizon(qid)      # through when its final answers go
                 if revoked:         # up to this change, which replaces them
                     change["revoked"] = [revoked[0], max(revoked[1], t)]
                 self.out.append(("answer", change))

@@ -34,6 +34,7 @@ class Downlink:
         ``codec.METER`` bit for a metered device (edge.core.meter)."""
         s = self.cache.sources[key]
         epoch, narrowing = self.cache.set_width(key, width)
+        self.finals.replay.control(key, self._event_now(), "width", (width, epoch))
         ack = 1 if narrowing or confirm else 0
         self.send(s.device, "width", {"src": s.index, "epoch": epoch, "period": self.tick - 1,
                                       "width": width, "ack": ack | flags})
@@ -46,6 +47,7 @@ class Downlink:
         loss is found (``_missed``). ``flags``: ``codec.METER``/``SYNC`` bits for a metered device."""
         s = self.cache.sources[key]
         epoch = self.cache.set_filter(key, width, cons, keep_old=bool(ack))
+        self.finals.replay.control(key, self._event_now(), "filter", (width, list(cons), epoch))
         if not ack and (self.beat or self.integrity.links.acking(s.device)):
             ack, confirm = 1, (FILTER, self._event_now(), 0, True)
         self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": ack | flags,
@@ -59,11 +61,12 @@ class Downlink:
 
     def _sent(self, key, epoch, ack, confirm):
         """A control was made. Acknowledged, a report carrying ``epoch`` is expected (the device reports at
-        once if it has a value and is not in segment mode): ``confirm`` = (stage, since, tries, unsafe) of
-        ``Integrity.expect``, by default sent again until answered (the mirror covers its loss)."""
+        once if it has a value; in segment mode too, its segments riding along): ``confirm`` = (stage,
+        since, tries, unsafe) of ``Integrity.expect``, by default sent again until answered (the mirror
+        covers its loss)."""
         s = self.cache.sources[key]
         stage, since, tries, unsafe = confirm or (RETRY, None, 0, False)
-        wait = (since, stage, tries, unsafe) if ack and s.value is not None and key not in self.segments.mode else None
+        wait = (since, stage, tries, unsafe) if ack and s.value is not None else None
         self._leave(s.device, key, epoch, unsafe, wait)
         self._touch(key)
 

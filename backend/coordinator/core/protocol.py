@@ -3,8 +3,21 @@
 A protocol is the policy half of the coordinator: it decides filters and answers, the coordinator
 does messaging, ordering and caching. Hooks get the coordinator and act through
 ``coord.assign_width``, ``coord.assign_filter`` and ``coord.probe``.
+
+A lag query of a segmented kind (SUM/AVG/MIN/MAX with ``"lag"``) is served by its sources' segments (segment
+mode, ``core/segments.py``), never by their filters: a protocol allocates filters over the other queries only
+(``realtime``; a lagged COUNT keeps its sources reporting), and gives the segments their width (``segment_width``).
 """
+import math
+
+from backend.coordinator.core.aggregate import uniform_width
 from backend.coordinator.core.queries import AGGREGATES
+from backend.coordinator.core.segments import segmented as lagged
+
+
+def realtime(coord):
+    """The queries sources' filters serve (all but the segmented lag queries), {id: query} in id order."""
+    return {qid: coord.queries[qid] for qid in sorted(coord.queries) if not lagged(coord.queries[qid])}
 
 
 class Protocol:
@@ -13,6 +26,7 @@ class Protocol:
     shrinks = False                    # whether the coordinator runs periodic shrinking
     local = False                      # a source's target depends only on the queries over it
     replaces = False                   # queries_changed rebuilds all per-query state: replace in place
+    finals = True                      # its answers are bounds of the mirror: final answers (core/finals.py)
 
     def source_added(self, coord, key):
         self.apply(coord, key)
@@ -49,6 +63,24 @@ class Protocol:
     def workload_samples(self, keys, times, sources, values):
         """Simulator hook: the whole workload before the run (offline baselines measure it)."""
 
+    static = False                     # a source's filter is ``target``'s for as long as the queries stay
+
+    def segments_needed(self, coord, key, width):
+        """Whether a lag query over ``key`` needs its segments (at ``width``): not when its filter is held to no
+        wider than that, without constraints, for as long as the queries stay (a static protocol's target)."""
+        if not self.static:
+            return True
+        w, cons = self.target(coord, key)
+        return bool(cons) or w > width
+
+    def segment_width(self, coord, key):
+        """The width of ``key``'s segments: the narrowest uniform share (§1.2) of the lag queries over it."""
+        width = math.inf
+        for qid in coord.by_source.get(key, ()):
+            if lagged(coord.queries[qid]):
+                width = min(width, uniform_width(coord.queries[qid]))
+        return width
+
     def answer(self, coord, q):
         """The answer fields for ``q``: an interval ``{"lo", "hi"}`` (entity protocols: ``members``)."""
         lo, hi = coord.interval(q)
@@ -73,6 +105,6 @@ def range_constraints(coord, key):
     cons = []
     for qid in sorted(coord.by_source.get(key, ())):
         q = coord.queries[qid]
-        if q.kind == "count" and q.range is not None and q.range not in cons:
+        if q.kind == "count" and q.range is not None and q.range not in cons and not lagged(q):
             cons.append(q.range)
     return cons

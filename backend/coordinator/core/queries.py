@@ -198,14 +198,21 @@ def _check_summary(q):
 
 
 def _check_lag(qid, kind, spec):
-    """Segment mode (backend/coordinator/core/segments.py): ``lag`` seconds > 0 on a sum or avg query,
-    ``segment`` ``line`` (default) or ``constant``."""
+    """``lag`` seconds > 0 on an aggregate query (final answers by t + L; SUM, AVG, MIN, MAX put their sources in
+    segment mode, backend/coordinator/core/segments.py), ``segment`` ``line`` (default) or ``constant``."""
     if "lag" not in spec:
         raise QueryError("query %s: segment applies to queries with a lag only" % qid)
     lag = _number(spec["lag"], "lag", qid)
     if lag <= 0:
         raise QueryError("query %s: lag must be > 0 seconds, got %r" % (qid, spec["lag"]))
-    if kind not in ("sum", "avg"):
-        raise QueryError("query %s: lag (segment mode) applies to sum and avg queries, not %s" % (qid, kind))
+    if kind in ENTITIES:
+        raise QueryError("query %s: lag does not apply to %s queries: their tolerance (Cheng et al. 2005 §3) is "
+                         "kept by filters that report a crossing at once, which a segment of width W sent up to L "
+                         "later cannot decide; they answer in real time" % (qid, kind))
+    if kind not in AGGREGATES:
+        raise QueryError("query %s: lag applies to aggregate queries (%s), not %s" % (qid, ", ".join(AGGREGATES), kind))
+    if "segment" in spec and kind == "count":
+        raise QueryError("query %s: segment applies to sum, avg, min and max: a count's sources keep reporting "
+                         "membership changes" % qid)
     if spec.get("segment", "line") not in ("line", "constant"):
         raise QueryError("query %s: segment must be \"line\" or \"constant\", got %r" % (qid, spec["segment"]))

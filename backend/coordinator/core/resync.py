@@ -11,10 +11,8 @@ here: an ``ack`` after each uplink of a device in ack mode, the ``link`` that sw
 telling a new heartbeat B, and a probe whose reply bounds a device clock from above (``ECHO``).
 """
 import heapq
-import math
 
 from backend.coordinator.core.integrity import CHECK, CONTROL, FILTER, LOST_STATE, RETRY
-from backend.coordinator.core.segments import before
 from edge.core.codec import NO_VALUE, WHY_ASSIGN
 
 UP = -1         # the coordinator's event order of uplinks within one timestamp
@@ -37,19 +35,17 @@ class Resync:
             return None
         self.rx[device] = (boot, m["seq"])
         d = self.devices.get(device)
-        if d is not None and stamped and kind in ("report", "reply", "line") and m["src"] < len(d["keys"]):
+        if d is not None and stamped and kind in ("report", "reply", "line", "rsegs") and m["src"] < len(d["keys"]):
             ig.echo(device, d["keys"][m["src"]], m["epoch"], m["t"], now, m.get("probe"), m.get("why") == WHY_ASSIGN)
-        if kind in ("report", "reply", "line", "birth"):
+        if kind in ("report", "reply", "line", "rsegs", "birth"):
             m["hull"] = ig.cover(device, m["t"]) if stamped else now
-            m.setdefault("boot", rx[0] if rx else None)
+        m.setdefault("boot", rx[0] if rx else None)     # (the boot it is counted under: the final mirror's)
         t = m["t"] = ig.event(device, m["t"]) if stamped else now - ig.links.net
         if t < self.clock:
             self.stats["late"] += 1     # applied now; later than λ (not covered by a protocol's
             if now - t > self.tolerance:    # padding either): the answers meanwhile are revoked
                 self._revoke(device, t)
             t = self.clock
-        if self.segments.final:     # late for the final answers of a lag query (they went past its data)
-            self._revoke(device, m["t"], lagged=True)
         return t
 
     def _fresh_report(self, device, key, m):
@@ -109,30 +105,26 @@ class Resync:
         self.n += 1
         heapq.heappush(self.queue, (t, UP, self.n, device, kind, m))
 
-    def _revoke(self, device, since, lagged=False):
-        """The answers over ``device``'s sources from ``since`` to the clock may have been wrong, and the
-        final answers of lag queries over them from D before ``since`` (for a source in segment mode, what
-        the device sent then held data that old) to their final horizon; ``lagged``: only final answers,
-        and only if that horizon is past the window's start already."""
+    def _revoke(self, device, since):
+        """The provisional answers over ``device``'s sources from ``since`` to the clock may have been wrong
+        (final answers stand on uplinks in sequence order, ``replay.py``: never withdrawn)."""
         d = self.devices.get(device)
-        final = self.segments.final
         for key in d["keys"] if d else ():
-            lag = self.segments.mode[key][0] if key in self.segments.mode else 0.0
             for qid in self.by_source.get(key, ()):
-                if lagged and (final.get(qid) or -math.inf) + lag < since:
-                    continue        # (as the device adds: data of τ goes out by τ + D)
-                early = before(since, lag) if lag else since
-                self.segments.restate(qid)
-                end = max(self.clock, final.get(qid) or -math.inf)     # a lag query's finals reach that
-                a, b = self.revoked.get(qid, (early, end))
-                self.revoked[qid] = [min(a, early), max(b, end)]
+                a, b = self.revoked.get(qid, (since, self.clock))
+                self.revoked[qid] = [min(a, since), max(b, self.clock)]
                 self.dirty[qid] = None
 
     def _suspect(self, device, since):
-        """``device`` is out of sync: revoke its answers since ``since`` and degrade it from now on."""
+        """``device`` is out of sync: revoke its answers since ``since`` and degrade it from now on; its final
+        answers say so from its watermark until a birth restates it (unless only a control was lost, which
+        the final mirror's hull covers)."""
         if device in self.devices:
             self._revoke(device, since)
             self._set_online(device, False)
+            why = self.integrity.suspect.get(device)
+            if why is not None and why != CONTROL:
+                self.finals.replay.offline(device, (why, device))
 
     def _trust(self, device, settle=None):
         """Online unless suspect or settling after a birth (its values may be as recent as ``settle``)."""
@@ -167,7 +159,9 @@ class Resync:
             self.send_config(device)
             if self.integrity.links.acking(device) or self.integrity.offsets.sigma > 0:
                 self._link(device)
-        if type(what) is tuple:         # a probe or its reply lost: ask again, same id
+        if type(what) is tuple and what[0] == "segment":      # a segment mode or its answer lost
+            self.segments.resend(self, key, tries + 1)
+        elif type(what) is tuple:       # a probe or its reply lost: ask again, same id
             self.probe(key, token, tries + 1)
         elif stage == RETRY:            # the mirror covers its loss: send it again
             self._resend(key, (RETRY, None, tries + 1, False))

@@ -6,9 +6,8 @@ A mixin of ``Coordinator`` (coordinator.py): ``handle_uplink`` decodes and admit
 """
 import heapq
 
-from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, CAP_LINE, CAP_METER, PLAIN, newer
+from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, CAP_LINE, CAP_METER, PLAIN
 from edge.core import codec
-from edge.core.float32 import f32
 from backend.coordinator.core.admission import BAD
 from backend.coordinator.core.resync import UP
 
@@ -132,8 +131,6 @@ class Uplink:
             d["online"] = online
             for key in d["keys"]:
                 self.cache.set_online(key, online)
-                if not online:
-                    self.segments.offline(key, self.clock)
                 self.models.set_online(key, online, self.clock)
                 self._touch(key)
 
@@ -180,22 +177,19 @@ class Uplink:
                 # Trust the device's own state, then re-send what we want under an epoch newer than
                 # both sides' (the device may have rebooted to epoch 0, or kept ours).
                 want = (s.filt.width, list(s.filt.cons))
-                top = s.filt.epoch if newer(s.filt.epoch, rec["epoch"]) else rec["epoch"]
-                s.old = []
-                s.filt.rnd = f32 if d["single"] else None
-                s.filt.pad = d["single"]
-                s.unit = self.unit.get(device, 1)
-                s.filt.set_filter(rec["width"], [], rec["epoch"])
-                s.filt.center = None
+                self.cache.rebirth(key, rec["width"], rec["epoch"], m["t"], v, d["single"], self.unit.get(device, 1))
                 if v is not None:
-                    self.cache.report(key, rec["epoch"], m["t"], v)
                     self.models.observe(key, m["t"], v)
-                s.filt.epoch = top
                 self.protocol.resync(self, key, want)
-                self.segments.resync(self, key, m["t"])
+                self.segments.resync(self, key)
             self._touch(key)
 
     def _apply(self, device, kind, m):
+        if kind in codec.SCHEMAS:       # an uplink (not an event queued here): the final mirror's too
+            if kind == "gone":
+                self.finals.replay.offline(device, ("offline", device))
+            else:
+                self.finals.replay.uplink(device, kind, m)
         if kind == "birth":
             if not self.integrity.fresh_birth(device, m["boot"], m["seq"]):
                 return          # reordered behind a newer birth: its state and token are stale
@@ -212,7 +206,7 @@ class Uplink:
         if self._resync_event(device, kind, m):
             return
         self._trust(device)
-        if kind in ("report", "reply", "line"):
+        if kind in ("report", "reply", "line", "rsegs"):
             d = self.devices[device]
             if m["src"] >= len(d["keys"]):
                 self.admission.note(self.wall, device, BAD, "source index %d of %d" % (m["src"], len(d["keys"])))
@@ -220,6 +214,10 @@ class Uplink:
             key = d["keys"][m["src"]]
             if not self._fresh_report(device, key, m):
                 return          # reordered behind a newer report or birth: the mirror is newer already
+            if kind == "rsegs":         # the device's pending segments rode along
+                self.segments.receive(self, device, m)
+            elif kind != "reply":
+                self.segments.reported(self, key, m["t"])
             if m["v"] != NO_VALUE:
                 line = (m["td"], m["slope"], m["gap"]) if kind == "line" and m["gap"] > 0 else None
                 self.cache.report(key, m["epoch"], m["t"], m["v"], line)
@@ -229,4 +227,4 @@ class Uplink:
         elif kind == "blob":
             self.protocol.blob(self, device, m)
         elif kind == "segs":
-            self.segments.receive(self, device, m, self.unit.get(device, 1))
+            self.segments.receive(self, device, m)

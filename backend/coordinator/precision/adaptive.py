@@ -40,7 +40,7 @@ import math
 import random
 
 from backend.coordinator.core import aggregate
-from backend.coordinator.core.protocol import Protocol, range_constraints
+from backend.coordinator.core.protocol import Protocol, lagged, range_constraints, realtime
 # _PerKey is not used here: Spark state pickled before the constraint rows had their own module names it here
 from backend.coordinator.precision.rows import INF, _MARGIN, Rows, _PerKey, _per_key, burden_targets  # noqa: F401
 
@@ -86,6 +86,20 @@ class Adaptive(Protocol):
         self.pre = {}                       # padding: key -> width before the last shrink
         self.tick_t = -INF
         self.stats = {"growth": 0, "narrow": 0, "solves": 0}
+
+    def segments_needed(self, coord, key, width):
+        """Widths move within the lag-free rows; only a single-object row (a MIN/MAX of precision at most
+        ``width``) holds ``key``'s filter to no wider than its segments' ``width`` (a cut asks for segments
+        first: ``Mirror.ready``)."""
+        narrow = False
+        for qid in coord.by_source.get(key, ()):
+            q = coord.queries[qid]
+            if lagged(q) or q.kind == "count" and q.range is None:
+                continue
+            if q.kind not in ("min", "max") or q.precision > width:
+                return True
+            narrow = True
+        return not narrow
 
     # -- §4.1 padding ---------------------------------------------------------------
     def queue_latency(self, latency):
@@ -203,7 +217,7 @@ class Adaptive(Protocol):
             coord.assign_width(key, width)
 
     def queries_changed(self, coord, now):
-        self.rows = Rows(coord.queries, self.phi)
+        self.rows = Rows(realtime(coord), self.phi)
         self.use = {}
         self.targets = None
         rows = None

@@ -2,7 +2,7 @@
 import math
 
 from backend.coordinator.core import aggregate
-from backend.coordinator.core.protocol import Protocol, range_constraints
+from backend.coordinator.core.protocol import Protocol, lagged, range_constraints
 
 
 class Naive(Protocol):
@@ -10,27 +10,30 @@ class Naive(Protocol):
     name = "naive"
     local = True
     replaces = True
+    static = True
 
     def target(self, coord, key):
         return 0.0, []
 
 
 class Deadband(Protocol):
-    """Static uniform allocation: each source gets the narrowest uniform share of its queries."""
+    """Static uniform allocation: each source gets the narrowest uniform share of its (lag-free) queries."""
     name = "deadband"
     local = True
     replaces = True
+    static = True
 
     def target(self, coord, key):
         return target(coord, key)
 
 
 def target(coord, key):
-    """Deadband's filter for ``key``: the narrowest uniform share of its queries, and their range constraints
-    (also what the default adaptive rule's no-regret meter measures against: precision.regret)."""
+    """Deadband's filter for ``key``: the narrowest uniform share of its (lag-free) queries, and their range
+    constraints (also what the default adaptive rule's no-regret meter measures against: precision.regret)."""
     width = math.inf
     for qid in coord.by_source.get(key, ()):
-        width = min(width, aggregate.uniform_width(coord.queries[qid]))
+        if not lagged(coord.queries[qid]):
+            width = min(width, aggregate.uniform_width(coord.queries[qid]))
     return width, range_constraints(coord, key)
 
 

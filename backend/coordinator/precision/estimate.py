@@ -51,7 +51,8 @@ only when a measured saving pays for the messages:
   repaid the loan, the rule never falls behind deadband); past it every source is synced for a back-off
   that doubles each time, and each later try may lose half as much as the one before. A query change
   syncs the moved sources whose deadband filter changed. Sources whose devices do not meter (a micro:bit
-  behind its gateway, older firmware) keep deadband's filter.
+  behind its gateway, older firmware) keep deadband's filter; so does a source in segment mode, outside
+  the ledger (``regret.Guard._metered``), but for MIN/MAX cuts where they pay (``extremes.Ledger``).
 
 Idle coordinator ticks change nothing here (``quiet``), so the coordinator skips them.
 """
@@ -148,6 +149,11 @@ class Estimated(Guard, Adaptive):
         s = coord.cache.sources[key]
         t = coord.clock
         led = self.ledger
+        out = key in coord.segments.mode and self._meters(coord, key)
+        if out:
+            self._leave(coord, key)     # outside the ledger (regret.py)
+        elif key in led.rebase:
+            self._back(coord, key)
         meter = "n" in m and self._metered(coord, key)
         dk = led.report(key, m, coord.devices[s.device]["boot"], self.cost(key), self.decay) if meter else None
         if key not in self.rows.of:
@@ -174,10 +180,11 @@ class Estimated(Guard, Adaptive):
             self._second(coord)
         if v is not None and self.ceiling is not None:
             was = self._silent(coord, key)
-            for k in self.cuts.reported(coord, key, v, meter):
-                if not self._affords(coord, 2.0 * self.cost(k), k not in led.off, True):
-                    self.cuts.uncut(k)      # a cut that does not fit the loan is not made; a cut source
-                    if k != key or was:     # whose re-cut or promotion does not becomes its shadow's twin
+            for k in self.cuts.reported(coord, key, v, m["why"] == codec.WHY_EXIT, meter or out):
+                if self._metered(coord, k) and not self._affords(coord, 2.0 * self.cost(k), k not in led.off, True):
+                    sync = k != key or was  # a cut that does not fit the loan is not made; a cut source
+                    self.cuts.uncut(coord, k, sync)     # whose re-cut or promotion does not becomes its
+                    if sync:                            # shadow's twin
                         self._sync(coord, k)
                     continue
                 w = self._width(coord.cache.sources[k])
@@ -213,7 +220,7 @@ class Estimated(Guard, Adaptive):
         if self._confirming(coord) or not self._begin(coord, t):
             return
         src = coord.cache.sources
-        keys = [k for k in sorted(self.src) if k in self.rows.of and not self._silent(coord, k)]
+        keys = [k for k in sorted(self.src) if k in self.rows.of and not self._silent(coord, k) and self._metered(coord, k)]
         for k in keys:
             self._source(coord, k).accrue(t)
         self.alpha = alpha = self._fit_alpha()

@@ -11,10 +11,19 @@ the answer once it could become the extreme, which is exactly when it reports.
 - **Demote** a source when its known bound ends ``(reach + 1)·δ`` inside every MIN/MAX query it is in:
   cut c = L − reach·δ in each (one downlink, and the acknowledging report: the old bound stays in force
   until the device has it). Only sources in no SUM/AVG query, and all of a source's queries at once:
-  a source that keeps a width for one query would save nothing by a cut in another.
+  a source that keeps a width for one query would save nothing by a cut in another. Lag queries do not
+  count (their sources' segments serve them, ``core/segments.py``): a source that a lagged AVG and a
+  real-time MAX read is cut like one that only the MAX reads.
 - **Re-cut** when L drops so that L − c < (reach − 1)·δ: c := L − reach·δ again (the acknowledging
   report tells the value; a source found above the new cut is promoted).
 - **Promote** a source that reports above one of its cuts: back to an ordinary bound (width ≤ δ).
+- **Only where cuts pay** (``Ledger``): a cut episode costs messages (the demotion and each re-cut: a
+  control and its acknowledgement; the promotion: the report, a control and its acknowledgement; the
+  device's segments that go alone while its reports do not carry them) and saves the reports the source
+  would have sent meanwhile (its mean time between reports while it had a width). Where the extreme
+  sweeps up and down through its sources (a daily cycle every source follows), episodes are short and
+  re-cuts many, and cuts cost more than they save: a source is demoted only while the recent episodes of
+  its queries (the ones still open included) saved at least what they cost at its report rate.
 
 Precision: an out-source's bound ends at most at c + 2δ (top rung), or c + 2.5δ while its promotion
 to a width-δ bound is unconfirmed; the answer is [L, max hi], so it stays within δ while L − c ≥ 1.5δ:
@@ -25,10 +34,85 @@ Containment never depends on any of this: the backend mirrors the device's filte
 import math
 
 from backend.coordinator.core import aggregate
+from backend.coordinator.core.protocol import lagged
 
 INF = math.inf
 REACH = 4.0         # cuts sit this many δ beyond the answer's inner end (L for MAX, H for MIN)
 RUNGS = 3           # constraints c, c ± δ, c ± 2δ: how far a rising source stays bounded while promoted
+
+
+class Ledger:
+    """What cut episodes cost and last, per MIN/MAX query, and each source's time between reports uncut."""
+    DECAY = 0.75            # weight of the older closed episodes at each new one
+
+    def __init__(self):
+        self.gap = {}       # key -> [mean time between its exit reports while uncut (None: unknown), last one]
+        self.open = {}      # key -> [demoted at, messages so far, lone segment messages of its device then, qids]
+        self.book = {}      # qid -> [episodes, their time, their messages] of closed episodes (decayed)
+        self.live = {}      # qid -> [open episodes, sum of their starts, their messages so far]
+
+    def exited(self, key, t):
+        g = self.gap.setdefault(key, [None, None])
+        if g[1] is not None and t >= g[1]:
+            g[0] = t - g[1] if g[0] is None else 0.8 * g[0] + 0.2 * (t - g[1])
+        g[1] = t
+
+    def pays(self, key, qids, t):
+        """Whether cutting ``key`` out of ``qids`` at ``t`` should save more reports than it costs: once its
+        time between reports is measured, at that rate over the recent episodes of its queries (optimistic
+        before any)."""
+        gap = self.gap.get(key, (None,))[0]
+        if gap is None:
+            return False
+        for qid in qids:
+            n, dt, m = self.book.get(qid, (0.0, 0.0, 0.0))
+            k, starts, mo = self.live.get(qid, (0, 0.0, 0.0))
+            if n + k >= 1 and (dt + k * t - starts) / (gap if gap > 0 else 1e-300) < m + mo:
+                return False
+        return True
+
+    def demoted(self, key, qids, t, alone):
+        self.open[key] = [t, 2.0, alone, qids]
+        for qid in qids:
+            lv = self.live.setdefault(qid, [0, 0.0, 0.0])
+            lv[0], lv[1], lv[2] = lv[0] + 1, lv[1] + t, lv[2] + 2.0
+
+    def recut(self, key):
+        ep = self.open.get(key)
+        if ep is not None:
+            ep[1] += 2.0
+            for qid in ep[3]:
+                self.live[qid][2] += 2.0
+
+    def keep(self, cut, queries):
+        """Only the episodes of the keys in ``cut`` go on, and the books of the ``queries``."""
+        for key in [k for k in self.open if k not in cut]:
+            t0, m, _, qids = self.open.pop(key)
+            for qid in qids:
+                lv = self.live[qid]
+                lv[0], lv[1], lv[2] = lv[0] - 1, lv[1] - t0, lv[2] - m
+        self.book = {qid: b for qid, b in self.book.items() if qid in queries}
+        self.live = {qid: lv for qid, lv in self.live.items() if qid in queries}
+
+    def worth(self, key, t):
+        """Whether ``key``'s open episode has saved so far at least what its re-cuts cost, this one included
+        (its demotion is sunk: giving its width back costs as much again)."""
+        ep, gap = self.open.get(key), self.gap[key][0]
+        return ep is None or (t - ep[0]) / (gap if gap > 0 else 1e-300) >= ep[1]
+
+    def promoted(self, key, t, alone, extra=3.0):
+        """``key``'s episode ended at ``t``: on a report above its cut (``extra``: the report, the control
+        giving its width back and its acknowledgement), or abandoned (the control and acknowledgement)."""
+        ep = self.open.pop(key, None)
+        if ep is None:
+            return
+        cost = ep[1] + extra + max(0, alone - ep[2])
+        for qid in ep[3]:
+            lv = self.live[qid]
+            lv[0], lv[1], lv[2] = lv[0] - 1, lv[1] - ep[0], lv[2] - ep[1]
+            b = self.book.setdefault(qid, [0.0, 0.0, 0.0])
+            b[0], b[1], b[2] = self.DECAY * b[0] + 1.0, self.DECAY * b[1] + (t - ep[0]), self.DECAY * b[2] + cost
+        self.gap.setdefault(key, [None, None])[1] = t
 
 
 class Cuts:
@@ -42,23 +126,27 @@ class Cuts:
         self.prec = {}          # qid -> precision the cuts were made for
         self.edge = {}          # qid -> its innermost cut (or one beyond it), so most reports skip the re-cut scan
         self.stats = {} if stats is None else stats        # counters, in the protocol's stats when given
-        self.stats.update({"demoted": 0, "recut": 0, "promoted": 0})
+        self.stats.update({"demoted": 0, "recut": 0, "promoted": 0, "abandoned": 0})
+        self.ledger = Ledger()
 
     def reset(self, coord):
         """Drop the cuts of queries that are gone or whose precision or sources changed."""
         qs = coord.queries
-        keep = {qid for qid, q in qs.items() if q.kind in ("min", "max") and self.prec.get(qid) == q.precision}
+        ext = {qid: q for qid, q in qs.items() if q.kind in ("min", "max") and not lagged(q)}
+        keep = {qid for qid, q in ext.items() if self.prec.get(qid) == q.precision}
         self.cut = {p: c for p, c in self.cut.items() if p[0] in keep and p[1] in qs[p[0]].weights}
-        self.prec = {qid: q.precision for qid, q in qs.items() if q.kind in ("min", "max")}
+        self.prec = {qid: q.precision for qid, q in ext.items()}
+        self.ledger.keep({p[1] for p in self.cut}, ext)
         self.edge = {qid: e for qid, e in self.edge.items() if qid in keep}
 
-    def clear(self):
-        """Drop every cut (the sources go back to their bounds)."""
-        self.cut, self.edge = {}, {}
-
-    def uncut(self, key):
-        """Drop ``key``'s cuts (it keeps its bound)."""
-        self.cut = {p: c for p, c in self.cut.items() if p[1] != key}
+    def uncut(self, coord, key, sent=True):
+        """Drop ``key``'s cuts (it keeps its bound): its episode ends as abandoned, or, ``sent`` False (a
+        demotion not made after all), is forgotten."""
+        if any(p[1] == key for p in self.cut):
+            if sent:
+                self.ledger.promoted(key, coord.clock, self._alone(coord, key), 2.0)
+            self.cut = {p: c for p, c in self.cut.items() if p[1] != key}
+            self.ledger.keep({p[1] for p in self.cut}, self.prec)
 
     def constraints(self, coord, key):
         """The rung constraints of ``key``'s cuts, in query order."""
@@ -79,6 +167,8 @@ class Cuts:
         out = False
         for qid in qids:
             q = coord.queries[qid]
+            if lagged(q):
+                continue
             if q.kind in ("min", "max"):
                 if (qid, key) not in self.cut:
                     return False
@@ -87,26 +177,32 @@ class Cuts:
                 return False
         return out
 
-    def reported(self, coord, key, v, cut=True):
-        """A report of ``key`` (value ``v``) was applied: the keys whose cuts changed, in order; ``cut``:
-        whether ``key`` itself may be cut.
+    def reported(self, coord, key, v, exit=True, cut=True):
+        """A report of ``key`` (value ``v``; ``exit``: it left its bound) was applied: the keys whose cuts
+        changed, in order; ``cut``: whether ``key`` itself may be cut.
 
         A source's cuts go together: it is out of all its MIN/MAX queries (silent) or of none, since a
         source still in one keeps its width and a cut for another would only cost messages."""
         changed = {}
-        qids = [qid for qid in sorted(coord.by_source.get(key, ())) if coord.queries[qid].kind in ("min", "max")]
+        qs = [coord.queries[qid] for qid in sorted(coord.by_source.get(key, ())) if not lagged(coord.queries[qid])]
+        qids = [q.id for q in qs if q.kind in ("min", "max")]
         if not qids:
             return []
         # a source that a SUM/AVG query needs keeps a width anyway: no cut (but its reports move the extremes)
-        free = cut and not any(coord.queries[qid].kind in ("sum", "avg") for qid in coord.by_source[key])
+        free = cut and not any(q.kind in ("sum", "avg") for q in qs)
         ends = {qid: self._inner(coord, coord.queries[qid]) for qid in qids}
+        t, book = coord.clock, self.ledger
         if free and (qids[0], key) in self.cut:
             if any(_side(coord.queries[qid]) * (v - self.cut[(qid, key)]) > 0 for qid in qids):
                 for qid in qids:        # it could become an extreme: an ordinary bound again
                     del self.cut[(qid, key)]
                 self.stats["promoted"] += 1
+                book.promoted(key, t, self._alone(coord, key))
                 changed[key] = None
-        elif free and all(ends[qid] is not None for qid in qids):
+            return self._recuts(coord, qids, ends, changed)
+        if exit:
+            book.exited(key, t)
+        if free and all(ends[qid] is not None for qid in qids):
             a, b = coord.cache.known(key)
             far = True
             for qid in qids:
@@ -114,11 +210,17 @@ class Cuts:
                 s = _side(q)
                 near = b if s > 0 else a            # the end of key's bound that faces the extreme
                 far = far and q.precision > 0 and s * (ends[qid] - near) >= (self.reach + 1.0) * q.precision
-            if far:
+            # (a lag query's source needs its segments first)
+            if far and book.pays(key, qids, t) and coord.segments.ready(coord, key):
                 for qid in qids:
                     self._set(coord.queries[qid], key, ends[qid])
                 self.stats["demoted"] += 1
+                book.demoted(key, qids, t, self._alone(coord, key))
                 changed[key] = None
+        return self._recuts(coord, qids, ends, changed)
+
+    def _recuts(self, coord, qids, ends, changed):
+        """Re-cut the sources of ``qids`` whose cuts the inner ends ``ends`` came too close to."""
         for qid in qids:
             q, inner = coord.queries[qid], ends[qid]
             s, d = _side(q), q.precision
@@ -128,14 +230,25 @@ class Cuts:
             # the inner end moved towards the cuts: re-cut those too close, find the new innermost
             self.edge[qid] = None
             for p, c in list(self.cut.items()):
-                if p[0] != qid:
+                if p[0] != qid or p not in self.cut:
                     continue
                 if s * (inner - c) < (self.reach - 1.0) * d:
-                    self.stats["recut"] += 1
                     changed[p[1]] = None
+                    if not self.ledger.worth(p[1], coord.clock):     # it costs more than it saves: a width again
+                        for x in [x for x in self.cut if x[1] == p[1]]:
+                            del self.cut[x]
+                        self.stats["abandoned"] += 1
+                        self.ledger.promoted(p[1], coord.clock, self._alone(coord, p[1]), 2.0)
+                        continue
+                    self.stats["recut"] += 1
+                    self.ledger.recut(p[1])
                     c = inner - s * self.reach * d
                 self._set(q, p[1], inner, c)
         return list(changed)
+
+    @staticmethod
+    def _alone(coord, key):
+        return coord.segments.alone.get(coord.cache.sources[key].device, 0)
 
     def _inner(self, coord, q):
         """The answer's end that cuts are measured from: L = max lo (MAX), H = min hi (MIN); None if unbounded."""

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from scipy.optimize import minimize
 
-from backend.coordinator.core.protocol import Protocol, range_constraints
+from backend.coordinator.core.protocol import Protocol, range_constraints, realtime
 from backend.coordinator.precision.rows import Rows, _per_key
 
 
@@ -59,6 +59,7 @@ class OptimalStatic(Protocol):
     """Static widths from the App. F optimisation, fixed for as long as the queries are."""
     name = "optimal_static"
     replaces = True
+    static = True
 
     def __init__(self, steps=None, cost=1.0, iters=1000):
         self.cost = _per_key(cost, "cost")
@@ -79,7 +80,7 @@ class OptimalStatic(Protocol):
             self.var = step_variance(keys, np.asarray(times), np.asarray(sources), np.asarray(values))
 
     def queries_changed(self, coord, now):
-        self.widths = solve(Rows(coord.queries), self.var, self.cost, self.iters)
+        self.widths = solve(Rows(realtime(coord)), self.var, self.cost, self.iters)
         Protocol.queries_changed(self, coord, now)
 
     def target(self, coord, key):

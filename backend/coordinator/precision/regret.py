@@ -17,6 +17,9 @@ same readings, so syncing every ``off`` source stops the difference from growing
 (``estimate.Estimated``) keeps gap + reserve + what may be in flight within the loan at every report and
 every control, so the rule never sends more than deadband plus its loan at any prefix of a run.
 
+A source in segment mode (core/segments.py) is outside the ledger (``_metered``, ``_leave``, ``_back``):
+it keeps deadband's filter but for MIN/MAX cuts where they pay, its controls all flagged METER.
+
 ``Guard`` is that half of ``estimate.Estimated`` (a mixin): deadband's filter per source (``_home``), the
 controls flagged METER and counted (``_install``), SYNC (``_sync``, ``_revert`` in two steps so that no row
 holds more than its budget meanwhile), the settle after a query change, the loan and the trailing stop.
@@ -33,7 +36,7 @@ _M16 = 0xFFFF
 
 
 class Ledger:
-    __slots__ = ("real", "dead", "counts", "off", "told", "acks", "reserve", "flow")
+    __slots__ = ("real", "dead", "counts", "off", "told", "acks", "reserve", "flow", "rebase")
 
     def __init__(self):
         self.real = 0.0         # messages the rule really cost
@@ -44,6 +47,7 @@ class Ledger:
         self.acks = {}          # key -> cost: acknowledgements of SYNCs and moves still to come
         self.reserve = 0.0      # what syncing every ``off`` source costs, plus the acknowledgements to come
         self.flow = {}          # key -> [readings, seconds, time of the latest report], decayed
+        self.rebase = set()     # keys back from outside the ledger: their next report restarts their count
 
     def gap(self):
         """real − deadband so far."""
@@ -55,7 +59,12 @@ class Ledger:
         self.real += cost
         last = self.counts.get(key)
         fresh = last is None or last[2] != boot     # a meter counts from 0 (a reboot starts a new one)
-        self.dead += cost * (m["n"] if fresh else (m["n"] - last[0]) & _M16)
+        if key in self.rebase:      # a twin's report (``leave``): deadband's too
+            self.rebase.discard(key)
+            self.dead += cost
+            last, fresh = None, True
+        else:
+            self.dead += cost * (m["n"] if fresh else (m["n"] - last[0]) & _M16)
         self.counts[key] = (m["n"], m["k"], boot)
         if (m["why"] == WHY_SYNC or m["why"] == WHY_ASSIGN) and key in self.acks:
             self.reserve -= self.acks.pop(key)
@@ -96,6 +105,17 @@ class Ledger:
             self.reserve -= 2 * self.off.pop(key)
         self._await(key, cost, ack)
 
+    def leave(self, key):
+        """``key`` leaves the ledger (segment mode) as its shadow's twin: what it owed goes, and its count
+        restarts at its next report in the ledger (its device's meter counted its reports outside)."""
+        if key in self.off:
+            self.reserve -= 2 * self.off.pop(key)
+        if key in self.acks:
+            self.reserve -= self.acks.pop(key)
+        for book in (self.counts, self.told, self.flow):
+            book.pop(key, None)
+        self.rebase.add(key)
+
     def _await(self, key, cost, ack):
         if ack and key not in self.acks:
             self.acks[key] = cost
@@ -115,9 +135,37 @@ class Guard:
     def _uniform(self, coord, key):
         return self._home(coord, key)[0]
 
-    def _metered(self, coord, key):
-        """Whether ``key``'s device meters plain deadband (edge.core.meter): only such sources move."""
+    def _meters(self, coord, key):
+        """Whether ``key``'s device meters plain deadband (edge.core.meter): its controls say when they are
+        deadband's (METER)."""
         return self.rate is None and coord.devices[coord.cache.sources[key].device].get("meter", False)
+
+    def _metered(self, coord, key):
+        """Whether ``key`` is in the ledger: only such sources move. Not a source in segment mode
+        (core/segments.py): its real-time exits go as ``rsegs``, which carry segments and no counts, from a
+        constant filter whatever model deadband's shadow follows, so its meter cannot weigh it against
+        deadband; it keeps deadband's filter (the lag-free queries' uniform width), its reports deadband's."""
+        return self._meters(coord, key) and key not in coord.segments.mode
+
+    def _leave(self, coord, key):
+        """``key`` (its device meters) goes outside the ledger: synced first if it had moved (the report that
+        found it so counts as real), then out, its shadow's twin. Outside, MIN/MAX cuts apply to it as the
+        cut episodes' own ledger (``extremes.Ledger``) has them pay, every control flagged METER (the meter
+        follows its real filter: no shadow, no count reports)."""
+        led = self.ledger
+        if key in led.off:
+            led.real += self.cost(key)
+            self._revert(coord, coord.clock, False, [key])
+        if key in led.off or key in led.acks or key in led.counts or key in led.told:
+            led.leave(key)
+
+    def _back(self, coord, key):
+        """``key`` is back in the ledger (out of segment mode): deadband's filter again (uncut, METER)."""
+        s = coord.cache.sources[key]
+        home = self._home(coord, key)
+        if self.cuts.constraints(coord, key) or (s.filt.width, s.filt.cons) != (s.filt._r(home[0]), s.filt._cons(home[1])):
+            self.cuts.uncut(coord, key)
+            self._install(coord, key, home[0])
 
     def _hard(self):
         """The loan: ``guard`` messages, by default as many as the queried sources (at least 8)."""
@@ -155,7 +203,8 @@ class Guard:
         home = self._home(coord, key)
         meter = self._metered(coord, key)
         # deadband's filter on a source that is deadband's twin (a moved one keeps its shadow until a SYNC)
-        twin = meter and key not in self.ledger.off and cons == home[1] and s.filt._r(width) == s.filt._r(home[0])
+        twin = self._meters(coord, key) and (not meter or key not in self.ledger.off and cons == home[1]
+                                             and s.filt._r(width) == s.filt._r(home[0]))
         flags = codec.METER if twin else 0
         st = self._source(coord, key) if meter and key in self.rows.of else None
         if st is not None:
@@ -164,7 +213,7 @@ class Guard:
         if cons != s.filt.cons or (forced and cons):
             self._moved(key)
             coord.assign_filter(key, width, cons, flags=flags)
-        elif s.filt._r(width) != s.filt.width or forced or (twin and self.ledger.told.get(key) != home):
+        elif s.filt._r(width) != s.filt.width or forced or (meter and twin and self.ledger.told.get(key) != home):
             if s.filt._r(width) < s.filt.width:
                 self.stats["narrow"] += 1
             self._moved(key)
@@ -195,12 +244,10 @@ class Guard:
         deadband's width first, the others once those are acknowledged (no row holds more than its budget
         meanwhile); ``backoff``: then try again only after a back-off that doubles each time, with half the loan."""
         self.target, self.narrowing = {}, set()
-        if keys is None:
-            self.cuts.clear()
         src = coord.cache.sources
         first, self.later = [], []
         for key in sorted(self.ledger.off if keys is None else keys):
-            self.cuts.uncut(key)
+            self.cuts.uncut(coord, key)
             (first if self._width(src[key]) >= self._home(coord, key)[0] else self.later).append(key)
         for key in first:
             self._sync(coord, key)

@@ -83,6 +83,7 @@ class RelayAggregate(Protocol):
     """The paper's method: relays send forecast and correct bodies instead of frequent items."""
     name = "relay"
     kinds = ("count", "sum", "join")
+    finals = False      # its answers carry the relay's own "final" (the last window item counted)
     topology = "relay"
     relay_params = {}                   # what the relays of this protocol run (overrides)
 

@@ -1,0 +1,220 @@
+"""The final mirror (DESIGN.md §4 final answers): Olston et al. 2003 §1.2.3 bounds replayed in event time, in
+each device's own sequence order; segments (Elmeleegy et al. 2009) taken the same way.
+
+The live mirror applies an uplink when the λ-queue releases it: a late one at the current clock, a reordered
+older report not at all, so its history of bounds is not exact. Here every uplink the coordinator releases
+is taken in its device's sequence order once no number before it is missing, at its own event time, with the
+backend's controls (widths, filters with their epochs, periodic shrinks, segment modes) at the event times they
+were made, into a bound cache of its own (the same hull rules: a narrowing keeps the old mirror until a report
+carries its epoch, here whether the protocol counts on it or not; a report from a clock off by up to σ keeps
+the mirrors before it until the latest instant it can have happened). After each instant a source's known
+bound is recorded as a piece ``[a, lo, hi, dlo, dhi, why, mem]`` (``lines.py``); a source in segment mode
+records its segments instead.
+
+**Watermark** (``sequence.py``: each device's uplinks in sequence order). A report-mode source's pieces hold
+before its device's watermark W; a segment-mode source's before W − D (data of τ is sent by τ + D; a committed
+line is not trusted past what was heard), a whole flush's stamp for a committed line, or a mark's. A lost source
+says why from its limit on; a device lost for good moves with the clock until a birth restates it (from the
+latest instant it can have been sent). Controls are kept until replayed: the coordinator makes them at its event
+clock, which every released uplink's time is at most.
+"""
+import heapq
+import math
+
+from backend.coordinator.core.boundcache import BoundCache, shrink_source
+from backend.coordinator.core.lines import A, LO
+from backend.coordinator.core.segments import before
+from backend.coordinator.core.sequence import REPORT, SEGMENT, Sequence
+from edge.core.predict import horizon
+
+INF = math.inf
+
+
+class FinalCache(BoundCache):
+    """A bound cache replayed one source at a time: a line's next restatement is kept on its source only."""
+
+    def refresh(self, s, t):
+        s.due = t + horizon(s.filt.gap) / s.unit
+
+
+class Replay(Sequence):
+    def __init__(self, sink):
+        self.sink = sink        # .piece(key, p), .moved(key), .floor(key), .low(key), .rng {key: count ranges}
+        self.cache = FinalCache()
+        self.dev = {}
+        self.src = {}
+        self.shrinks = []       # (t, fraction) of every periodic shrink
+        self.n = 0
+
+    # -- controls ---------------------------------------------------------------------------------------
+    def control(self, key, t, op, args):
+        """A control made at event time ``t``: ``("width", (width, epoch))`` or ``("filter", (width, cons, epoch))``."""
+        if key in self.src:
+            self._push(key, t, op, args)
+
+    def shrink(self, t, frac):
+        """Olston §3.1's periodic shrink of every filter at tick ``t`` (in order with the controls around it)."""
+        self.n += 1
+        self.shrinks.append((t, self.n, frac))
+
+    def mode(self, key, t, d, model):
+        """A segment-mode control made at ``t``: D seconds (``model`` 0: back to reports)."""
+        s = self.src.get(key)
+        if s is None:
+            return
+        if model:
+            s.lag = d
+            if s.mode == REPORT and s.pend is None:
+                s.pend = t
+        else:
+            s.pend = None
+        self.sink.moved(key)
+
+    def _lose(self, key, why, gap=False):
+        s = self.src[key]
+        if s.lost is not None:      # (lost again: only what is taken in after this gap speaks for it)
+            s.gap = self.n if gap and s.gap else 0
+            if not s.gap and s.limit != INF:
+                s.limit = INF
+                self.sink.moved(key)
+            return
+        self._replay(key, s.limit)
+        s.lost, s.gap = why, self.n if gap else 0
+        self._piece(key, s, [s.limit, -INF, INF, 0.0, 0.0, why, None])
+        if not gap:
+            s.limit = INF
+            self.sink.moved(key)
+
+    def _resume(self, key, s, n, hull):
+        """A gap-lost source speaks again (by an uplink taken after the gap): known from the latest instant it
+        can have spoken (``hull``), never before a final answer went."""
+        if s.lost is not None and s.gap and n > s.gap:
+            s.lost, s.gap = None, 0
+            s.floor = max(s.floor, hull, self.sink.floor(key))
+
+    # -- replay -----------------------------------------------------------------------------------------
+    def _push(self, key, t, op, args):
+        self.n += 1
+        heapq.heappush(self.src[key].heap, (t, self.n, op, args))
+
+    def _advance(self, key):
+        """Replay ``key`` as far as its device's uplinks are complete; its limit moves there."""
+        if key is None:
+            return
+        s = self.src[key]
+        if s.lost is not None and not s.gap:
+            return
+        d = self.dev[s.device]
+        if s.mode == SEGMENT:
+            lim = max(before(d.w, s.lag), d.mark)
+        elif s.pend is not None:
+            lim = max(min(d.w, s.pend), before(d.w, s.lag), d.mark)
+        else:
+            lim = max(d.w, d.mark)
+        if s.taken is not None:
+            lim = max(lim, s.proof)
+        self._replay(key, lim)
+        if s.mode == SEGMENT:
+            lim = min(lim, s.cover)
+        if lim > s.limit:
+            s.limit = lim
+            self.sink.moved(key)
+
+    def _replay(self, key, limit, record=True):
+        """Apply ``key``'s events before ``limit`` in (time, order made) order, its pieces after each instant."""
+        s = self.src[key]
+        c, heap, shrinks = self.cache, s.heap, self.shrinks
+        while True:
+            f = c.sources.get(key)
+            due = f.due if f is not None and f.due is not None else INF
+            t = min(heap[0][0] if heap else INF, shrinks[s.si][0] if s.si < len(shrinks) else INF, due)
+            if t >= limit:
+                return
+            c.now = t
+            while True:         # (a tick's shrink comes after what was applied before it, as live)
+                a = heap[0] if heap and heap[0][0] == t else None
+                b = shrinks[s.si] if s.si < len(shrinks) and shrinks[s.si][0] == t else None
+                if a is None and b is None:
+                    break
+                if b is None or a is not None and a[1] < b[1]:
+                    _, n, op, args = heapq.heappop(heap)
+                    self._op(key, s, t, n, op, args, record)
+                else:
+                    s.si += 1
+                    f = c.sources.get(key)
+                    if f is not None:
+                        shrink_source(f, b[2])
+            f = c.sources.get(key)
+            if f is not None and f.due == t:
+                c.refresh(f, t)
+            if record and s.mode == REPORT and s.lost is None and f is not None:
+                self._record(key, s, t)
+
+    def _op(self, key, s, t, n, op, args, record):
+        c = self.cache
+        if op == "birth":
+            i, width, epoch, v, single, unit, hull = args
+            if key not in c.sources:
+                c.add(key, s.device, i, width, epoch, v, single, unit)
+                s.floor = max(s.floor, hull)
+            else:
+                if s.lost is None and hull > t:     # the device may have kept its old state until then
+                    c.hold(key, hull)
+                    self._push(key, hull, "release", ())
+                c.rebirth(key, width, epoch, t, v, single, unit)
+            if s.lost is not None and (not s.gap or n > s.gap):     # what it was before is unknown: the birth
+                s.lost, s.gap = None, 0                             # speaks from its latest instant
+                s.floor = max(s.floor, hull, self.sink.floor(key))
+        elif key not in c.sources:
+            return
+        elif op == "report":
+            epoch, v, line, hull, kind = args
+            if hull > t:
+                c.hold(key, hull)
+                self._push(key, hull, "release", ())
+            c.report(key, epoch, t, v, line)
+            if s.lost is not None:
+                self._resume(key, s, n, hull)
+            if kind not in ("reply", "rsegs") and s.mode == SEGMENT:
+                s.mode, s.cover = REPORT, INF     # back to reports (after the segments up to here)
+        elif op == "width":
+            c.set_width(key, args[0], epoch=args[1])
+        elif op == "filter":        # kept until confirmed even when the protocol counts on it at once
+            c.set_filter(key, args[0], args[1], keep_old=True, epoch=args[2])
+        elif op == "release":
+            c.release(key, t)
+        elif op == "seg" and (s.lost is None or s.gap):
+            piece, e = args
+            self._resume(key, s, n, t)
+            s.mode, s.pend, s.cover = SEGMENT, None, e
+            if record and s.lost is None:
+                self._piece(key, s, piece)
+
+    def _record(self, key, s, t):
+        lo, hi = self.cache.known(key)
+        rs = self.sink.rng.get(key)
+        mem = {r: self.cache.member(key, r) for r in rs} if rs else None
+        f = self.cache.sources[key]
+        fs = [f.filt] + f.old + [g for _, g in f.prior] if f.old or f.prior else (f.filt,)
+        why = ("no reading yet", key) if any(g.center is None for g in fs) else None     # (or not before it)
+        self._piece(key, s, [t, lo, hi, 0.0, 0.0, why, mem])
+
+    def _piece(self, key, s, p):
+        ps = s.pieces
+        floor = max(s.floor, ps[-1][A] if ps else -INF)
+        if p[A] < floor:        # final answers went past (or a segment from before a loss): from there on its line
+            p = [floor, p[LO] + p[3] * (floor - p[A]) if p[3] and abs(p[LO]) < INF else p[LO],
+                 p[2] + p[4] * (floor - p[A]) if p[4] and abs(p[2]) < INF else p[2]] + p[3:]
+        if ps and ps[-1][1:] == p[1:] and not (p[3] or p[4]):
+            return
+        if ps and ps[-1][A] == p[A]:
+            ps[-1][1:] = p[1:]
+            return
+        ps.append(p)
+        self.sink.piece(key, p)
+        if len(ps) > 16:
+            low = self.sink.low(key)
+            i = 0
+            while i + 1 < len(ps) and ps[i + 1][A] <= low:
+                i += 1
+            del ps[:i]

@@ -1,0 +1,54 @@
+"""Ground truth for final answers (DESIGN.md §4; backend/coordinator/core/finals.py): every final answer of every
+aggregate kind against the exact step function, without exception.
+
+A final answer ``(t, lo, hi, dlo, dhi, degraded)`` states that from ``t`` until the next final answer of its
+query (the last one: until the query's final horizon) the exact aggregate lies in [lo + dlo·(τ−t),
+hi + dhi·(τ−t)]. The truth is constant between its changes and the bounds are linear, so containment over an
+overlap [u, v) holds iff it holds at u and at v (as a limit): both ends are checked, as is the width against
+the precision in force. Nothing exempts a final answer: a revoked window withdraws provisional answers only.
+A final answer is never withdrawn nor restated either: one starting before the horizon an earlier final answer
+of its query reached counts as ``final_revoked``.
+"""
+from backend.sim.truth import TOL
+
+
+def _pct(xs, p):
+    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else None
+
+
+def check_final(truth, finals, horizon, precision, emitted=()):
+    """``truth``: [(t, exact, scale)]; ``finals``: [(t, lo, hi, dlo, dhi, degraded, watermark)] in issue order;
+    ``horizon``: the time through which the finals hold; ``precision``: [(t, δ)] in time order; ``emitted``: the
+    clock each final answer was issued at (for its latency).
+    Returns {"finals", "final_violations", "final_precision_misses", "final_revoked", "final_degraded",
+    "final_from", "final_through", "final_latency": {"p50", "p99", "max"}}."""
+    bad = misses = revoked = degraded = 0
+    reached, batch = -float("inf"), None      # the horizon before the batch a final answer was issued in
+    for f in finals:
+        if f[6] != batch:
+            reached, batch = max(reached, batch if batch is not None else reached), f[6]
+        revoked += f[0] < reached
+    j = 0
+    for k, (t, lo, hi, dlo, dhi, deg, _) in enumerate(finals):
+        end = finals[k + 1][0] if k + 1 < len(finals) else horizon
+        degraded += bool(deg)
+        if end <= t or deg:
+            continue
+        delta = [d for at, d in precision if at <= t][-1:] or [precision[0][1]]
+        while j + 1 < len(truth) and truth[j + 1][0] <= t:
+            j += 1
+        i = j
+        while i < len(truth) and truth[i][0] < end:
+            u = max(t, truth[i][0])
+            v = min(end, truth[i + 1][0]) if i + 1 < len(truth) else end
+            _, x, scale = truth[i]
+            tol = TOL * (1.0 + scale + abs(x))
+            ends = [(lo + dlo * (tau - t), hi + dhi * (tau - t)) for tau in (u, v)]
+            bad += any(not a - tol <= x <= b + tol for a, b in ends)
+            misses += any(b - a > delta[0] + tol for a, b in ends)
+            i += 1
+    late = sorted(at - f[0] for f, at in zip(finals, emitted))
+    return {"finals": len(finals), "final_violations": bad, "final_precision_misses": misses,
+            "final_revoked": revoked, "final_degraded": degraded,
+            "final_from": finals[0][0] if finals else None, "final_through": horizon if finals else None,
+            "final_latency": {"p50": _pct(late, 0.5), "p99": _pct(late, 0.99), "max": late[-1] if late else None}}

@@ -1,0 +1,276 @@
+"""Final answers (backend/coordinator/core/finals.py, replay.py, lines.py): the incremental engine against a batch
+oracle on every prefix of a run, its lines against brute force, and every final answer against ground truth."""
+import bisect
+import math
+import random
+from fractions import Fraction
+
+import pytest
+
+from backend.coordinator.core import finals as finals_mod
+from backend.coordinator.core.envelope import crossing
+from backend.coordinator.core.lines import A, HI, LO, SLACK, WHY, Lines, value
+from backend.coordinator.core.queries import parse_query
+from backend.sim import engine
+
+INF = math.inf
+
+
+# -- brute force ------------------------------------------------------------------------------------------
+def _sum_line(q, ps, t):
+    """SUM/AVG of pieces ``ps`` (key -> piece) at ``t`` as the engine states it: the exact sum (Fractions)
+    rounded once, divided by n for an AVG, then one step outwards."""
+    n = len(q.sources) if q.kind == "avg" else 1
+    out = []
+    for side, way in ((LO, -INF), (HI, INF)):
+        v = s = Fraction(0)
+        inf = False
+        for k in q.sources:
+            w = q.weights[k]
+            e = side if w > 0 else LO + HI - side
+            p = ps[k]
+            if abs(p[e]) == INF:
+                inf = True
+                break
+            v += Fraction(w) * (Fraction(p[e]) + Fraction(p[e + 2]) * (Fraction(t) - Fraction(p[A])))
+            s += Fraction(w) * Fraction(p[e + 2])
+        if inf:
+            out.append((way, 0.0))
+            continue
+        fv, fs = float(v), float(s)
+        if n != 1:
+            fv, fs = fv / n, fs / n
+        out.append((math.nextafter(fv, way), math.nextafter(fs, way) if fs else 0.0))
+    return out[0][0], out[1][0], out[0][1], out[1][1]
+
+
+def _top(lines, t):
+    """Index of the upper envelope's line at ``t`` (then on): highest there, then steepest, then first."""
+    return max(range(len(lines)), key=lambda i: (value(lines[i], LO, t), lines[i][3], -i))
+
+
+def _envelope(lines, t, end):
+    """[(from, i)] of the upper envelope of ``lines`` (pieces' LO lines) over [t, end), by brute force."""
+    out = [(t, _top(lines, t))]
+    while True:
+        w = lines[out[-1][1]]
+        nxt = INF
+        for j, p in enumerate(lines):
+            if p[3] > w[3] and abs(p[LO]) < INF and abs(w[LO]) < INF:
+                c = crossing(w[LO], w[3], w[A], p[LO], p[3], p[A])
+                if out[-1][0] < c < nxt:
+                    nxt = c
+        if nxt >= end:
+            return out
+        out.append((nxt, _top(lines, nxt)))
+
+
+def batch(q, pieces, f0, h, precision):
+    """The final answers of ``q`` over [f0, h) from complete per-source piece histories, from scratch."""
+    starts = sorted({p[A] for k in q.sources for p in pieces[k] if f0 < p[A] < h} | {f0})
+    out = []
+    for i, t in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else h
+        ps = {}
+        for k in q.sources:
+            hist = pieces[k]
+            j = bisect.bisect_right([p[A] for p in hist], t) - 1
+            ps[k] = hist[j] if j >= 0 else [t, -INF, INF, 0.0, 0.0, ("no data yet", k), None]
+        why = {ps[k][WHY] for k in q.sources if ps[k][WHY] is not None}
+        if q.kind in ("sum", "avg"):
+            recs = [(t, _sum_line(q, ps, t))]
+        elif q.kind == "count":
+            a, b = q.range
+            sure = maybe = 0
+            for k in q.sources:
+                p = ps[k]
+                m = p[6][q.range] if p[6] and q.range in p[6] else (int(a <= p[LO] and p[HI] <= b), int(p[HI] >= a and p[LO] <= b))
+                sure, maybe = sure + m[0], maybe + m[1]
+            recs = [(t, (float(sure), float(maybe), 0.0, 0.0))]
+        else:
+            g = 1.0 if q.kind == "max" else -1.0
+            lo = [[ps[k][A], g * ps[k][LO], 0, g * ps[k][3]] for k in q.sources]
+            hi = [[ps[k][A], g * ps[k][HI], 0, g * ps[k][4]] for k in q.sources]
+            cuts = sorted({u for u, _ in _envelope(lo, t, end)} | {u for u, _ in _envelope(hi, t, end)})
+            recs = []
+            for u in cuts:
+                x, y = lo[_top(lo, u)], hi[_top(hi, u)]
+                a, b = value(x, LO, u), value(y, LO, u)
+                pair = (a, b, x[3], y[3]) if g > 0 else (-a, -b, -x[3], -y[3])
+                recs.append((u, (min(pair[:2]), max(pair[:2])) + pair[2:]))
+        for u, (lo_, hi_, dlo, dhi) in recs:
+            deg = bool(why) or hi_ - lo_ > precision + SLACK * (abs(lo_) + abs(hi_))
+            rec = (u, lo_, hi_, dlo, dhi, deg, tuple(sorted(why)))
+            if out and not (dlo or dhi) and out[-1][1:] == rec[1:]:
+                continue
+            out.append(rec)
+    return out
+
+
+def _same(a, b, kind):
+    if a[5:] != b[5:]:
+        return False
+    if kind in ("sum", "avg", "count"):
+        return a[:5] == b[:5]
+    tol = 1e-9 * (1 + abs(a[1]) + abs(a[2]))
+    return all(x == y or abs(x - y) <= tol for x, y in zip(a[:5], b[:5]) if abs(x) < INF or abs(y) < INF) \
+        and all((abs(x) == INF) == (abs(y) == INF) for x, y in zip(a[1:3], b[1:3]))
+
+
+def _key(f):
+    """A final answer as ``batch`` states it: its reason as the sorted (reason, device or source) pairs."""
+    why = () if not f["degraded"] or f["reason"].startswith("wider") else tuple(sorted(
+        (part.split(": ")[0], who) for part in f["reason"].split("; ") for who in part.split(": ")[1].split(", ")))
+    return (f["time"], f["lo"], f["hi"], f["dlo"], f["dhi"], f["degraded"], why)
+
+
+def _workload(seed, lag):
+    qs = [{"id": "tot", "kind": "sum", "sources": "all", "precision": 12.0},
+          {"id": "w", "kind": "avg", "sources": ["s0", "s1", "s2"], "weights": [1, -2, 0.5], "precision": 6.0},
+          {"id": "top", "kind": "max", "sources": ["s0", "s1", "s2", "s3"], "precision": 3.0},
+          {"id": "low", "kind": "min", "sources": ["s2", "s3", "s4"], "precision": 3.0},
+          {"id": "mid", "kind": "count", "sources": "all", "range": [95, 105], "precision": 1.0}]
+    if lag:
+        for q in qs:
+            q["lag"] = 2.0
+    net = {"delay": 0.1, "jitter": 0.1, "loss": 0.05, "duplicate": 0.05, "reorder": 0.2, "skew": 0.0 if lag else 0.3,
+           "reboots": 30, "partitions": [[20.0, 24.0, ["d1"]]]}
+    return {"name": "prefix", "seed": seed, "duration": 60, "protocol": "adaptive",
+            "sources": {"generator": "random_walk", "count": 6, "per_device": 2, "start": [90, 110],
+                        "step": [0.2, 2.0], "interval": 0.5},
+            "queries": qs, "network": net, "params": {"heartbeat": 2.0}}
+
+
+@pytest.mark.parametrize("seed,lag", [(1, False), (2, False), (3, True), (4, True)])
+def test_online_finals_equal_a_batch_recomputation_on_every_prefix(seed, lag):
+    sim = engine.simulation(_workload(seed, lag))
+    fin = sim.coord.finals
+    history = {}
+    piece = fin.piece
+    fin.piece = lambda key, p: (history.setdefault(key, []).append(p), piece(key, p))
+    prefixes = []
+    from_host = sim.from_host
+
+    def step(now, actions):
+        from_host(now, actions)
+        prefixes.append((len(sim.answers), {qid: st.h for qid, st in fin.qs.items()}))
+    sim.from_host = step
+    res = sim.run()
+    for qid, st in fin.qs.items():
+        q = sim.coord.queries[qid]
+        online = [a for a in sim.answers if a.get("final") and a["query"] == qid]
+        assert online, qid
+        full = batch(q, {k: history.get(k, []) for k in q.sources}, online[0]["time"], st.h, q.precision)
+        times = [f[0] for f in full]
+        for n, hs in prefixes:
+            got = [_key(a) for a in sim.answers[:n] if a.get("final") and a["query"] == qid]
+            want = full[:bisect.bisect_left(times, hs[qid])] if hs.get(qid) is not None else []
+            assert len(got) == len(want) and all(_same(a, b, q.kind) for a, b in zip(got, want)), \
+                (qid, hs[qid], [(a, b) for a, b in zip(got, want) if not _same(a, b, q.kind)][:2], len(got), len(want))
+        r = res["queries"][qid]
+        assert r["final_violations"] == r["final_revoked"] == r["final_precision_misses"] == 0, (qid, r)
+
+
+@pytest.mark.parametrize("kind", ["sum", "avg", "min", "max", "count"])
+def test_lines_contain_the_aggregate_of_their_pieces_and_min_max_are_its_envelope(kind):
+    rng = random.Random(hash(kind) & 0xFFFF)
+    for trial in range(60):
+        n = rng.randint(1, 7)
+        spec = {"id": "q", "kind": kind, "sources": ["s%d" % i for i in range(n)], "precision": 5.0}
+        if kind in ("sum", "avg"):
+            spec["weights"] = [rng.choice([1, -1, 2.5, -0.3]) for _ in range(n)]
+        if kind == "count":
+            spec["range"] = [0, 10]
+        q = parse_query(spec, spec["sources"])
+        lines = Lines(q)
+        t = rng.uniform(0, 1e6)
+        lines.advance(t)
+        ps = {}
+
+        def piece(at):
+            v, w, s = rng.uniform(-5, 15), rng.uniform(0, 3), rng.choice([0.0, rng.uniform(-2, 2)])
+            return [at, v - w, v + w, s, s, None, None]
+        for k in q.sources:
+            ps[k] = piece(t)
+            lines.set(k, ps[k])
+        lines.advance(t)
+        for _ in range(40):
+            end = min(t + rng.expovariate(1.0), lines.next_event())
+            rec = lines.line(q.precision)
+            for tau in (t, (t + end) / 2, end):
+                lo, hi = rec["lo"] + rec["dlo"] * (tau - t), rec["hi"] + rec["dhi"] * (tau - t)
+                vals = [(value(ps[k], LO, tau), value(ps[k], HI, tau)) for k in q.sources]
+                if kind in ("sum", "avg"):
+                    m = n if kind == "avg" else 1
+                    want = (math.fsum(q.weights[k] * (a if q.weights[k] > 0 else b) for k, (a, b) in zip(q.sources, vals)) / m,
+                            math.fsum(q.weights[k] * (b if q.weights[k] > 0 else a) for k, (a, b) in zip(q.sources, vals)) / m)
+                elif kind == "count":
+                    want = (sum(0 <= a and b <= 10 for a, b in vals), sum(b >= 0 and a <= 10 for a, b in vals))
+                else:
+                    f = max if kind == "max" else min
+                    want = (f(a for a, _ in vals), f(b for _, b in vals))
+                tol = 1e-9 * (1 + abs(want[0]) + abs(want[1]))
+                assert lo <= want[0] + tol and hi >= want[1] - tol, (kind, tau, (lo, hi), want)
+                if kind in ("min", "max") and tau < end:
+                    assert abs(lo - want[0]) <= tol and abs(hi - want[1]) <= tol, (kind, tau, (lo, hi), want)
+            t = end
+            lines.advance(t)
+            if rng.random() < 0.5:
+                k = rng.choice(q.sources)
+                ps[k] = piece(t)
+                lines.set(k, ps[k])
+                lines.advance(t)
+
+
+def test_a_final_answer_is_never_wider_than_precision_unless_it_says_so():
+    # a narrowing not confirmed yet keeps the old mirror in the hull: the final answer says how wide it is
+    q = parse_query({"id": "q", "kind": "sum", "sources": ["a", "b"], "precision": 2.0}, ["a", "b"])
+    lines = Lines(q)
+    lines.advance(0.0)
+    lines.set("a", [0.0, 0.0, 1.0, 0.0, 0.0, None, None])
+    lines.set("b", [0.0, 0.0, 1.0, 0.0, 0.0, None, None])
+    assert not lines.line(2.0)["degraded"]
+    lines.set("b", [0.0, -1.0, 1.5, 0.0, 0.0, None, None])
+    rec = lines.line(2.0)
+    assert rec["degraded"] and rec["reason"].startswith("wider than precision: width 3.5")
+    lines.set("b", [0.0, -INF, INF, 0.0, 0.0, ("lost uplink", "d1"), None])
+    assert lines.line(2.0)["reason"] == "lost uplink: d1"
+
+
+def test_families_without_finals_refuse_lag_and_entity_queries_say_why():
+    from backend.host import Host
+    h = Host(protocol="brownian", latency=0.5, declared=["a", "b"])
+    out = h.spec(0.0, "q", {"kind": "sum", "sources": ["a"], "precision": 1.0, "lag": 5})
+    assert out[0][0] == "error" and "gives none" in out[0][2], out
+    h = Host(protocol="zt-nrp", latency=0.5, declared=["a", "b"])
+    out = h.spec(0.0, "q", {"kind": "range", "sources": ["a", "b"], "range": [0, 1], "lag": 5})
+    assert out[0][0] == "error" and "tolerance" in out[0][2] and "real time" in out[0][2], out
+    assert "range" not in finals_mod.FINALS and "knn" not in finals_mod.FINALS
+
+
+def test_a_mark_proves_its_stamp_once_every_number_up_to_its_seq_is_in():
+    # the heartbeat of the plan (a ``mark`` carrying the device's latest sequence number, consuming none): the
+    # final mirror takes it as one more uplink proving "complete through t" (fed here straight to its intake)
+    from backend.host import Host
+    from edge.agent import Agent
+    h = Host(protocol="deadband", latency=0.0, t0=0.0)
+    a = Agent("d0", ["a"], boot=1, width=1.0)
+    a.handle_sample(0.0, 0, 5.0)
+
+    def pump(now, acts):
+        for act in acts:
+            if act[0] == "down":
+                for _, p in a.handle_message(now, act[2]):
+                    pump(now, h.record(now, "d0", "up", p))
+    pump(0.0, h.record(0.0, "d0", "state", a.start(0.0)[0][1]))
+    pump(0.0, h.spec(0.0, "q", {"kind": "sum", "sources": ["a"], "precision": 2.0}))
+    pump(1.0, h.record(1.0, "d0", "up", a.handle_sample(1.0, 0, 9.0)[0][1]))
+    rp = h.coord.finals.replay
+    assert rp.src["a"].limit == 1.0 and a.seq == rp.dev["d0"].next - 1
+    report = a.handle_sample(5.5, 0, 2.0)[0][1]          # numbered a.seq, held back by the network
+    rp.uplink("d0", "mark", {"seq": a.seq, "t": 6.0, "boot": 1})         # ahead of what was taken: waits
+    assert rp.src["a"].limit == 1.0
+    rp.uplink("d0", "mark", {"seq": a.seq - 1, "t": 5.0, "boot": 1})     # every number up to it is in
+    assert rp.src["a"].limit == 5.0
+    pump(6.5, h.record(6.5, "d0", "up", report))        # the number the first mark waited for
+    assert rp.src["a"].limit == 6.0 and rp.dev["d0"].mark == 6.0
