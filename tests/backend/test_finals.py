@@ -99,7 +99,7 @@ def batch(q, pieces, f0, h, precision):
                 pair = (a, b, x[3], y[3]) if g > 0 else (-a, -b, -x[3], -y[3])
                 recs.append((u, (min(pair[:2]), max(pair[:2])) + pair[2:]))
         for u, (lo_, hi_, dlo, dhi) in recs:
-            deg = bool(why) or hi_ - lo_ > precision + SLACK * (abs(lo_) + abs(hi_))
+            deg = bool(why) or hi_ - lo_ == INF or hi_ - lo_ > precision + SLACK * (abs(lo_) + abs(hi_))
             rec = (u, lo_, hi_, dlo, dhi, deg, tuple(sorted(why)))
             if out and not (dlo or dhi) and out[-1][1:] == rec[1:]:
                 continue
@@ -250,10 +250,11 @@ def test_families_without_finals_refuse_lag_and_entity_queries_say_why():
 
 def test_a_mark_proves_its_stamp_once_every_number_up_to_its_seq_is_in():
     # the heartbeat of the plan (a ``mark`` carrying the device's latest sequence number, consuming none): the
-    # final mirror takes it as one more uplink proving "complete through t" (fed here straight to its intake)
+    # final mirror keeps no sequence tracking of its own, it reads integrity's watermark (capped by the clock)
     from backend.host import Host
     from edge.agent import Agent
-    h = Host(protocol="deadband", latency=0.0, t0=0.0)
+    from edge.core import codec
+    h = Host(protocol="deadband", latency=2.0, t0=0.0)
     a = Agent("d0", ["a"], boot=1, width=1.0)
     a.handle_sample(0.0, 0, 5.0)
 
@@ -265,12 +266,17 @@ def test_a_mark_proves_its_stamp_once_every_number_up_to_its_seq_is_in():
     pump(0.0, h.record(0.0, "d0", "state", a.start(0.0)[0][1]))
     pump(0.0, h.spec(0.0, "q", {"kind": "sum", "sources": ["a"], "precision": 2.0}))
     pump(1.0, h.record(1.0, "d0", "up", a.handle_sample(1.0, 0, 9.0)[0][1]))
-    rp = h.coord.finals.replay
-    assert rp.src["a"].limit == 1.0 and a.seq == rp.dev["d0"].next - 1
-    report = a.handle_sample(5.5, 0, 2.0)[0][1]          # numbered a.seq, held back by the network
-    rp.uplink("d0", "mark", {"seq": a.seq, "t": 6.0, "boot": 1})         # ahead of what was taken: waits
-    assert rp.src["a"].limit == 1.0
-    rp.uplink("d0", "mark", {"seq": a.seq - 1, "t": 5.0, "boot": 1})     # every number up to it is in
-    assert rp.src["a"].limit == 5.0
-    pump(6.5, h.record(6.5, "d0", "up", report))        # the number the first mark waited for
-    assert rp.src["a"].limit == 6.0 and rp.dev["d0"].mark == 6.0
+    for now in (2.0, 3.0, 4.0):                         # (a narrowing acknowledged at 2.0)
+        pump(now, h.timer(now))
+    rp, ig = h.coord.finals.replay, h.coord.integrity
+    assert rp.src["a"].limit == ig.watermark("d0") == 2.0 and a.delivery.seq == rp.dev["d0"].next - 1
+    report = a.handle_sample(5.5, 0, 2.0)[0][1]          # numbered a.delivery.seq, held back by the network
+    mark = codec.encode("mark", {"seq": a.delivery.seq, "t": 6.0})
+    pump(6.0, h.record(6.0, "d0", "up", mark))          # ahead of what is in: the number it carries is missing
+    pump(7.0, h.timer(7.0))
+    assert ig.watermark("d0") == 2.0 and ig.marked("d0") == -INF and rp.src["a"].limit == 2.0
+    pump(7.5, h.record(7.5, "d0", "up", report))        # the number the mark waited for
+    assert ig.marked("d0") == ig.watermark("d0") == 6.0
+    assert rp.src["a"].limit == h.coord.clock == 5.5    # (capped by the release clock: what is applied)
+    pump(12.0, h.timer(12.0))                           # the tick at 10 is released
+    assert h.coord.clock == 10.0 and rp.src["a"].limit == 6.0

@@ -90,6 +90,15 @@ class Finals:
         hs = [st.h for st in self._of(key)]
         return INF if not hs else -INF if None in hs else min(hs)
 
+    def watermark(self, device, d, cap=None):
+        """(W, mark) of ``device`` (sequence.Dev ``d``): integrity's watermark and latest proven mark, capped by
+        the release clock (``cap``) and the earliest uplink still held for a missing number."""
+        ig = self.coord.integrity
+        cap = self.coord.clock if cap is None else cap
+        for _, m in d.buf.values() if d is not None else ():
+            cap = min(cap, m["t"])
+        return min(ig.watermark(device), cap), min(ig.marked(device), cap)
+
     def limit(self, key):
         s = self.replay.src.get(key)
         return -INF if s is None else s.limit
@@ -141,6 +150,8 @@ class Finals:
     def answers(self, clock):
         """The final answers issued by event clock ``clock`` (every uplink and control up to it applied)."""
         out = []
+        if self.replay.waiting:
+            self.replay.catch_up(clock)
         if not self.touched and not self.lost:
             return out
         for key in self.lost:

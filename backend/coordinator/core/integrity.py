@@ -17,7 +17,9 @@ due deadline (a heap, one entry per device and kind), never per device per call.
   that message (it is placed by its arrival); a clock known less well than ±σ degrades its device as
   "clock skew" (never "offline") until a downlink's echo bounds it.
 * **Watermark.** ``watermark(device)``: the event time through which every uplink of the device is in
-  (the latest stamp, a mark's included, with no number missing before it).
+  (the latest stamp, a mark's included, with no number missing before it); ``marked(device)``: the latest
+  mark's stamp with no number missing before it (a mark also proves the device's segment data complete
+  through its stamp). The final mirror (``replay.py``) reads both; it keeps no sequence tracking of its own.
 
 A lost uplink or silence makes the device *suspect*: the coordinator revokes the answers over its
 sources since its last trusted uplink (``since``, event time) and degrades them with the reason until a
@@ -76,7 +78,8 @@ class Integrity(Waits):
         old = self.dev.get(device)
         d = self.dev[device] = {"boot": boot, "high": seq, "high_t": first_t, "missing": {}, "last": None,
                                 "birth": (seq - 1) & 0xFFFFFFFF, "seen": {}, "birth_t": old["birth_t"] if old else -math.inf,
-                                "last_t": first_t, "wm": -math.inf, "armed": old["armed"] if old else {},
+                                "last_t": first_t, "wm": -math.inf, "mark_t": -math.inf, "mk": -math.inf,
+                                "armed": old["armed"] if old else {},
                                 "asked": old["asked"] if old else None, "wait": old["wait"] if old else 0.0}
         return d
 
@@ -159,7 +162,9 @@ class Integrity(Waits):
             self.suspect.setdefault(device, reason)
             self.need[device] = d["high"]
             self.awaiting[device] = None        # its birth is on the way: no need to ask
-        if not mark:
+        if mark:
+            d["mark_t"] = max(d["mark_t"], t)
+        else:
             d["seen"][seq] = t
             if len(d["seen"]) > SEEN:
                 del d["seen"][next(iter(d["seen"]))]
@@ -174,7 +179,7 @@ class Integrity(Waits):
         if t > d["last_t"]:
             d["last_t"] = t
         if not d["missing"]:
-            d["wm"] = d["last_t"]
+            d["wm"], d["mk"] = d["last_t"], d["mark_t"]
         was, tell = self.links.heard(device, now, not again)
         if tell:
             self.news["beat"].append(device)
@@ -183,6 +188,11 @@ class Integrity(Waits):
         b = self.links.beat(device)
         if b > 0:
             self._arm(device, "beat", now + b + self.latency + self.margin)
+
+    def marked(self, device):
+        """Event time of ``device``'s latest mark with no number missing before it (-inf: none yet)."""
+        d = self.dev.get(device)
+        return -math.inf if d is None or d["mk"] == -math.inf else self.event(device, d["mk"])
 
     def dropped(self, device, seq):
         """An uplink numbered ``seq`` from a device without a birth yet was dropped: if the birth

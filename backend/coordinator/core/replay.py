@@ -11,9 +11,10 @@ the mirrors before it until the latest instant it can have happened). After each
 bound is recorded as a piece ``[a, lo, hi, dlo, dhi, why, mem]`` (``lines.py``); a source in segment mode
 records its segments instead.
 
-**Watermark** (``sequence.py``: each device's uplinks in sequence order). A report-mode source's pieces hold
-before its device's watermark W; a segment-mode source's before W − D (data of τ is sent by τ + D; a committed
-line is not trusted past what was heard), a whole flush's stamp for a committed line, or a mark's. A lost source
+**Watermark** (integrity's, ``integrity.py``, capped by the release clock and what ``sequence.py`` still holds
+to replay in order). A report-mode source's pieces hold before its device's watermark W; a segment-mode source's
+before W − D (data of τ is sent by τ + D; a committed line is not trusted past what was heard), a whole flush's
+stamp for a committed line, or a mark's (a device marks only with no segment data pending). A lost source
 says why from its limit on; a device lost for good moves with the clock until a birth restates it (from the
 latest instant it can have been sent). Controls are kept until replayed: the coordinator makes them at its event
 clock, which every released uplink's time is at most.
@@ -44,7 +45,21 @@ class Replay(Sequence):
         self.dev = {}
         self.src = {}
         self.shrinks = []       # (t, fraction) of every periodic shrink
+        self.waiting = {}       # devices heard whose watermark may be ahead of their sources' limits
         self.n = 0
+
+    def heard(self, device):
+        """Integrity accepted an uplink or a mark of ``device``: its watermark may have moved."""
+        self.waiting[device] = None
+
+    def catch_up(self, clock):
+        """Move the sources of the devices heard as far as their watermark, by release clock ``clock``."""
+        for device in list(self.waiting):
+            d = self.dev.get(device)
+            for key in d.keys if d is not None else ():
+                self._advance(key)
+            if max(self.sink.watermark(device, None, INF)) <= clock:
+                del self.waiting[device]        # (else its watermark is ahead of the clock: again later)
 
     # -- controls ---------------------------------------------------------------------------------------
     def control(self, key, t, op, args):
@@ -104,13 +119,13 @@ class Replay(Sequence):
         s = self.src[key]
         if s.lost is not None and not s.gap:
             return
-        d = self.dev[s.device]
+        w, mark = self.sink.watermark(s.device, self.dev[s.device])
         if s.mode == SEGMENT:
-            lim = max(before(d.w, s.lag), d.mark)
+            lim = max(before(w, s.lag), mark)
         elif s.pend is not None:
-            lim = max(min(d.w, s.pend), before(d.w, s.lag), d.mark)
+            lim = max(min(w, s.pend), before(w, s.lag), mark)
         else:
-            lim = max(d.w, d.mark)
+            lim = max(w, mark)
         if s.taken is not None:
             lim = max(lim, s.proof)
         self._replay(key, lim)

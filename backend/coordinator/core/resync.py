@@ -11,6 +11,7 @@ here: an ``ack`` after each uplink of a device in ack mode, the ``link`` that sw
 telling a new heartbeat B, and a probe whose reply bounds a device clock from above (``ECHO``).
 """
 import heapq
+import math
 
 from backend.coordinator.core.integrity import CHECK, CONTROL, FILTER, LOST_STATE, RETRY
 from edge.core.codec import NO_VALUE, WHY_ASSIGN
@@ -31,6 +32,8 @@ class Resync:
         if device in ig.revokes:
             self._suspect(device, ig.revokes.pop(device))
         self._deliver(now, device, kind, ok)
+        if ok:
+            self.finals.replay.heard(device)        # (its watermark may have moved: integrity's is the final mirror's)
         if not ok or kind == "mark":
             return None
         self.rx[device] = (boot, m["seq"])

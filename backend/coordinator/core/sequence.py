@@ -1,10 +1,11 @@
 """Each device's uplinks in its own sequence order (DESIGN.md §3 sequence numbers; §4 watermarks): the final
 mirror's intake, a mixin of ``replay.Replay``.
 
-An uplink the coordinator releases is held until every number before it is in, then taken at its event time;
-the device's watermark is the event time of the latest one taken (a ``mark`` proves its stamp once every number
-up to its ``seq`` is in). A birth whose number does not follow (a reboot, numbers lost before it) starts the
-sequence again there. Numbers found lost for good (integrity's "lost uplink") are skipped: each source of the
+An uplink the coordinator releases is held until every number before it is in, then taken at its event time.
+This buffer only orders the replay: gaps, marks and the device's watermark are ``integrity.py``'s (the one
+sequence tracking), read through the sink (``watermark``): integrity's watermark and latest proven mark, capped by
+the coordinator's release clock and by what is still held here. A birth whose number does not follow (a reboot,
+numbers lost before it) starts the sequence again there. Numbers found lost for good (integrity's "lost uplink") are skipped: each source of the
 device is unknown from its watermark until an uplink taken after the gap speaks for it. Other findings (gone,
 silent, rebooted, lost state, skewed) make the device lost until its next birth.
 """
@@ -22,15 +23,12 @@ BUFFER = 256            # uplinks held behind a missing number at most (integrit
 
 
 class Dev:
-    __slots__ = ("boot", "next", "buf", "w", "mark", "marks", "lost", "keys", "single", "unit", "fresh")
+    __slots__ = ("boot", "next", "buf", "lost", "keys", "single", "unit", "fresh")
 
     def __init__(self, boot):
         self.boot = boot
         self.next = None        # the next sequence number due
         self.buf = {}           # seq -> (kind, m) received ahead of a missing number
-        self.w = -INF           # watermark: event time of the latest contiguous uplink
-        self.mark = -INF        # the latest mark's stamp proven (every number up to its seq in)
-        self.marks = []         # (seq, t) of marks waiting for their numbers
         self.lost = None        # (reason, device) while lost
         self.keys = []
         self.single = False
@@ -76,22 +74,13 @@ class Sequence:
             d = self._restart(device, m)
         if d is None or m["boot"] != d.boot or d.lost is not None and not restart:
             return
-        if kind == "mark":      # the latest number used, not a new one: it proves its stamp once all up to it are in
-            d.marks.append((m["seq"], m["t"]))
-            self._drain(device, d)
-            return
         if not newer(m["seq"], d.next - 1):
             return
         if m["seq"] == d.next and not d.buf:        # (in order, as most are)
             d.next = (d.next + 1) & 0xFFFFFFFF
             self._apply(device, d, kind, m)
-            if m["t"] > d.w:
-                d.w = m["t"]
-            if d.marks:
-                self._drain(device, d)
-            else:
-                for key in d.keys:
-                    self._advance(key)
+            for key in d.keys:
+                self._advance(key)
             return
         if len(d.buf) < BUFFER:
             d.buf[m["seq"]] = (kind, m)
@@ -111,10 +100,9 @@ class Sequence:
             old = d
             d = self.dev[device] = Dev(m["boot"])
             if old is not None:
-                d.keys, d.lost, d.w, d.mark = old.keys, old.lost, old.w, old.mark
+                d.keys, d.lost = old.keys, old.lost
         d.buf = {s: x for s, x in d.buf.items() if newer(s, m["seq"])}
         d.next = m["seq"]
-        d.marks = []
         return d
 
     def _drain(self, device, d):
@@ -122,11 +110,6 @@ class Sequence:
             kind, m = d.buf.pop(d.next)
             d.next = (d.next + 1) & 0xFFFFFFFF
             self._apply(device, d, kind, m)
-            d.w = max(d.w, m["t"])
-        if d.marks:
-            done = [t for seq, t in d.marks if not newer(seq, d.next - 1)]
-            d.marks = [x for x in d.marks if newer(x[0], d.next - 1)]
-            d.mark = max([d.mark] + done)
         for key in d.keys:
             self._advance(key)
 
@@ -212,7 +195,6 @@ class Sequence:
         for key in d.keys:
             if key is not None:
                 self._lose(key, why, gap)
-        d.marks = []
         if not gap:
             d.lost, d.buf = why, {}
         elif d.buf:
