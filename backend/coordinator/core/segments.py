@@ -58,6 +58,7 @@ class Mirror:
         self.plain = {}         # key -> None: sources of lag queries served by their filter's bounds (no segments)
         self.asked = {}         # key -> downlink number of its segment mode, until a segment shows it in force
         self.sent = {}          # key -> (event time its segment mode left, times it was sent again)
+        self.blind = {}         # key -> downlink number of a segment mode sent before it had a reading (no wait)
         self.alone = {}         # device -> its segment messages that no report carried
 
     def check(self, coord, q):
@@ -136,15 +137,22 @@ class Mirror:
         now = coord._event_now()
         coord.finals.replay.mode(key, now, d, model)
         self.sent[key] = (now, tries)
+        self.blind.pop(key, None)
         if model and s.value is not None:
             self.asked[key] = coord.devices[s.device]["down"]
             coord._leave(s.device, ("segment", key), self.asked[key], wait=(None, RETRY, tries, False))
+        elif model:
+            self.blind[key] = coord.devices[s.device]["down"]
 
     def reported(self, coord, key, t):
         """A plain report of ``key`` stamped ``t``: from a source in segment mode, sent too long after its mode
         left to have crossed it, the device never got it (it had no reading to answer with then)."""
         if key in self.mode and t > self.sent[key][0] + 2 * coord.latency + coord.integrity.margin:
             self.resend(coord, key, self.sent[key][1] + 1)
+        elif key in self.blind:     # it may have crossed its mode, which found no reading to answer with: it
+            self.asked[key] = self.blind.pop(key)      # answers now that it has one, else it never got it
+            coord._leave(coord.cache.sources[key].device, ("segment", key), self.asked[key],
+                         wait=(None, RETRY, self.sent[key][1], False))
 
     def resend(self, coord, key, tries):
         """No segment of ``key`` since its mode was sent (``send``): the control or the answer was lost."""
@@ -167,5 +175,6 @@ class Mirror:
                 continue
             key = keys[r["src"]]
             self.plain.pop(key, None)
+            self.blind.pop(key, None)
             if key in self.asked:
                 coord.integrity.answered(device, ("segment", key), self.asked.pop(key))
