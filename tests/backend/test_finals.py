@@ -9,7 +9,7 @@ import pytest
 
 from backend.coordinator.core import finals as finals_mod
 from backend.coordinator.core.envelope import crossing
-from backend.coordinator.core.lines import A, HI, LO, SLACK, WHY, Lines, value
+from backend.coordinator.core.lines import A, HI, LO, TIGHT, WHY, Lines, value
 from backend.coordinator.core.queries import parse_query
 from backend.sim import engine
 
@@ -124,8 +124,9 @@ def _count(q, ps, t, end, f0):
     return recs
 
 
-def batch(q, pieces, f0, h, precision):
-    """The final answers of ``q`` over [f0, h) from complete per-source piece histories, from scratch."""
+def batch(q, pieces, f0, h, precision, slack):
+    """The final answers of ``q`` over [f0, h) from complete per-source piece histories, from scratch; a width
+    over ``precision`` by more than ``slack`` (relative) is degraded."""
     starts = sorted({p[A] for k in q.sources for p in pieces[k] if f0 < p[A] < h} | {f0})
     out = []
     for i, t in enumerate(starts):
@@ -154,7 +155,7 @@ def batch(q, pieces, f0, h, precision):
         for u, (lo_, hi_, dlo, dhi) in recs:
             # (an unbounded line is wider than any precision: a source only lag queries read has an infinite
             # filter, so its bounds before its segments flow, or after a reboot, are unbounded)
-            deg = bool(why) or hi_ - lo_ == INF or hi_ - lo_ > precision + SLACK * (abs(lo_) + abs(hi_))
+            deg = bool(why) or hi_ - lo_ == INF or hi_ - lo_ > precision + slack * (abs(lo_) + abs(hi_))
             rec = (u, lo_, hi_, dlo, dhi, deg, tuple(sorted(why)))
             if out and not (dlo or dhi) and out[-1][1:] == rec[1:]:
                 continue
@@ -215,7 +216,8 @@ def test_online_finals_equal_a_batch_recomputation_on_every_prefix(seed, lag):
         q = sim.coord.queries[qid]
         online = [a for a in sim.answers if a.get("final") and a["query"] == qid]
         assert online, qid
-        full = batch(q, {k: history.get(k, []) for k in q.sources}, online[0]["time"], st.h, q.precision)
+        full = batch(q, {k: history.get(k, []) for k in q.sources}, online[0]["time"], st.h, q.precision,
+                     TIGHT)      # (float64 devices)
         times = [f[0] for f in full]
         for n, hs in prefixes:
             got = _merged([_key(a) for a in sim.answers[:n] if a.get("final") and a["query"] == qid])

@@ -19,7 +19,7 @@ entity queries have no finals (``FINALS``).
 import heapq
 import math
 
-from backend.coordinator.core.lines import A, Lines
+from backend.coordinator.core.lines import A, SLACK, TIGHT, Lines
 from backend.coordinator.core.replay import Replay
 
 INF = math.inf
@@ -98,6 +98,14 @@ class Finals:
         for _, m in d.buf.values() if d is not None else ():
             cap = min(cap, m["t"])
         return min(ig.watermark(device), cap), min(ig.marked(device), cap)
+
+    def slack(self, q):
+        """The rounding allowed over ``q``'s precision: a float32 board's (``SLACK``) if any of its sources' devices
+        is one (as born so far), else a float64 sum's (``TIGHT``)."""
+        rp = self.replay
+        single = any(rp.dev[rp.src[key].device].single for key in q.sources
+                     if key in rp.src and rp.src[key].device in rp.dev)
+        return SLACK if single else TIGHT
 
     def limit(self, key):
         s = self.replay.src.get(key)
@@ -189,7 +197,7 @@ class Finals:
 
     def _build(self, st, t):
         """``st``'s lines at ``t`` from its sources' pieces, and the boundaries after ``t``."""
-        st.lines = Lines(st.q)
+        st.lines = Lines(st.q, self.slack(st.q))
         st.lines.advance(t)
         st.pend = []
         for key in st.q.sources:

@@ -21,6 +21,7 @@ from backend.coordinator.core.envelope import Extreme
 INF = math.inf
 SPLIT = 134217729.0         # 2**27 + 1, Veltkamp's splitter
 SLACK = 2.0 ** -18          # a width this far (relative) over δ is the devices' rounding (a float32 board pads 2**-20)
+TIGHT = 1e-9                # the same without a float32 device (a float64 piece pads 1e-12; as vouch.WIDTH_TOL)
 A, LO, HI, DLO, DHI, WHY, MEM = range(7)
 
 
@@ -237,8 +238,9 @@ class Constant:
 class Lines:
     """One query's final answer as its sources' pieces change, as lines (see the module docstring)."""
 
-    def __init__(self, q):
+    def __init__(self, q, slack=SLACK):
         self.q = q
+        self.slack = slack      # relative width over δ that is rounding (SLACK with a float32 device, else TIGHT)
         k = q.kind
         self.agg = (Sum(q) if k in ("sum", "avg") else Extreme(q) if k in ("min", "max")
                     else Count(q) if q.range is not None else Constant(q))
@@ -276,7 +278,7 @@ class Lines:
                 self.said = reasons(self.why)
             rec["degraded"] = True
             rec["reason"] = self.said
-        elif hi - lo == INF or hi - lo > precision + SLACK * (abs(lo) + abs(hi)):
+        elif hi - lo == INF or hi - lo > precision + self.slack * (abs(lo) + abs(hi)):
             rec["degraded"] = True
             rec["reason"] = "wider than precision: width %.6g" % (hi - lo)
         return rec

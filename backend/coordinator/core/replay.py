@@ -109,8 +109,13 @@ class Replay(Sequence):
 
     # -- replay -----------------------------------------------------------------------------------------
     def _push(self, key, t, op, args):
+        s = self.src[key]
+        if op in ("report", "birth") and t < s.limit < INF:
+            # its event time (stamp − the clock's upper bound now, loosened since) fell before the limit
+            # reached; it was sent after the uplink that limit stands on, so it happened at the limit at the earliest
+            t = s.limit
         self.n += 1
-        heapq.heappush(self.src[key].heap, (t, self.n, op, args))
+        heapq.heappush(s.heap, (t, self.n, op, args))
 
     def _advance(self, key):
         """Replay ``key`` as far as its device's uplinks are complete; its limit moves there."""
