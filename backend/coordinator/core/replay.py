@@ -46,14 +46,21 @@ class Replay(Sequence):
         self.src = {}
         self.shrinks = []       # (t, fraction) of every periodic shrink
         self.waiting = {}       # devices heard whose watermark may be ahead of their sources' limits
+        self.heard_now = False  # an uplink or mark was accepted in the coordinator's current call
         self.n = 0
 
     def heard(self, device):
         """Integrity accepted an uplink or a mark of ``device``: its watermark may have moved."""
         self.waiting[device] = None
+        self.heard_now = True
 
     def catch_up(self, clock):
-        """Move the sources of the devices heard as far as their watermark, by release clock ``clock``."""
+        """Move the sources of the devices heard as far as their watermark, by release clock ``clock``. Only after a
+        call that heard a device (limits never move on a timer alone, so a lazy coordinator that skips idle ticks
+        and one ticking every period issue the same answers)."""
+        if not self.heard_now:
+            return
+        self.heard_now = False
         for device in list(self.waiting):
             d = self.dev.get(device)
             for key in d.keys if d is not None else ():

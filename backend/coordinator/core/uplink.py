@@ -77,7 +77,7 @@ class Uplink:
             return self._advance(now)
         if kind == "reply":
             m["why"] = codec.WHY_ASSIGN     # a report a control asked for, as protocols see it
-        elif kind == "report" or kind == "line":
+        elif kind in ("report", "line", "rsegs"):
             m["guarded"] = bool(m["why"] & codec.GUARDED)      # (resync.py: the hull while its time is unsure)
             m["why"] &= ~codec.GUARDED
         ms = self.unit.get(device) == 1000
