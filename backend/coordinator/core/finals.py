@@ -92,12 +92,18 @@ class Finals:
 
     def watermark(self, device, d, cap=None):
         """(W, mark) of ``device`` (sequence.Dev ``d``): integrity's watermark and latest proven mark, capped by
-        the release clock (``cap``) and the earliest uplink still held for a missing number."""
+        the release clock (``cap``) and, while uplinks are held for a missing number, by the latest one taken (the
+        missing one came after it; a birth may have made it no longer missing for integrity)."""
         ig = self.coord.integrity
         cap = self.coord.clock if cap is None else cap
-        for _, m in d.buf.values() if d is not None else ():
-            cap = min(cap, m["t"])
+        if d is not None and d.buf:
+            cap = min(cap, d.last)
         return min(ig.watermark(device), cap), min(ig.marked(device), cap)
+
+    def cover(self, device, t):
+        """The latest instant ``device`` can have acted at its clock's ``t`` (integrity's clock bounds)."""
+        ig = self.coord.integrity
+        return ig.cover(device, t) if ig.sigma > 0 else t
 
     def slack(self, q):
         """The rounding allowed over ``q``'s precision: a float32 board's (``SLACK``) if any of its sources' devices

@@ -170,6 +170,10 @@ class Replay(Sequence):
                     s.si += 1
                     f = c.sources.get(key)
                     if f is not None:
+                        until = self.sink.cover(s.device, t)    # a device whose clock may be behind shrinks
+                        if until > t:                           # as late as this: the mirrors before it stay
+                            c.hold(key, until)                  # until then (as ``Resync._shrink_hold``)
+                            self._push(key, until, "release", ())
                         shrink_source(f, b[2])
             f = c.sources.get(key)
             if f is not None and f.due == t:

@@ -23,12 +23,13 @@ BUFFER = 256            # uplinks held behind a missing number at most (integrit
 
 
 class Dev:
-    __slots__ = ("boot", "next", "buf", "lost", "keys", "single", "unit", "fresh")
+    __slots__ = ("boot", "next", "buf", "last", "lost", "keys", "single", "unit", "fresh")
 
     def __init__(self, boot):
         self.boot = boot
         self.next = None        # the next sequence number due
         self.buf = {}           # seq -> (kind, m) received ahead of a missing number
+        self.last = -INF        # event time of the latest uplink taken (they are taken no earlier)
         self.lost = None        # (reason, device) while lost
         self.keys = []
         self.single = False
@@ -134,11 +135,13 @@ class Sequence:
         return False
 
     def _apply(self, device, d, kind, m):
-        t = m["t"]
+        # an uplink sent after another happened after it: its event time (its stamp less the clock's upper bound
+        # when it came, which loosens with age) is taken no earlier than the one before it in sequence order
+        t = d.last = max(m["t"], d.last)
         if kind != "birth" and self._rebooted(device, d, kind, m):
             return
         if kind == "birth":
-            self._birth(device, d, m)
+            self._birth(device, d, m, t)
         elif kind in ("report", "reply", "line", "rsegs") and m["src"] < len(d.keys) and m["v"] != NO_VALUE:
             line = (m["td"], m["slope"], m["gap"]) if kind == "line" and m["gap"] > 0 else None
             key = d.keys[m["src"]]
@@ -155,12 +158,11 @@ class Sequence:
                     if s is not None and s.taken is not None:
                         s.proof = max(s.proof, t if s.taken == INF else s.taken)
 
-    def _birth(self, device, d, m):
+    def _birth(self, device, d, m, t):
         if m["first"] == 0:
             d.single = bool(m["caps"] & CAP_F32)
             d.unit = 1000 if m["caps"] & CAP_MS else 1
         fresh, d.fresh, d.lost = d.fresh, False, None
-        t = m["t"]
         hull = max(m.get("hull", t), t)
         for i, rec in enumerate(m["sources"], m["first"]):
             key = rec["name"]
@@ -207,10 +209,12 @@ class Sequence:
     def offline(self, device, why):
         """``device`` is out of sync or gone (``why``: (reason, device)): lost until its next birth; for a lost
         uplink, the numbers missing before those held are skipped and each source is unknown until it reports
-        again (a report restates the value, its epoch which of the mirrors' filters the device is on)."""
+        again (a report restates the value, its epoch which of the mirrors' filters the device is on). With
+        nothing held past the gap they are unknown from their limits all the same: integrity's watermark moves
+        past numbers a birth made no longer missing before that birth reaches this intake."""
         d = self.dev.get(device)
-        if d is None or d.lost is not None or why[0] == "lost uplink" and not d.buf:
-            return      # (a gap found again, or none here: nothing missing before what was taken)
+        if d is None or d.lost is not None:
+            return
         self._offline(device, d, why)
 
     def _offline(self, device, d, why):
