@@ -74,7 +74,11 @@ class Sequence:
             return      # a clock found off by more than σ stays off: its times cannot be placed
         if restart:
             d = self._restart(device, m)
-        if d is None or m["boot"] != d.boot or d.lost is not None and not restart:
+        if d is None or m["boot"] != d.boot:
+            return
+        if d.lost is not None and not restart:      # held: the birth it waits for may come after it (reordered),
+            if len(d.buf) < BUFFER and kind != "birth":     # and what it numbered after itself is kept then
+                d.buf[m["seq"]] = (kind, m)
             return
         if not newer(m["seq"], d.next - 1):
             return
