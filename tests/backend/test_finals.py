@@ -338,5 +338,7 @@ def test_a_mark_proves_its_stamp_once_every_number_up_to_its_seq_is_in():
     pump(7.5, h.record(7.5, "d0", "up", report))        # the number the mark waited for
     assert ig.marked("d0") == ig.watermark("d0") == 6.0
     assert rp.src["a"].limit == h.coord.clock == 5.5    # (capped by the release clock: what is applied)
-    pump(12.0, h.timer(12.0))                           # the tick at 10 is released
-    assert h.coord.clock == 10.0 and rp.src["a"].limit == 6.0
+    pump(12.0, h.timer(12.0))                           # (a timer alone moves no limit: lazy = ticking)
+    assert rp.src["a"].limit == 5.5
+    pump(12.5, h.record(12.5, "d0", "up", mark))        # the mark again (it takes no number): heard
+    assert rp.src["a"].limit == 6.0

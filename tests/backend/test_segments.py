@@ -169,7 +169,7 @@ def test_spark_run_batch_gives_the_same_final_and_real_time_answers():
         rig.up(k * 100, "d0", rig.agents["d0"].handle_sample(k * 100, "a", (k % 17) * 0.3))
         rig.up(k * 100, "d0", rig.agents["d0"].handle_sample(k * 100, "b", (k % 5) * 0.1))
         rig.up(k * 100, "d1", rig.agents["d1"].handle_sample(k * 100, "c", 5.0 - (k % 11) * 0.2))
-    cols = job.run_batch(host.Host(protocol="deadband", latency=0.0), rig.log)
+    cols = job.run_batch(host.Host(protocol="deadband", latency=0.0, beat=BEAT), rig.log)     # (the rig's settings)
     rows = [(f, json.loads(b)) for k, f, b in zip(cols["kind"], cols["final"], cols["body"]) if k == "answer"]
     assert [b for _, b in rows] == rig.answers
     assert sum(f for f, _ in rows) > 10 and any(not f for f, _ in rows)

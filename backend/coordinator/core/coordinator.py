@@ -274,7 +274,7 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
                 q.reserve = self.reserve.get(qid)
                 self._changed(q, None)
         self.replan.clear()
-        self.out += self.finals.answers(self.clock)
+        self.out += self.finals.answers(max(self.clock, now - self.latency))    # (every uplink stamped by then is in)
         return self._flush(None)
 
     def _release(self, now):

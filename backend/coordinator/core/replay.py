@@ -117,9 +117,11 @@ class Replay(Sequence):
     # -- replay -----------------------------------------------------------------------------------------
     def _push(self, key, t, op, args):
         s = self.src[key]
-        if op in ("report", "birth") and t < s.limit < INF:
-            # its event time (stamp − the clock's upper bound now, loosened since) fell before the limit
-            # reached; it was sent after the uplink that limit stands on, so it happened at the limit at the earliest
+        if t < s.limit < INF:
+            # an uplink's event time (stamp − the clock's upper bound now, loosened since) fell before the limit
+            # reached: it was sent after the uplink that limit stands on, so it happened at the limit at the earliest;
+            # a control made at the event clock (the limit may be at the release clock, past it) reaches the device
+            # later still
             t = s.limit
         self.n += 1
         heapq.heappush(s.heap, (t, self.n, op, args))
