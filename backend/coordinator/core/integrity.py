@@ -132,8 +132,9 @@ class Integrity(Waits):
                         del d["missing"][s]
                 if d["missing"]:
                     self._arm(device, "gap", min(at for at, _ in d["missing"].values()))
-            elif mark:
-                pass
+            elif mark:      # behind the latest number: an old mark reordered, or numbers started again by a
+                if seq != d["high"]:    # reboot whose birth is unseen; it proves nothing (heard all the same)
+                    t = -math.inf
             elif d["missing"].pop(seq, None) is not None:
                 self.stats["filled"] += 1
             elif birth and (d["high"] - seq) & 0xFFFFFFFF > WINDOW and newer(seq, d["birth"]):
@@ -146,7 +147,7 @@ class Integrity(Waits):
                     self.suspect[device] = LOST_STATE
                     self.need[device] = d["high"]
                     self._arm(device, "ask", now)
-                self._heard(d, device, now, t, True)
+                self._heard(d, device, now, -math.inf, True)    # (heard; its stamp proves nothing new)
                 return False
         if birth:               # a birth carries the whole state: what it skipped is no longer missing,
             d["birth_t"] = t    # but the answers until it is applied may have been wrong
