@@ -15,6 +15,7 @@ the interval it should be. A mixin of ``Coordinator``.
 import math
 
 WIDTH_TOL = 1e-9        # relative: a width over δ by float rounding only is within it
+F32_TOL = 2.0 ** -18    # the same for a query over a float32 board (its mirror pads one float32 step, 2**-20)
 NAMED = 5               # sources named in a reason at most
 SCAN = 64               # sources looked at for the cause of a wide answer at most
 
@@ -82,9 +83,14 @@ class Vouch:
         if waiting or budgeted and (lo == -math.inf or hi == math.inf):     # never a plain [-inf, inf]
             fields["degraded"] = True
             fields["reason"] = "no bound yet: waiting for %s" % ", ".join(waiting[:NAMED] or ["a first report"])
-        elif budgeted and hi - lo > q.precision + WIDTH_TOL * (1.0 + abs(lo) + abs(hi)):
+        elif budgeted and hi - lo > q.precision + WIDTH_TOL * (1.0 + abs(lo) + abs(hi)) and not (
+                hi - lo <= q.precision + F32_TOL * (abs(lo) + abs(hi)) and self._single(q)):
             fields["degraded"] = True
             fields["reason"] = "wider than precision: width %.6g, precision %.6g (%s)" % (hi - lo, q.precision, self._cause(q))
+
+    def _single(self, q):
+        """Whether a source of ``q`` is on a float32 board (asked only of an answer a hair over δ)."""
+        return any(self.cache.sources[k].filt.pad for k in q.sources if k in self.cache.sources)
 
     def _held(self, q):
         """(Whether a source of ``q`` states a report's hull while its instant is uncertain, whether one keeps
