@@ -92,11 +92,12 @@ class Finals:
 
     def watermark(self, device, d, cap=None):
         """(W, mark) of ``device`` (sequence.Dev ``d``): integrity's watermark and latest proven mark, capped by
-        the release clock (``cap``) and, while uplinks are held for a missing number, by the latest one taken (the
-        missing one came after it; a birth may have made it no longer missing for integrity)."""
+        the release clock (``cap``) and, while uplinks are held for a missing number or numbers were skipped, by
+        the latest one taken (the missing one came after it; a birth may have made it no longer missing for
+        integrity)."""
         ig, coord = self.coord.integrity, self.coord
         cap = max(coord.clock, coord.wall - coord.latency) if cap is None else cap     # (the release clock)
-        if d is not None and d.buf:
+        if d is not None and (d.buf or d.hole):
             cap = min(cap, d.last)
         return min(ig.watermark(device), cap), min(ig.marked(device), cap)
 

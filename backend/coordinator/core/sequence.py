@@ -23,13 +23,14 @@ BUFFER = 256            # uplinks held behind a missing number at most (integrit
 
 
 class Dev:
-    __slots__ = ("boot", "next", "buf", "last", "lost", "keys", "single", "unit", "fresh")
+    __slots__ = ("boot", "next", "buf", "last", "hole", "lost", "keys", "single", "unit", "fresh")
 
     def __init__(self, boot):
         self.boot = boot
         self.next = None        # the next sequence number due
         self.buf = {}           # seq -> (kind, m) received ahead of a missing number
         self.last = -INF        # event time of the latest uplink taken (they are taken no earlier)
+        self.hole = False       # numbers were skipped: the next one may never come (a birth superseded it)
         self.lost = None        # (reason, device) while lost
         self.keys = []
         self.single = False
@@ -82,6 +83,8 @@ class Sequence:
             return
         if not newer(m["seq"], d.next - 1):
             return
+        if m["seq"] == d.next:
+            d.hole = False
         if m["seq"] == d.next and not d.buf:        # (in order, as most are)
             d.next = (d.next + 1) & 0xFFFFFFFF
             self._apply(device, d, kind, m)
@@ -109,6 +112,7 @@ class Sequence:
                 d.keys, d.lost = old.keys, old.lost
         d.buf = {s: x for s, x in d.buf.items() if newer(s, m["seq"])}
         d.next = m["seq"]
+        d.hole = False
         return d
 
     def _drain(self, device, d):
@@ -230,4 +234,5 @@ class Sequence:
             d.lost, d.buf = why, {}
         elif d.buf:
             d.next = min(d.buf, key=lambda x: (x - d.next) & 0xFFFFFFFF)
+            d.hole = True       # (what follows the numbers held may be missing too: until the next one comes)
             self._drain(device, d)
