@@ -15,7 +15,8 @@ of its own timer, the recentring of a birth; each report it would send is counte
 
 The count ``n`` and the source's reading count ``k`` ride in every report (codec kinds ``mreport`` /
 ``mline``, modulo 2^16): the backend weighs real messages against deadband's exactly (precision.regret).
-Portable (MicroPython, CPython), float32-safe (a shadow is a copy: it rounds as the real filter does).
+Only reports are metered: delivery traffic (marks, resends: edge.core.delivery) is left out on both sides
+(precision.regret). Portable (MicroPython, CPython), float32-safe (a shadow is a copy: it rounds as the real filter does).
 """
 from edge.core.codec import ACK, METER, SYNC, WHY_METER, WHY_SYNC
 
