@@ -15,9 +15,13 @@ of its own timer, the recentring of a birth; each report it would send is counte
 
 The count ``n`` and the source's reading count ``k`` ride in every report (codec kinds ``mreport`` /
 ``mline``, modulo 2^16): the backend weighs real messages against deadband's exactly (precision.regret).
-Portable (MicroPython, CPython), float32-safe (a shadow is a copy: it rounds as the real filter does).
+Only reports are metered: delivery traffic (marks, resends: edge.core.delivery) is left out on both sides
+(precision.regret). A report is guarded as deadband's device would guard it (``link``'s guard time: a reading
+that leaves the hull of the bound before a report and its value within the guard is reported too), on the
+shadow as on the real filter, and a SYNC hands the shadow's guard over with its filter. Portable (MicroPython, CPython), float32-safe (a shadow is a copy: it rounds as the real filter does).
 """
 from edge.core.codec import ACK, METER, SYNC, WHY_METER, WHY_SYNC
+from edge.core.interval import INF
 
 _M16 = 0xFFFF
 EVERY = 8           # a moved source reports (WHY_METER) once its shadow has counted this many since its last report,
@@ -31,6 +35,7 @@ class Meter:
         self.k = [0] * n                # readings, modulo 2^16
         self.sent = [0] * n             # n as the source's latest report carried it
         self.every = [EVERY] * n        # unseen counts that make a moved source report
+        self.guards = {}                # per moved source: its shadow's guard (until, lo, hi), as ``Agent.guards``
 
     def count(self, i):
         self.n[i] = (self.n[i] + 1) & _M16
@@ -40,10 +45,14 @@ class Meter:
         ch = agent.alt[i].copy() if agent.alt is not None else None
         self.shadows[i] = [agent.filters[i].copy(), ch]
         self.every[i] = EVERY
+        if i in agent.guards:
+            self.guards[i] = agent.guards[i]
 
     def _report(self, agent, i, g, ch, t, constant=False):
         self.count(i)
         v = agent.values[i]
+        if agent.guard and g.center is not None and g.lo != -INF:      # (as ``Agent._report``)
+            self.guards[i] = (t + agent.guard, min(g.lo, v), max(g.hi, v))
         if ch is None:
             g.recenter(v)
         else:
@@ -58,8 +67,16 @@ class Meter:
             if ch is not None:
                 ch.sample(t, v, g.width)
                 g.at(t)
-            if g.center is None or g.check(v):
+            if g.center is None or g.check(v) or (i in self.guards and self._guarded(i, t, v)):
                 self._report(agent, i, g, ch, t)
+
+    def _guarded(self, i, t, v):
+        """Whether reading ``v`` at ``t`` leaves the shadow's guard hull (``Agent._guarded``)."""
+        g = self.guards[i]
+        if t > g[0]:
+            del self.guards[i]
+            return False
+        return v < g[1] or v > g[2]
 
     def due(self, i):
         """Whether moved source ``i`` should report for its count alone: its shadow counted ``every`` reports
@@ -87,6 +104,7 @@ class Meter:
 
     def birth(self, values):
         """A birth recentres every filter on its source's latest reading (``Agent.start``): shadows too."""
+        self.guards = {}
         for i, sh in enumerate(self.shadows):
             if sh is not None and values[i] is not None:
                 sh[0].recenter(values[i])
@@ -133,6 +151,9 @@ def control(agent, now, i, kind, m):
         if ch is not None:
             agent.alt[i] = ch
         mt.shadows[i] = None
+        agent.guards.pop(i, None)
+        if i in mt.guards:
+            agent.guards[i] = mt.guards.pop(i)
     g = agent.filters[i]
     if g.center is None or not flags & ACK:
         return []

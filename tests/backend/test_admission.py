@@ -181,9 +181,10 @@ def test_a_metered_line_whose_origin_is_not_finite_is_dropped_not_a_crash():
     good, bg = born("good", ["g"], [10.0], 1.0)
     bad = Agent("bad", ["t1"], boot=1, unit=1000, lines=True)
     bad.handle_sample(1000, 0, 20.0)
-    h.uplink(1.0, "good", bg)
+    pump(h, {"good": good}, 1.0, h.uplink(1.0, "good", bg))     # g's bound: good takes its filter (as in _pair)
     h.uplink(1.0, "bad", bad.start(1000)[0][1])
     h.timer(2.0)
+    assert h.coord.cache.known("g") != (-math.inf, math.inf)
     assert h.coord.devices["bad"]["meter"] and h.coord.unit["bad"] == 1000
     forged = dict(codec.decode(_report(bad, 3000, 0, 50.0)[0])[1])
     forged.update(slope=0.5, gap=1000, o=math.inf, n=1, k=2)

@@ -100,7 +100,7 @@ def _said(out):
     return [(m["t"], m["v"], m.get("slope", 0.0)) for m in ms]
 
 
-def _run(seed, rnd, lines, unit=1):
+def _run(seed, rnd, lines, unit=1, guard=0):
     rng = Rng(seed)
     a = Agent("d", ["x"], rnd=rnd, lines=lines, unit=unit)
     session(a)
@@ -113,6 +113,10 @@ def _run(seed, rnd, lines, unit=1):
     ref.control(0, "width", 2.0, [], 0)
     brute.control(2.0, [], False, None)
     seq, epoch, t, v = 4, 2, 0, 100.0
+    if guard:                           # clock skew: reports are guarded (``link``, ms), on both devices alike
+        a.handle_message(0, ctl(a, "link", seq=seq, rto=0, guard=guard))
+        ref.a.handle_message(0, ctl(ref.a, "link", seq=ref.seq, rto=0, guard=guard))
+        seq, ref.seq = seq + 1, ref.seq + 1
     k, value, twin, lined = 0, None, True, 0
     step = 1000 if unit == 1000 else 1.0
     for _ in range(1500):
@@ -186,13 +190,13 @@ def _run(seed, rnd, lines, unit=1):
                 assert _said(out[len(out) - len(_decode(a_new)):]) == _said(ref.out)
         n = a.meter.n[0]
         assert n == ref.count & 0xFFFF and a.meter.k[0] == k & 0xFFFF
-        if not lines:
+        if not lines and not guard:     # (the brute force knows no guard)
             assert n == brute.count & 0xFFFF
         _counted(a, out, k)
         sh = a.meter.shadows[0]
         lined += sh is not None and sh[1] is not None and bool(sh[0].slope)
     assert ref.count > 30 and (lines or ref.lines + lined == 0)
-    return ref.lines, lined
+    return ref.lines, lined, 0 if lines else ref.count - brute.count     # (reports deadband's guard made)
 
 
 def test_the_meter_counts_what_deadband_would_send_on_every_prefix():
@@ -204,6 +208,15 @@ def test_the_meter_follows_deadbands_line_models_and_their_gaps():
     runs = [_run(seed, None, True) for seed in range(5, 9)] + [_run(9, None, True, unit=1000)]  # (ms: a board)
     # the runs go through lines: deadband's device reports them, and moved sources' shadows follow them
     assert sum(r[0] for r in runs) > 20 and sum(r[1] for r in runs) > 20
+
+
+def test_the_meter_guards_reports_as_deadbands_device_does():
+    # a guard of 3 readings (ms on a board): readings leaving a report's hull within it are reported too,
+    # by the shadow of a moved source as by deadband's device, and a SYNC hands the shadow's guard over
+    guarded = 0
+    for seed, lines, unit in ((14, False, 1), (15, False, 1), (16, True, 1), (17, True, 1000)):
+        guarded += _run(seed, None, lines, unit, guard=3000)[2]
+    assert guarded > 20
 
 
 def test_the_meter_is_exact_on_a_float32_board():

@@ -10,6 +10,13 @@ report. The ``Ledger`` of a query group adds up, in messages weighted by the sou
 - ``dead``: what deadband would have sent: the metered reports, and its own controls (one each time its
   filter of a source changes, and the forced re-send after a birth).
 
+Delivery traffic (edge.core.delivery, core/heartbeat.py: marks, the configs telling a new heartbeat B,
+and on a lossy link acks, links and resends) is left out of both sides, as the meter leaves it out: it is
+what the delivery guarantees cost whatever the filters, and deadband's own cannot be known exactly (its B
+follows the arrivals of its own reports, its resends the losses its messages would meet), so counting only
+the rule's would charge adaptive for the acks of its own reports with no credit. A quieter device proves
+its silence with more marks (one per B of silence, B ≥ 4× its mean interval): measured apart, never guarded.
+
 A source is ``off`` while its filter may differ from its shadow (a move, a MIN/MAX cut, a line). A SYNC
 control (a downlink and its acknowledgement) makes it its shadow's twin: from then on both report at the
 same readings, so syncing every ``off`` source stops the difference from growing, for at most the
