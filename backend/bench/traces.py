@@ -66,6 +66,7 @@ COLUMNS = [
 MINIMA = (("clairvoyant_pc", lambda t, v, w: minimum_reports(v, w)), ("clairvoyant_pl", minimum_segments))
 TITLES = {"dev": "Development traces", "held-out": "Held-out traces (never tuned on)",
           "held-out-2": "Held-out traces, second set (added 2026-11-24, never tuned on)",
+          "held-out-3": "Held-out traces, third set (added 2026-11-26, kept from the engineers until the final run)",
           "synthetic": "Synthetic traces (seeded stand-ins for larger fleets, `backend/bench/synthetic.py`)"}   # one per suite.SPLITS
 
 

@@ -148,7 +148,8 @@ class Broker:
             fd = os.open(pw[0], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.writelines("%s:%s\n" % (u, self.passwords[u]) for u in users)
-            subprocess.run([passwd, "-U", pw[0]], check=True, capture_output=True)   # hash in place
+            if users:       # (mosquitto_passwd refuses an empty file: a fleet whose devices are registered later)
+                subprocess.run([passwd, "-U", pw[0]], check=True, capture_output=True)   # hash in place
             with open(pw[1], "w") as f:
                 f.write(acl)
         lines = [

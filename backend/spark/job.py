@@ -347,13 +347,17 @@ class Sink:
 
 def check_settings(out_dir, settings, groups=False, ingest=None):
     """Refuse to resume a checkpoint under different coordinator settings (its state holds them), another
-    keying (``groups``) or another ingest (``ingest``: ``"kafka"``; None: the spool)."""
+    keying (``groups``) or another ingest (``ingest``: ``"kafka"``; None: the spool); a setting added since
+    the checkpoint was made reads as its default."""
     path = os.path.join(out_dir, "settings.json")
     settings = json.loads(json.dumps(dict(hostmod.settings(settings), **({"groups": True} if groups else {}),
                                           **({"ingest": ingest} if ingest else {}))))
     if os.path.exists(path):
         with open(path) as f:
             old = json.load(f)
+        # a key this version added resumes a checkpoint made before it, at the default it had then
+        fresh = json.loads(json.dumps(hostmod.settings({})))
+        old = dict({k: fresh[k] for k in settings if k not in old and k in fresh}, **old)
         if old != settings:
             raise ValueError("checkpoint in %s was made with settings %s, not %s: use a new --dir" % (out_dir, old, settings))
         return

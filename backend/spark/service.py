@@ -198,8 +198,12 @@ def backend_main(args):
         print("quietfleet backend: %s" % e, file=sys.stderr)
         return 2
     stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def on_signals():
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    on_signals()
     b = Backend(args.dir, args.fleet, acc.host, acc.port, acc.password, settings, master=args.master,
                 trigger=args.trigger, groups=args.groups, user=acc.user, tls=acc.tls, client_id=acc.client_id,
                 ingest=getattr(args, "ingest", "spool"), kafka=getattr(args, "kafka", None),
@@ -207,6 +211,7 @@ def backend_main(args):
     ui = None                                   # --ui: the dashboard (backend/ui)
     try:
         b.start()
+        on_signals()        # SparkContext put its own SIGINT handler in (it cancels jobs, raises a traceback)
         print("quietfleet backend: fleet %s, broker %s, protocol %s, Spark %s, ingest %s, state in %s" % (
             args.fleet, acc.where(), settings["protocol"], args.master, b.spool.path, b.directory), flush=True)
         from backend.ui import hooks as ui_hooks                                    # --ui

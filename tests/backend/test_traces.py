@@ -26,6 +26,11 @@ EXPECTED = {
     "chicago-l": (20, 20 * 5698),           # 20 stations, 5698 days
     "weather-5cities": (5, 5 * 731),        # 5 cities, 2016-2017
     "co2-baseline": (2, 360 + 348),         # Mauna Loa 1988-2017, South Pole 1988-2016
+    "airquality-nyc": (4, 153 * 4 - 37 - 7),  # 37 days without ozone, 7 without solar radiation
+    "leeds-air": (10, 5550),                # 5 pollutants, summer and winter daily maxima
+    "bank-calls": (20, 16224),              # 20 weeks of weekday 5-min counts (holidays short)
+    "beaver-temp": (2, 114 + 100),
+    "gold-goog": (2, 1108 - 34 + 1000),     # 34 days without a gold price
     # the synthetic split (backend/bench/synthetic.py, seeded): sources × readings
     "car-parks": (30, 66579),               # irregular: about 18 readings per park and day
     "rooms": (20, 20 * 30 * 144),
@@ -157,3 +162,13 @@ def test_extra_columns_hook_changes_the_query(converted):
     rows, runs = bench_traces.measure([cat["seismic-rjob"]], d, 60, duration=5.0, columns=cols, log=lambda s: None)
     assert [r["column"] for r in runs] == ["deadband", "deadband-2x"]
     assert 0 < rows[0]["deadband-2x"] < rows[0]["deadband"]
+
+
+def test_the_third_held_out_set_is_fresh_and_varied(converted):
+    _, cat = converted
+    fresh = [c for c in cat.values() if c["split"] == "held-out-3"]
+    assert len(fresh) >= 4 and len({c["domain"] for c in fresh}) >= 3
+    assert all(c["samples"] >= 200 for c in fresh)
+    for c in fresh:
+        assert not any(seen in c["file"] for seen in SEEN), c["name"]
+        assert c["file"] not in {o["file"] for o in cat.values() if o["split"] != "held-out-3"}

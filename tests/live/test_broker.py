@@ -70,3 +70,12 @@ def test_missing_mosquitto_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(brokermod.shutil, "which", lambda name, path=None: None)
     with pytest.raises(BrokerError, match="apt-get install mosquitto"):
         Broker(tmp_path, "t", ["A"]).start()
+
+
+def test_a_fleet_with_no_devices_yet_starts(mosquitto, tmp_path):
+    # the Spark bench registers its devices after the broker is up: an empty devices' password file
+    with Broker(tmp_path / "broker", "f", []) as b:
+        c = client(b, "backend")
+        ok, rc = connected(c)
+        close(c)
+        assert ok, rc

@@ -104,11 +104,12 @@ def bindable(port):
     return True
 
 
-def start(cmd, ready, timeout=120.0, cwd=None, env=None):
-    """Start ``cmd``; wait for a line of its output containing ``ready``; return the process and its output."""
+def start(cmd, ready, timeout=120.0, cwd=None, env=None, session=False):
+    """Start ``cmd`` (``session``: in a process group of its own, as a terminal's job); wait for a line of its
+    output containing ``ready``; return the process and its output."""
     env = dict(os.environ if env is None else env, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, cwd=cwd or ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True)
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=session)
     lines = []
     threading.Thread(target=lambda: [lines.append(l) for l in proc.stdout], daemon=True).start()
     deadline = time.monotonic() + timeout
@@ -120,13 +121,17 @@ def start(cmd, ready, timeout=120.0, cwd=None, env=None):
     raise AssertionError("%s never printed %r: %s" % (cmd[2:5], ready, "".join(lines)[-2000:]))
 
 
-def sigterm_leaves_nothing(proc, settle=1.0, timeout=60.0, ports=()):
-    """SIGTERM ``proc``: it exits, its process tree is gone, nothing listens on a port it listened on, and
-    ``ports`` (the ones a user gave it, which a restart must get again) can be bound again."""
+def sigterm_leaves_nothing(proc, settle=1.0, timeout=60.0, ports=(), ctrl_c=False):
+    """SIGTERM ``proc`` (``ctrl_c``: SIGINT to its whole process group, what a terminal's Ctrl-C does): it
+    exits, its process tree is gone, nothing listens on a port it listened on, and ``ports`` (the ones a
+    user gave it, which a restart must get again) can be bound again."""
     time.sleep(settle)
     procs = tree(proc.pid)
     held = listening(procs) | set(ports)
-    proc.send_signal(signal.SIGTERM)
+    if ctrl_c:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
     try:
         code = proc.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -226,6 +231,14 @@ def test_backend(live_broker, tmp_path):
                            "--master", "local[1]", "--ui", str(ui)], "quietfleet backend: fleet", timeout=180)
     code, procs, held = sigterm_leaves_nothing(proc, settle=2.0, timeout=90, ports=(ui,))
     assert code == 0 and len(procs) >= 2 and ui in held        # the Spark JVM (and its Python workers) too
+
+
+def test_backend_ctrl_c(live_broker, tmp_path):
+    proc, out = start(CLI + ["backend", "--broker-dir", live_broker.directory, "--dir", str(tmp_path / "state"),
+                             "--master", "local[1]"], "quietfleet backend: fleet", timeout=180, session=True)
+    code, _, _ = sigterm_leaves_nothing(proc, settle=2.0, timeout=90, ctrl_c=True)
+    time.sleep(0.5)
+    assert code == 0 and not any("KeyboardInterrupt" in line for line in out), "".join(out)[-3000:]
 
 
 def test_demo(mosquitto, tmp_path):

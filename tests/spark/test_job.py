@@ -284,3 +284,18 @@ def test_a_lagged_avg_and_a_real_time_max_on_the_same_sources_through_the_job(jo
     finals = [r for r in table if r["final"]]
     assert len(finals) >= 10 and all(r["query"] == "mean" and json.loads(r["fields"])["final"] for r in finals)
     assert any(r["query"] == "top" and not r["final"] for r in table)
+
+
+def test_a_checkpoint_resumes_after_settings_gain_a_key_at_its_default(tmp_path):
+    out = str(tmp_path)
+    job.check_settings(out, {"protocol": "deadband", "period": 5.0})
+    with open(os.path.join(out, "settings.json")) as f:
+        made = json.load(f)
+    older = {k: v for k, v in made.items() if k not in ("rate", "registry")}     # made before those keys existed
+    with open(os.path.join(out, "settings.json"), "w") as f:
+        json.dump(older, f)
+    job.check_settings(out, {"protocol": "deadband", "period": 5.0})           # resumes: the new keys at default
+    with pytest.raises(ValueError, match="use a new --dir"):
+        job.check_settings(out, {"protocol": "deadband", "period": 5.0, "rate": 50.0})  # not the default: refused
+    with pytest.raises(ValueError, match="use a new --dir"):
+        job.check_settings(out, {"protocol": "deadband", "period": 6.0})
