@@ -16,7 +16,7 @@ from edge.core.float32 import f32
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "backend", "sim", "examples", "segment.yaml")
-WHY = ("rebooted", "offline", "lost uplink", "silent", "no reading yet")    # why a final answer is degraded
+WHY = ("rebooted", "offline", "lost uplink", "silent", "no reading yet", "awaiting segments")    # why a final answer is degraded
 BEAT = 1.0      # the rig's heartbeat B: a silent device's finals wait for its next uplink, B at most
 
 

@@ -197,6 +197,8 @@ class Replay(Sequence):
         f = self.cache.sources[key]
         fs = [f.filt] + f.old + [g for _, g in f.prior] if f.old or f.prior else (f.filt,)
         why = ("no reading yet", key) if any(g.center is None for g in fs) else None     # (or not before it)
+        if why is None and s.lag and (lo == -INF or hi == INF):     # a source only lag queries read: its filter is
+            why = ("awaiting segments", key)                        # infinite until its segments flow (again)
         self._piece(key, s, [t, lo, hi, 0.0, 0.0, why, mem])
 
     def _piece(self, key, s, p):

@@ -13,7 +13,7 @@ import math
 from backend.coordinator.core.integrity import SKEWED, newer
 from backend.coordinator.core.lines import A
 from backend.coordinator.core.segments import PAD
-from edge.core.codec import CAP_F32, CAP_MS, NO_VALUE
+from edge.core.codec import CAP_F32, CAP_MS, NO_VALUE, newer as later
 from edge.core.segment import MAX_RECORDS
 
 INF = math.inf
@@ -40,7 +40,7 @@ class Dev:
 
 class Src:
     __slots__ = ("device", "heap", "pieces", "mode", "lag", "pend", "limit", "floor", "si", "cover", "lost",
-                 "taken", "proof", "gap")
+                 "taken", "proof", "gap", "ep")
 
     def __init__(self, device):
         self.device = device
@@ -58,6 +58,7 @@ class Src:
         self.proof = -INF       # its segments are complete before this (a whole flush heard)
         self.gap = 0            # lost for an uplink lost: known again from the next report or segment taken in
         #                         after this many (the intake's count then)
+        self.ep = None          # the newest filter epoch its device's uplinks carried in this boot
 
 
 
@@ -85,7 +86,7 @@ class Sequence:
         if m["seq"] == d.next and not d.buf:        # (in order, as most are)
             d.next = (d.next + 1) & 0xFFFFFFFF
             self._apply(device, d, kind, m)
-            if m["t"] > d.w:
+            if m["t"] > d.w and d.lost is None:
                 d.w = m["t"]
             if d.marks:
                 self._drain(device, d)
@@ -122,7 +123,8 @@ class Sequence:
             kind, m = d.buf.pop(d.next)
             d.next = (d.next + 1) & 0xFFFFFFFF
             self._apply(device, d, kind, m)
-            d.w = max(d.w, m["t"])
+            if d.lost is None:
+                d.w = max(d.w, m["t"])
         if d.marks:
             done = [t for seq, t in d.marks if not newer(seq, d.next - 1)]
             d.marks = [x for x in d.marks if newer(x[0], d.next - 1)]
@@ -130,8 +132,29 @@ class Sequence:
         for key in d.keys:
             self._advance(key)
 
+    def _rebooted(self, device, d, kind, m):
+        """Whether ``m`` carries a filter epoch older than one its device already sent in this boot: a device's
+        epochs never go back within a boot, so it rebooted unseen (its birth lost) and its sequence numbers
+        started again, this one only seeming to follow; the device is lost from its watermark (``rebooted``)."""
+        recs = m["segs"] if kind in ("segs", "rsegs") else ()
+        if kind in ("report", "reply", "line", "rsegs"):
+            recs = list(recs) + [m]
+        for r in recs:
+            key = d.keys[r["src"]] if r["src"] < len(d.keys) else None
+            s = self.src.get(key)
+            if s is not None and s.ep is not None and later(s.ep, r["epoch"]):
+                self._offline(device, d, ("rebooted", device))
+                return True
+        for r in recs:
+            s = self.src.get(d.keys[r["src"]] if r["src"] < len(d.keys) else None)
+            if s is not None and (s.ep is None or later(r["epoch"], s.ep)):
+                s.ep = r["epoch"]
+        return False
+
     def _apply(self, device, d, kind, m):
         t = m["t"]
+        if kind != "birth" and self._rebooted(device, d, kind, m):
+            return
         if kind == "birth":
             self._birth(device, d, m)
         elif kind in ("report", "reply", "line", "rsegs") and m["src"] < len(d.keys) and m["v"] != NO_VALUE:
@@ -171,6 +194,7 @@ class Sequence:
                 d.keys.append(None)
             d.keys[i] = key
             v = None if rec["v"] == NO_VALUE else rec["v"]
+            s.ep = rec["epoch"]
             args = (i, rec["width"], rec["epoch"], v, d.single, d.unit, hull)
             if s.lost is not None and not s.gap:    # what came before is unknown: replayed without pieces, then the birth
                 self._replay(key, t, record=False)
