@@ -50,19 +50,22 @@ def _top(lines, t):
 
 
 def _envelope(lines, t, end):
-    """[(from, i)] of the upper envelope of ``lines`` (pieces' LO lines) over [t, end), by brute force."""
+    """[(from, i)] of the upper envelope of ``lines`` (pieces' LO lines) over [t, end), by brute force: from the
+    top line at ``t``, each next one is the steeper line that crosses it first (of those crossing it at that
+    instant, the steepest, then the first). (Not the highest at the crossing: there the two are equal but for
+    rounding, and the one it leaves may come out an ulp higher.)"""
     out = [(t, _top(lines, t))]
     while True:
         w = lines[out[-1][1]]
-        nxt = INF
+        nxt, nj = INF, None
         for j, p in enumerate(lines):
             if p[3] > w[3] and abs(p[LO]) < INF and abs(w[LO]) < INF:
                 c = crossing(w[LO], w[3], w[A], p[LO], p[3], p[A])
-                if out[-1][0] < c < nxt:
-                    nxt = c
+                if out[-1][0] < c and (c < nxt or c == nxt and p[3] > lines[nj][3]):
+                    nxt, nj = c, j
         if nxt >= end:
             return out
-        out.append((nxt, _top(lines, nxt)))
+        out.append((nxt, nj))
 
 
 def _goes_on(prev, rec):
@@ -145,10 +148,11 @@ def batch(q, pieces, f0, h, precision, slack):
             g = 1.0 if q.kind == "max" else -1.0
             lo = [[ps[k][A], g * ps[k][LO], 0, g * ps[k][3]] for k in q.sources]
             hi = [[ps[k][A], g * ps[k][HI], 0, g * ps[k][4]] for k in q.sources]
-            cuts = sorted({u for u, _ in _envelope(lo, t, end)} | {u for u, _ in _envelope(hi, t, end)})
+            elo, ehi = _envelope(lo, t, end), _envelope(hi, t, end)
+            cuts = sorted({u for u, _ in elo} | {u for u, _ in ehi})
             recs = []
             for u in cuts:
-                x, y = lo[_top(lo, u)], hi[_top(hi, u)]
+                x, y = lo[[i for f, i in elo if f <= u][-1]], hi[[i for f, i in ehi if f <= u][-1]]
                 a, b = value(x, LO, u), value(y, LO, u)
                 pair = (a, b, x[3], y[3]) if g > 0 else (-a, -b, -x[3], -y[3])
                 recs.append((u, (min(pair[:2]), max(pair[:2])) + pair[2:]))

@@ -98,21 +98,32 @@ def test_a_lost_probe_is_asked_again_and_the_answer_recovers():
 
 def test_a_lost_width_control_is_sent_again_to_its_source_alone():
     # deadband narrows s0 to its share of the precision; that control is lost: the mirror keeps the old
-    # width in its hull (answers hold, too wide: degraded, saying so), and the coordinator sends it again,
-    # not a rebirth request
+    # width in its hull (answers hold, too wide: degraded, saying so), and the coordinator sends the width
+    # control again, not a rebirth request. Final answers (every aggregate query has them since fin) cannot be
+    # narrower than what the mirror knew: the stretch until the control is in force is final degraded
+    # (unbounded, with its reason), never wrong; the finals after it hold within the precision.
     r = Rig("deadband", [100.0], ("width", "d0", 1))
     r.spec(0.0, {"kind": "sum", "sources": ["s0"], "precision": 2.0})
     assert r.dropped == [(0.0, "d0", "width")]
-    for k in range(1, 30):
-        r.step(k * 0.1, {0: 100.0 + 0.3 * (k % 3)})
+    truth = [(0.0, 100.0)] + [(k * 0.1, 100.0 + 0.3 * (k % 3)) for k in range(1, 30)]
+    for t, v in truth[1:]:
+        r.step(t, {0: v})
     kinds = [k for _, d, k in r.sent if d == "d0"]
     assert kinds.count("width") >= 2 and "rebirth" not in kinds
-    last = r.mine()[-1]
+    live = [a for a in r.mine() if not a.get("final")]
+    last = live[-1]
     assert last["lo"] <= r.values["s0"] <= last["hi"] and last["hi"] - last["lo"] <= 2.0 + 1e-9
     assert not last["degraded"]
-    wide = [a["reason"] for a in r.mine() if a["degraded"]]       # the unconfirmed narrowing's hull
+    wide = [a["reason"] for a in live if a["degraded"]]       # the unconfirmed narrowing's hull
     assert wide and all(w == "no bound yet: waiting for s0" or w.startswith("wider than precision: width ") and
                         w.endswith("precision 2 (a narrowing not confirmed yet)") for w in wide)
+    finals = [a for a in r.mine() if a.get("final")]
+    in_force = min(t for t, d, k in r.sent if (d, k) == ("d0", "width") and t > 0.0)      # the one sent again
+    assert finals and finals[-1]["time"] <= in_force and not finals[-1]["degraded"]
+    for a, b in zip(finals, finals[1:] + [{"time": r.h.coord.finals.horizon("q")}]):
+        held = [v for t, v in truth if a["time"] <= t < b["time"]]
+        assert held and all(a["lo"] <= v <= a["hi"] for v in held), (a, held)
+        assert a["hi"] - a["lo"] <= 2.0 + 1e-9 if not a["degraded"] else a["reason"] and a["time"] < in_force
 
 
 def test_a_report_showing_a_lost_widening_resends_it_without_degrading():

@@ -46,16 +46,19 @@ class Rig:
             self.act(ms, self.h.record(ms / 1000, d, "up" if kind != "birth" else "state", payload))
 
     def act(self, ms, actions):
+        # the answers of one host step first, then its downlinks: a device's reply (and what the host issues on
+        # it) comes after everything the step issued, so answers stay in the host's order (finals by time)
+        for a in actions:
+            if a[0] == "answer":
+                self.answers.append(a[1])
+            elif a[0] == "error":
+                raise AssertionError(a[2])
         for a in actions:
             if a[0] == "down":
                 self.msgs["down"] += 1
                 kind = codec.decode(a[2])[0]
                 self.kinds[kind] = self.kinds.get(kind, 0) + 1
                 self.up(ms, a[1], self.agents[a[1]].handle_message(self.dev(ms), a[2]))
-            elif a[0] == "answer":
-                self.answers.append(a[1])
-            elif a[0] == "error":
-                raise AssertionError(a[2])
 
     def until(self, ms):
         while True:
@@ -129,6 +132,7 @@ def test_real_time_answers_and_finals_hold_on_every_prefix(protocol, unit, rnd):
             assert horizon is not None and horizon >= min(now, spoke) - lag - 1e-9, (horizon, now, rig.heard)
         finals = [a for a in rig.answers if a.get("final") and a["query"] == "mean"]
         times = [a["time"] for a in finals]
+        assert all(x < y for x, y in zip(times, times[1:])), times     # issued in time order, each τ once
         for tau in sorted({t + d for rs in readings.values() for t, _ in rs for d in (0.0, 0.0005)}):
             if not finals or tau < times[0] or horizon is None or tau >= horizon or not all(readings.values()) \
                     or tau < max(rs[0][0] for rs in readings.values()):

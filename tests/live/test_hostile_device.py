@@ -11,7 +11,8 @@ MicroPython and CPython agents, and one attacker holding a valid device login (`
 5. floods (3,000 messages at once).
 
 Oracle: the honest devices' ground-truth logs (``backend/live/checker.py``): every answer over their sources
-holds, and none is degraded from before the attack to the end. The coordinator's log names the offender
+holds, and none is degraded from before the attack to the end (final answers: those issued while the fleet
+ran; none ever names the attacker). The coordinator's log names the offender
 for each kind of attack and never an honest device; the broker never knocked an honest agent off.
 """
 import logging
@@ -204,6 +205,7 @@ def test_a_hostile_device_harms_no_other_device_nor_the_answers(mosquitto, tmp_p
                 "report", {"src": 0, "epoch": 0, "seq": 300000 + k, "t": time.time(), "v": 3.0, "why": 0}), qos=0)
         time.sleep(3 * fc.PERIOD)
         end = time.time() - 1.0
+        issued = len(answers)       # (finals issued after this may be about the fleet's stop below: 'offline')
         st = live.coord.stats
         offline = [n for n in names if not live.coord.devices[n]["online"]]
         debug = (dict(live.coord.admission.devices), dict(live.coord.integrity.suspect), dict(live.coord.integrity.stats),
@@ -236,10 +238,16 @@ def test_a_hostile_device_harms_no_other_device_nor_the_answers(mosquitto, tmp_p
                               if a["query"] != "with_evil" and a["time"] > t_attack + 20], st,
             [(round(a - t_attack, 2), round(t - t_attack, 2), d) for a, t, d in seen if a > t_attack + 20], debug))
     for q in ("total", "mean"):
-        mine = [a for a in answers if a["query"] == q]
-        in_force = [a for a in mine if a["time"] <= t_attack][-1:]
-        after = in_force + [a for a in mine if t_attack < a["time"] <= end]
-        assert after and not [a for a in after if a["degraded"] or "revoked" in a], [a for a in after if a["degraded"]][:3]
+        # provisional answers from before the attack to the end; final answers (every aggregate query has them)
+        # issued while the fleet ran: a final for a stretch after a device's last uplink waits for its next one,
+        # and the fleet's stop at the end makes those stretches 'offline' (never advanced on silence: PLAN)
+        for mine in ([a for a in answers if a["query"] == q and not a.get("final")],
+                     [a for a in answers[:issued] if a["query"] == q and a.get("final")]):
+            in_force = [a for a in mine if a["time"] <= t_attack][-1:]
+            after = in_force + [a for a in mine if t_attack < a["time"] <= end]
+            assert after and not [a for a in after if a["degraded"] or "revoked" in a], \
+                [(a["time"] - t_attack, a.get("final"), a.get("reason")) for a in after if a["degraded"]][:3]
+        assert not [a for a in answers if a["query"] == q and "evil" in (a.get("reason") or "")]
     assert not offline
     # the coordinator saw every attack and said so, naming the offender and only it
     assert st["refused"] >= len(honest) + 1 and st["bad_messages"] > 1000 and st["quarantined"] >= 1

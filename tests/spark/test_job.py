@@ -261,21 +261,6 @@ def test_every_protocol_runs_through_the_job(job_spark, tmp_path, protocol):
     compare(str(tmp_path / "out"), ref, len(records))
 
 
-def test_a_checkpoint_resumes_after_settings_gain_a_key_at_its_default(tmp_path):
-    out = str(tmp_path)
-    job.check_settings(out, {"protocol": "deadband", "period": 5.0})
-    with open(os.path.join(out, "settings.json")) as f:
-        made = json.load(f)
-    older = {k: v for k, v in made.items() if k not in ("rate", "registry")}     # made before those keys existed
-    with open(os.path.join(out, "settings.json"), "w") as f:
-        json.dump(older, f)
-    job.check_settings(out, {"protocol": "deadband", "period": 5.0})           # resumes: the new keys at default
-    with pytest.raises(ValueError, match="use a new --dir"):
-        job.check_settings(out, {"protocol": "deadband", "period": 5.0, "rate": 50.0})  # not the default: refused
-    with pytest.raises(ValueError, match="use a new --dir"):
-        job.check_settings(out, {"protocol": "deadband", "period": 6.0})
-
-
 MIXED = [{"id": "mean", "kind": "avg", "sources": "all", "precision": 2.0, "lag": 3.0},
          {"id": "top", "kind": "max", "sources": ["s0", "s3", "s5"], "precision": 3.0}]
 
@@ -301,3 +286,18 @@ def test_a_lagged_avg_and_a_real_time_max_on_the_same_sources_through_the_job(jo
     assert all(json.loads(r["fields"])["final"] for r in finals)       # (every aggregate query has finals: both)
     assert sum(r["query"] == "mean" for r in finals) >= 10 and any(r["query"] == "top" for r in finals)
     assert any(r["query"] == "top" and not r["final"] for r in table)
+
+
+def test_a_checkpoint_resumes_after_settings_gain_a_key_at_its_default(tmp_path):
+    out = str(tmp_path)
+    job.check_settings(out, {"protocol": "deadband", "period": 5.0})
+    with open(os.path.join(out, "settings.json")) as f:
+        made = json.load(f)
+    older = {k: v for k, v in made.items() if k not in ("rate", "registry")}     # made before those keys existed
+    with open(os.path.join(out, "settings.json"), "w") as f:
+        json.dump(older, f)
+    job.check_settings(out, {"protocol": "deadband", "period": 5.0})           # resumes: the new keys at default
+    with pytest.raises(ValueError, match="use a new --dir"):
+        job.check_settings(out, {"protocol": "deadband", "period": 5.0, "rate": 50.0})  # not the default: refused
+    with pytest.raises(ValueError, match="use a new --dir"):
+        job.check_settings(out, {"protocol": "deadband", "period": 6.0})

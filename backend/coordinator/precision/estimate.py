@@ -180,7 +180,7 @@ class Estimated(Guard, Adaptive):
             self._second(coord)
         if v is not None and self.ceiling is not None:
             was = self._silent(coord, key)
-            for k in self.cuts.reported(coord, key, v, m["why"] == codec.WHY_EXIT, meter or out):
+            for k in self.cuts.reported(coord, key, v, m["why"], meter or out):
                 if self._metered(coord, k) and not self._affords(coord, 2.0 * self.cost(k), k not in led.off, True):
                     sync = k != key or was  # a cut that does not fit the loan is not made; a cut source
                     self.cuts.uncut(coord, k, sync)     # whose re-cut or promotion does not becomes its

@@ -23,7 +23,10 @@ the answer once it could become the extreme, which is exactly when it reports.
   would have sent meanwhile (its mean time between reports while it had a width). Where the extreme
   sweeps up and down through its sources (a daily cycle every source follows), episodes are short and
   re-cuts many, and cuts cost more than they save: a source is demoted only while the recent episodes of
-  its queries (the ones still open included) saved at least what they cost at its report rate.
+  its queries (closed ones, and open ones once re-cut) saved at least what they cost at its report rate
+  (optimistic while there are none: a fleet's first demotions come together, and each, just made, would
+  stop the next). An open episode that stops paying is abandoned at its next re-cut, unless its queries'
+  episodes would demote it again at once (four messages where the re-cut costs two, for the same cut).
 
 Precision: an out-source's bound ends at most at c + 2δ (top rung), or c + 2.5δ while its promotion
 to a width-δ bound is unconfirmed; the answer is [L, max hi], so it stays within δ while L − c ≥ 1.5δ:
@@ -35,6 +38,7 @@ import math
 
 from backend.coordinator.core import aggregate
 from backend.coordinator.core.protocol import lagged
+from edge.core.codec import WHY_EXIT, WHY_FIRST, WHY_RESYNC
 
 INF = math.inf
 REACH = 4.0         # cuts sit this many δ beyond the answer's inner end (L for MAX, H for MIN)
@@ -49,7 +53,12 @@ class Ledger:
         self.gap = {}       # key -> [mean time between its exit reports while uncut (None: unknown), last one]
         self.open = {}      # key -> [demoted at, messages so far, lone segment messages of its device then, qids]
         self.book = {}      # qid -> [episodes, their time, their messages] of closed episodes (decayed)
-        self.live = {}      # qid -> [open episodes, sum of their starts, their messages so far]
+        self.live = {}      # qid -> [open episodes re-cut at least once, sum of their starts, their messages so far]
+
+    def began(self, key, t):
+        """``key``'s first reading (after a start or a reconnect) centred its filter at ``t``: its next exit
+        ends a time between reports."""
+        self.gap.setdefault(key, [None, None])[1] = t
 
     def exited(self, key, t):
         g = self.gap.setdefault(key, [None, None])
@@ -57,48 +66,67 @@ class Ledger:
             g[0] = t - g[1] if g[0] is None else 0.8 * g[0] + 0.2 * (t - g[1])
         g[1] = t
 
-    def pays(self, key, qids, t):
-        """Whether cutting ``key`` out of ``qids`` at ``t`` should save more reports than it costs: once its
-        time between reports is measured, at that rate over the recent episodes of its queries (optimistic
-        before any)."""
+    def pays(self, key, qids, t, closing=None):
+        """Whether cutting ``key`` out of ``qids`` at ``t`` should save more reports than it costs: at its time
+        between reports, over the recent episodes of its queries (closed, or open and re-cut; optimistic before
+        any, and only then while that time is not measured yet). ``closing``: (start, messages, cost) of ``key``'s open episode, judged as if it had
+        just closed at that cost."""
         gap = self.gap.get(key, (None,))[0]
-        if gap is None:
-            return False
         for qid in qids:
             n, dt, m = self.book.get(qid, (0.0, 0.0, 0.0))
             k, starts, mo = self.live.get(qid, (0, 0.0, 0.0))
-            if n + k >= 1 and (dt + k * t - starts) / (gap if gap > 0 else 1e-300) < m + mo:
+            if closing is not None:
+                t0, spent, cost = closing
+                n, dt, m = self.DECAY * n + 1.0, self.DECAY * dt + (t - t0), self.DECAY * m + cost
+                if spent > 2.0:
+                    k, starts, mo = k - 1, starts - t0, mo - spent
+            if n + k >= 1 and (gap is None or (dt + k * t - starts) / (gap if gap > 0 else 1e-300) < m + mo):
                 return False
         return True
 
+    def _live(self, ep, qids, sign):
+        """Add (``sign`` 1) or take (-1) open episode ``ep`` to or from the live tallies of ``qids``: only once
+        it has been re-cut. Before that it has cost its demotion alone and saved for too short a time to
+        tell (a fleet's first demotions come together, and would each stop the next)."""
+        if ep[1] > 2.0:
+            for qid in qids:
+                lv = self.live.get(qid)
+                if lv is not None or sign > 0:
+                    lv = self.live.setdefault(qid, [0, 0.0, 0.0])
+                    lv[0], lv[1], lv[2] = lv[0] + sign, lv[1] + sign * ep[0], lv[2] + sign * ep[1]
+
     def demoted(self, key, qids, t, alone):
         self.open[key] = [t, 2.0, alone, qids]
-        for qid in qids:
-            lv = self.live.setdefault(qid, [0, 0.0, 0.0])
-            lv[0], lv[1], lv[2] = lv[0] + 1, lv[1] + t, lv[2] + 2.0
 
     def recut(self, key):
         ep = self.open.get(key)
         if ep is not None:
+            self._live(ep, ep[3], -1)
             ep[1] += 2.0
-            for qid in ep[3]:
-                self.live[qid][2] += 2.0
+            self._live(ep, ep[3], 1)
 
     def keep(self, cut, queries):
-        """Only the episodes of the keys in ``cut`` go on, and the books of the ``queries``."""
-        for key in [k for k in self.open if k not in cut]:
-            t0, m, _, qids = self.open.pop(key)
-            for qid in qids:
-                lv = self.live[qid]
-                lv[0], lv[1], lv[2] = lv[0] - 1, lv[1] - t0, lv[2] - m
+        """Only the episodes of the keys still cut go on, in the queries they are still cut in (``cut``: the
+        (query id, key) pairs), and the books of the ``queries``."""
+        for key in list(self.open):
+            ep = self.open[key]
+            self._live(ep, [qid for qid in ep[3] if (qid, key) not in cut], -1)
+            ep[3] = [qid for qid in ep[3] if (qid, key) in cut]
+            if not ep[3]:
+                del self.open[key]
         self.book = {qid: b for qid, b in self.book.items() if qid in queries}
         self.live = {qid: lv for qid, lv in self.live.items() if qid in queries}
 
-    def worth(self, key, t):
-        """Whether ``key``'s open episode has saved so far at least what its re-cuts cost, this one included
-        (its demotion is sunk: giving its width back costs as much again)."""
-        ep, gap = self.open.get(key), self.gap[key][0]
-        return ep is None or (t - ep[0]) / (gap if gap > 0 else 1e-300) >= ep[1]
+    def worth(self, key, t, alone):
+        """Whether ``key``'s open episode should go on at a re-cut at ``t``: it has saved so far at least
+        what its re-cuts cost, this one included (its demotion is sunk: giving its width back costs as much
+        again), or, abandoned, it would be demoted again at once (the recent episodes of its queries, this
+        one closed, still pay): abandoning then costs its control and acknowledgement and the new demotion's,
+        four messages where the re-cut costs two, and ends in the same cut."""
+        ep, gap = self.open.get(key), self.gap.get(key, (None,))[0]
+        if ep is None or gap is None or (t - ep[0]) / (gap if gap > 0 else 1e-300) >= ep[1]:
+            return True
+        return self.pays(key, ep[3], t, (ep[0], ep[1], ep[1] + 2.0 + max(0, alone - ep[2])))
 
     def promoted(self, key, t, alone, extra=3.0):
         """``key``'s episode ended at ``t``: on a report above its cut (``extra``: the report, the control
@@ -107,9 +135,8 @@ class Ledger:
         if ep is None:
             return
         cost = ep[1] + extra + max(0, alone - ep[2])
+        self._live(ep, ep[3], -1)
         for qid in ep[3]:
-            lv = self.live[qid]
-            lv[0], lv[1], lv[2] = lv[0] - 1, lv[1] - ep[0], lv[2] - ep[1]
             b = self.book.setdefault(qid, [0.0, 0.0, 0.0])
             b[0], b[1], b[2] = self.DECAY * b[0] + 1.0, self.DECAY * b[1] + (t - ep[0]), self.DECAY * b[2] + cost
         self.gap.setdefault(key, [None, None])[1] = t
@@ -136,7 +163,7 @@ class Cuts:
         keep = {qid for qid, q in ext.items() if self.prec.get(qid) == q.precision}
         self.cut = {p: c for p, c in self.cut.items() if p[0] in keep and p[1] in qs[p[0]].weights}
         self.prec = {qid: q.precision for qid, q in ext.items()}
-        self.ledger.keep({p[1] for p in self.cut}, ext)
+        self.ledger.keep(self.cut, ext)
         self.edge = {qid: e for qid, e in self.edge.items() if qid in keep}
 
     def uncut(self, coord, key, sent=True):
@@ -146,7 +173,7 @@ class Cuts:
             if sent:
                 self.ledger.promoted(key, coord.clock, self._alone(coord, key), 2.0)
             self.cut = {p: c for p, c in self.cut.items() if p[1] != key}
-            self.ledger.keep({p[1] for p in self.cut}, self.prec)
+            self.ledger.keep(self.cut, self.prec)
 
     def constraints(self, coord, key):
         """The rung constraints of ``key``'s cuts, in query order."""
@@ -177,9 +204,9 @@ class Cuts:
                 return False
         return out
 
-    def reported(self, coord, key, v, exit=True, cut=True):
-        """A report of ``key`` (value ``v``; ``exit``: it left its bound) was applied: the keys whose cuts
-        changed, in order; ``cut``: whether ``key`` itself may be cut.
+    def reported(self, coord, key, v, why=WHY_EXIT, cut=True):
+        """A report of ``key`` (value ``v``; ``why``: its codec reason, WHY_EXIT when it left its bound) was
+        applied: the keys whose cuts changed, in order; ``cut``: whether ``key`` itself may be cut.
 
         A source's cuts go together: it is out of all its MIN/MAX queries (silent) or of none, since a
         source still in one keeps its width and a cut for another would only cost messages."""
@@ -200,8 +227,10 @@ class Cuts:
                 book.promoted(key, t, self._alone(coord, key))
                 changed[key] = None
             return self._recuts(coord, qids, ends, changed)
-        if exit:
+        if why == WHY_EXIT:
             book.exited(key, t)
+        elif why in (WHY_FIRST, WHY_RESYNC):
+            book.began(key, t)
         if free and all(ends[qid] is not None for qid in qids):
             a, b = coord.cache.known(key)
             far = True
@@ -234,7 +263,7 @@ class Cuts:
                     continue
                 if s * (inner - c) < (self.reach - 1.0) * d:
                     changed[p[1]] = None
-                    if not self.ledger.worth(p[1], coord.clock):     # it costs more than it saves: a width again
+                    if not self.ledger.worth(p[1], coord.clock, self._alone(coord, p[1])):     # it costs more than it saves: a width again
                         for x in [x for x in self.cut if x[1] == p[1]]:
                             del self.cut[x]
                         self.stats["abandoned"] += 1
