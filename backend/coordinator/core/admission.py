@@ -153,6 +153,12 @@ class Admission:
     def plausible(self, now, device, kind, m, unit=1):
         """Whether a decoded uplink's stamp and values can be true (``stamp``, ``values``); ``unit``: the
         device's time unit per second (1000: integer milliseconds)."""
+        if kind == "mark":      # stamped through when its data is sent (edge.core.segment.complete: a segment
+            lead = m["t"] - now     # source's data may be pending for up to its lag): only never ahead
+            if lead <= self.ahead:
+                return True
+            self.note(now, device, STAMP, "stamped %r s after its arrival" % lead)
+            return False
         return self.stamp(now, device, m["t"], m.get("boot") if kind == "birth" else None) and \
             self.values(now, device, kind, m, unit)
 
