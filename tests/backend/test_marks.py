@@ -108,3 +108,16 @@ def test_a_device_reporting_every_few_weeks_sends_fewer_marks_than_reports():
          "queries": [{"id": "q", "kind": "avg", "sources": "all", "precision": 8.0}]}
     r = engine.run(w)
     assert r["violations"] == 0 and 0 < r["by_kind"]["mark"] < r["by_kind"]["report"], r["by_kind"]
+
+
+def test_a_monthly_device_gets_the_longest_heartbeat():
+    # 4 x 30 days is past the cap, which is exactly twice the power of 2 below it: 'more than twice' never
+    # moved B there, so a monthly device stayed at 24 days and sent a mark before every reading
+    from backend.coordinator.core.heartbeat import MOST, Heartbeats
+    h = Heartbeats(None, 0.5, 0.5, 0.1)
+    h.heard("d", 0.0, True)                     # its birth, then marks as B grows (a simulator run's times)
+    for t in (32, 160, 672, 2720, 10912, 43680, 174752, 699040, 2796192):
+        h.heard("d", float(t), False)
+    for k in range(2, 40):                      # then a reading a month
+        h.heard("d", k * 30 * 86400.0, True)
+    assert h.told("d") == MOST

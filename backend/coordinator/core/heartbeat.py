@@ -89,7 +89,7 @@ class Heartbeats:
             return was, False
         mean = (now - ring[0]) / n
         raw = min(max(AUTO * mean, FLOOR * self.latency, LEAST), MOST)
-        if raw > 2 * d[0] or (4 * raw < d[0] and self.lossy is not None):     # (B is a power of 2)
+        if raw > 2 * d[0] or raw >= MOST > d[0] or (4 * raw < d[0] and self.lossy is not None):    # (B: a power of 2)
             b = d[0] = _pow2(raw)
             d[4] = now
             d[1] = max(d[1], b)
