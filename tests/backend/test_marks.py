@@ -90,3 +90,34 @@ def test_a_device_silent_past_its_heartbeat_is_found():
     assert i.due(2.9) == ([], [], [])
     new, ask, _ = i.due(3.0 + 1e-9)
     assert new == [("d", "silent", 0.0)] and ask == ["d"]
+
+
+def test_a_device_reporting_every_few_weeks_sends_fewer_marks_than_reports():
+    # B = 4 x the mean interval between uplinks; a cap of a week made a device reporting every two weeks send
+    # a mark every 6 days of its silences, more marks than reports; the cap is now the longest B the wire's
+    # 32-bit ms field holds (48.5 days)
+    from backend.coordinator.core.heartbeat import MOST, _pow2
+    from backend.sim import engine
+    from edge.core import codec
+    codec.encode("config", {"seq": 1, "inc": 1, "to": 1, "period": 0, "shrink": 0.0, "beat": round(_pow2(1e12) * 1000),
+                            "t0": 0, "now": 0, "tick": 0})
+    assert _pow2(1e12) <= MOST
+    w = {"name": "slow", "seed": 5, "duration": 3 * 365 * 86400, "protocol": "deadband",
+         "sources": {"generator": "random_walk", "count": 2, "per_device": 1, "start": [90, 110], "step": [0.1, 2.0],
+                     "interval": 86400},
+         "queries": [{"id": "q", "kind": "avg", "sources": "all", "precision": 8.0}]}
+    r = engine.run(w)
+    assert r["violations"] == 0 and 0 < r["by_kind"]["mark"] < r["by_kind"]["report"], r["by_kind"]
+
+
+def test_a_monthly_device_gets_the_longest_heartbeat():
+    # 4 x 30 days is past the cap, which is exactly twice the power of 2 below it: 'more than twice' never
+    # moved B there, so a monthly device stayed at 24 days and sent a mark before every reading
+    from backend.coordinator.core.heartbeat import MOST, Heartbeats
+    h = Heartbeats(None, 0.5, 0.5, 0.1)
+    h.heard("d", 0.0, True)                     # its birth, then marks as B grows (a simulator run's times)
+    for t in (32, 160, 672, 2720, 10912, 43680, 174752, 699040, 2796192):
+        h.heard("d", float(t), False)
+    for k in range(2, 40):                      # then a reading a month
+        h.heard("d", k * 30 * 86400.0, True)
+    assert h.told("d") == MOST

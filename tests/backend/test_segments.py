@@ -243,3 +243,19 @@ def test_final_horizon_is_strictly_before_and_near_t_minus_d():
     for t, d in cases:
         h = before(t, d)
         assert h + d < t and math.nextafter(math.nextafter(h + d, math.inf), math.inf) >= t, (t, d, h)
+
+
+def test_a_lag_longer_than_the_admission_window_keeps_its_devices_alive():
+    # a segment-mode device's mark is stamped with the time its data is complete through, which lags its clock
+    # by up to the lag; the admission gate dropped such marks as 'stamped behind its clock' (over 600 s), so
+    # every lag-only device with the default heartbeat went 'silent' and was asked for a birth again and again
+    w = {"name": "slow-lag", "seed": 3, "duration": 40000, "protocol": "adaptive",
+         "sources": {"generator": "random_walk", "count": 4, "per_device": 1, "start": [90, 110],
+                     "step": [0.1, 3.0], "interval": 100},
+         "queries": [{"id": "q", "kind": "avg", "sources": "all", "precision": 4.0, "lag": 1000}]}
+    sim = engine.simulation(w)
+    res = sim.run()
+    assert res["by_kind"]["mark"] > 0                       # the marks flowed (the default heartbeat)
+    assert res["by_kind"].get("rebirth", 0) == 0 and sim.coord.integrity.stats["silent"] == 0
+    q = res["queries"]["q"]
+    assert res["violations"] == 0 and q["finals"] > 100 and q["final_degraded"] == 0, q

@@ -4,7 +4,7 @@
   last report from the mark's number and a device gone quiet when nothing comes for B + λ + margin. By
   default B is per device, ``AUTO`` × the mean interval between the instants it was heard sending numbered
   uplinks (uplinks less than ``DISTINCT`` apart are one instant; the current silence included), at least
-  max(10·λ, LEAST) and at most a week, rounded to a power of 2 s; the device is told (in its ``config``)
+  max(10·λ, LEAST) and at most 48.5 days, rounded to a power of 2 s; the device is told (in its ``config``)
   when that is more than twice its B (it has been quiet: fewer marks) or, once the network has shown a
   gap, less than a quarter of it (it talks: a loss is found sooner; on a clean network not worth a
   downlink), so a talking device never sends a mark and a quiet one sends few. Until a smaller B has surely reached the device (λ after its next uplink heard past
@@ -28,7 +28,9 @@ AUTO = 4.0              # B = AUTO × mean interval between uplinks
 FLOOR = 10.0            # ... at least FLOOR·λ
 LEAST = 4.0             # ... and at least this (s)
 DISTINCT = 0.05         # s: uplinks heard closer than this are one instant (several sources reporting a reading)
-MOST = 7 * 86400.0      # ... and at most a week (an hourly B would out-talk a device reading daily)
+MOST = 4.0 * 2 ** 20    # ... and at most 48.5 days, the longest power of 2 whose ms fit the wire's 32 bits (a
+                        # capped B out-talks a device quieter than the cap: a week made a device reporting
+                        # every 17 days send 2-3 marks per report)
 START = 30.0            # B before a device's uplinks have been timed
 RING = 32               # arrivals timed per device
 RTO_MARGIN = 0.05       # s added to the round trip for the resend timeout
@@ -87,7 +89,7 @@ class Heartbeats:
             return was, False
         mean = (now - ring[0]) / n
         raw = min(max(AUTO * mean, FLOOR * self.latency, LEAST), MOST)
-        if raw > 2 * d[0] or (4 * raw < d[0] and self.lossy is not None):     # (B is a power of 2)
+        if raw > 2 * d[0] or raw >= MOST > d[0] or (4 * raw < d[0] and self.lossy is not None):    # (B: a power of 2)
             b = d[0] = _pow2(raw)
             d[4] = now
             d[1] = max(d[1], b)
