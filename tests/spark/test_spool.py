@@ -201,7 +201,7 @@ _op = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(_op, max_size=25))
 def test_spool_matches_a_list(tmp_path_factory, ops):
     path = tmp_path_factory.mktemp("spool")
