@@ -303,7 +303,7 @@ class Agent:
         same = m["t0"] == self.t0_ms and m["period"] == self.period_ms
         self.t0_ms, self.period_ms = m["t0"], m["period"]
         self.shrink = m["shrink"]
-        self.delivery.beat = self._ms(m["beat"])
+        self.delivery.beat = self._ms(codec.beat_ms(m["beat"]))
         self.period = max(self.period, m["tick"]) if same else m["tick"]
 
     def _models(self, allow):

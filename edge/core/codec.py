@@ -33,6 +33,21 @@ METER = 2
 SYNC = 4
 
 
+BEAT_S = 1 << 31    # a config's ``beat`` at or above this is BEAT_S + whole seconds (a device older than that
+                    # reads it as ms: it sends marks more often than asked, never fewer)
+
+
+def beat_field(seconds):
+    """A heartbeat of ``seconds`` as a config's ``beat``: ms below BEAT_S, else BEAT_S + whole seconds."""
+    ms = round(seconds * 1000)
+    return ms if ms < BEAT_S else BEAT_S + min(round(seconds), BEAT_S - 1)
+
+
+def beat_ms(field):
+    """A config's ``beat`` in ms (``beat_field``)."""
+    return field if field < BEAT_S else (field - BEAT_S) * 1000
+
+
 def newer(a, b):
     """Serial-number order of 16-bit epochs (RFC 1982): True when ``a`` is after ``b``."""
     d = (a - b) & 0xFFFF
@@ -96,7 +111,8 @@ SCHEMAS = {
     "filter": (18, "down", "BHIIIdB*dd", "src epoch seq inc to width ack cons l u"),
     "probe": (19, "down", "BIIIH", "src seq inc to probe"),
     # times in integer ms: period T, beat, the tick origin t0 and the backend's clock now; tick = the
-    # number of adjustment periods (shrinks) the backend has applied, so both sides count the same periods
+    # number of adjustment periods (shrinks) the backend has applied, so both sides count the same periods.
+    # ``beat`` over 2^31 ms (24.8 days) is whole seconds with the top bit set (``beat_field``, ``beat_ms``)
     "config": (20, "down", "IIIIdIqqI", "seq inc to period shrink beat t0 now tick"),
     "rebirth": (21, "down", "III", "seq inc to"),
     # segment mode for source src: send data of time τ by τ + lag (ms); model 1 line, 2 constant, 0 off;

@@ -289,7 +289,7 @@ class RelayNode:
         if kind == "rebirth":
             return [self._birth(now)]
         if kind == "config" or kind == "setup":
-            self.delivery.beat = m["beat"] / 1000
+            self.delivery.beat = codec.beat_ms(m["beat"]) / 1000
         elif kind == "link":
             self.delivery.link(m["rto"] / 1000)
         elif kind == "ack":

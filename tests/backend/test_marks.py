@@ -94,8 +94,7 @@ def test_a_device_silent_past_its_heartbeat_is_found():
 
 def test_a_device_reporting_every_few_weeks_sends_fewer_marks_than_reports():
     # B = 4 x the mean interval between uplinks; a cap of a week made a device reporting every two weeks send
-    # a mark every 6 days of its silences, more marks than reports; the cap is now the longest B the wire's
-    # 32-bit ms field holds (48.5 days)
+    # a mark every 6 days of its silences, more marks than reports; the cap is now 48.5 days
     from backend.coordinator.core.heartbeat import MOST, _pow2
     from backend.sim import engine
     from edge.core import codec
@@ -121,3 +120,43 @@ def test_a_monthly_device_gets_the_longest_heartbeat():
     for k in range(2, 40):                      # then a reading a month
         h.heard("d", k * 30 * 86400.0, True)
     assert h.told("d") == MOST
+
+
+def test_a_device_serving_lag_queries_alone_waits_up_to_its_lag_and_its_finals_hold():
+    # monthly readings, a lag of 400 days: a device whose sources serve the lag query alone may stay silent
+    # up to D (its finals are due no sooner; the config says it in whole seconds past 24.8 days), one a
+    # real-time query reads keeps B <= 48.5 days; when a real-time query comes to the first, so does its B
+    from backend.coordinator.core.heartbeat import MOST
+    from backend.sim import engine
+    from edge.core import codec
+    day = 86400.0
+    w = {"seed": 3, "duration": 40 * 365 * day, "protocol": "deadband",
+         "sources": {"generator": "random_walk", "count": 4, "per_device": 2, "start": [90, 110], "step": [0.1, 2.0],
+                     "interval": 30 * day},
+         "queries": [{"id": "lag", "kind": "avg", "sources": ["s0", "s1"], "precision": 8.0, "lag": 400 * day},
+                     {"id": "now", "kind": "max", "sources": ["s2"], "precision": 4.0}],
+         "events": [{"time": 30 * 365 * day, "add_query": {"id": "now2", "kind": "sum", "sources": ["s1"],
+                                                            "precision": 4.0}}]}
+    sim = engine.Simulation(w)
+    marks, told, send = {}, {}, sim.send
+
+    def record(now, hop, end, payload, link=None):
+        kind, m = codec.decode(payload)
+        if kind == "mark":
+            marks.setdefault(end, []).append(now)
+        if kind in ("config", "setup"):
+            told.setdefault(end, []).append((now, codec.beat_ms(m["beat"]) / 1000))
+        return send(now, hop, end, payload, link)
+    sim.send = record
+    r = sim.run()
+    assert r["violations"] == 0
+    lagged, live = told["d0"], told["d1"]
+    d = 400 * day - sim.coord.latency
+    before = [b for t, b in lagged if t < 30 * 365 * day]
+    assert MOST < max(before) <= d and max(b for t, b in live) <= MOST
+    assert lagged[-1][1] <= MOST and lagged[-1][0] >= 30 * 365 * day      # told a B within the cap again
+    # d0 sends marks at most every B it was told (the ground truth of its own log), never every 48.5 days
+    quiet = [t for t in marks.get("d0", ()) if t < 30 * 365 * day]
+    assert len(quiet) < 30 * 365 * day / (2 * MOST)
+    finals = [a for a in sim.answers if a.get("final") and a["query"] == "lag"]
+    assert finals and finals[-1]["time"] > 30 * 365 * day

@@ -167,3 +167,22 @@ def test_integer_times_go_on_the_wire_as_exact_doubles():
             assert decode(data)[1]["t"] == float(n)
     raises(CodecError, encode, "mark", {"seq": 1, "t": 2 ** 53})
     raises(CodecError, encode, "config", dict(SAMPLES["config"], now=1.5))     # downlink times are integers
+
+
+def test_a_heartbeat_past_24_days_goes_in_whole_seconds_and_a_device_keeps_it():
+    from edge.agent import Agent
+    for s in (0.5, 4.0, 2147483.0, 2147484.0, 4.0 * 2 ** 22, 4.0 * 2 ** 28):
+        f = codec.beat_field(s)
+        assert 0 <= f < 1 << 32 and codec.beat_ms(f) == round(s * 1000)
+        m = dict(SAMPLES["config"], beat=f)
+        assert decode(encode("config", m)) == ("config", m)
+    assert codec.beat_field(2147483.647) == 2147483647                 # the last one in ms
+    # a device in ms and one in seconds both wait a year's heartbeat (not the 24.8 days its ms field would say)
+    year = 4.0 * 2 ** 23
+    for unit in (1000, 1):
+        a = Agent("d", ["x"], unit=unit)
+        birth = a.start(0)
+        assert birth
+        to = a.token
+        a.handle_message(0, encode("config", dict(SAMPLES["config"], inc=1, to=to, beat=codec.beat_field(year))))
+        assert a.delivery.beat == year * unit

@@ -117,7 +117,7 @@ class Downlink:
         heartbeat, this backend's clock, and the number of ticks applied so far. Re-send it to every
         device after changing the period or the shrink: the device counts periods from it."""
         t0, period = self.schedule_ms()
-        fields = {"period": period, "shrink": self.shrink, "beat": round(self.integrity.links.told(device) * 1000), "t0": t0,
+        fields = {"period": period, "shrink": self.shrink, "beat": codec.beat_field(self.integrity.links.told(device)), "t0": t0,
                   "now": round(self.wall * 1000), "tick": self.tick - 1}
         if self.devices[device]["lines"]:
             fields["allow"] = self.allow

@@ -4,7 +4,8 @@
   last report from the mark's number and a device gone quiet when nothing comes for B + λ + margin. By
   default B is per device, ``AUTO`` × the mean interval between the instants it was heard sending numbered
   uplinks (uplinks less than ``DISTINCT`` apart are one instant; the current silence included), at least
-  max(10·λ, LEAST) and at most 48.5 days, rounded to a power of 2 s; the device is told (in its ``config``)
+  max(10·λ, LEAST) and at most 48.5 days (a device whose queried sources all serve lag queries alone, in
+  segment mode, at most its shortest D: its final answers are due no sooner), rounded to a power of 2 s; the device is told (in its ``config``)
   when that is more than twice its B (it has been quiet: fewer marks) or, once the network has shown a
   gap, less than a quarter of it (it talks: a loss is found sooner; on a clean network not worth a
   downlink), so a talking device never sends a mark and a quiet one sends few. Until a smaller B has surely reached the device (λ after its next uplink heard past
@@ -28,9 +29,9 @@ AUTO = 4.0              # B = AUTO × mean interval between uplinks
 FLOOR = 10.0            # ... at least FLOOR·λ
 LEAST = 4.0             # ... and at least this (s)
 DISTINCT = 0.05         # s: uplinks heard closer than this are one instant (several sources reporting a reading)
-MOST = 4.0 * 2 ** 20    # ... and at most 48.5 days, the longest power of 2 whose ms fit the wire's 32 bits (a
-                        # capped B out-talks a device quieter than the cap: a week made a device reporting
-                        # every 17 days send 2-3 marks per report)
+MOST = 4.0 * 2 ** 20    # ... and at most 48.5 days (a capped B out-talks a device quieter than the cap: a week
+                        # made a device reporting every 17 days send 2-3 marks per report)
+LONGEST = 4.0 * 2 ** 28  # 34 years: the longest B a config's beat carries (codec.beat_field), a lag-only device's cap
 START = 30.0            # B before a device's uplinks have been timed
 RING = 32               # arrivals timed per device
 RTO_MARGIN = 0.05       # s added to the round trip for the resend timeout
@@ -50,6 +51,7 @@ class Heartbeats:
         self.lossy = None               # when a gap was first seen on any link (ack mode for every device)
         # device -> [B told, B waited, arrivals, ack mode since or None, B told when, rto told, rto waited, rtts]
         self.dev = {}
+        self.cap = {}                   # device -> its cap on B when not MOST (``ceiling``)
         self.stats = {"acked": 0, "links": 0, "beats": 0}
 
     def first(self):
@@ -88,14 +90,25 @@ class Heartbeats:
         if not self.auto or n < 1:
             return was, False
         mean = (now - ring[0]) / n
-        raw = min(max(AUTO * mean, FLOOR * self.latency, LEAST), MOST)
-        if raw > 2 * d[0] or raw >= MOST > d[0] or (4 * raw < d[0] and self.lossy is not None):    # (B: a power of 2)
-            b = d[0] = _pow2(raw)
+        cap = self.cap.get(device, MOST)
+        top = _pow2(cap, cap)
+        raw = min(max(AUTO * mean, FLOOR * self.latency, LEAST), cap)
+        if raw > 2 * d[0] or raw >= top > d[0] or d[0] > top or (4 * raw < d[0] and self.lossy is not None):
+            b = d[0] = _pow2(raw, cap)      # (B: a power of 2)
             d[4] = now
             d[1] = max(d[1], b)
             self.stats["beats"] += 1
             return was, True
         return was, False
+
+    def ceiling(self, device, d):
+        """``device``'s cap on B: ``d`` s (its sources serve lag queries alone, the shortest D among them: no
+        final answer over it is due sooner) when longer than MOST, else MOST (None: it serves a lag-free query).
+        A lower cap is told with the device's next uplink."""
+        if d is None or d <= MOST:
+            self.cap.pop(device, None)
+        else:
+            self.cap[device] = min(d, LONGEST)
 
     # -- ack mode ----------------------------------------------------------------------------
     def acking(self, device):
@@ -150,9 +163,9 @@ class Heartbeats:
         return b + 2 * self.latency + self.margin + TRIES * self.rto
 
 
-def _pow2(b):
-    """``b`` rounded to a power of 2 (s) within [LEAST, MOST]: a device's B takes few values."""
+def _pow2(b, most=MOST):
+    """``b`` rounded to a power of 2 (s) within [LEAST, ``most``]: a device's B takes few values."""
     p = LEAST
-    while p * 1.5 < b and p * 2 <= MOST:
+    while p * 1.5 < b and p * 2 <= most:
         p *= 2
     return p

@@ -94,6 +94,15 @@ class Mirror:
             self.send(coord, key, *want[key])
         elif key in want:
             self.plain[key] = None
+        self._ceilings(coord, (coord.cache.sources[key].device,))
+
+    def _ceilings(self, coord, devices):
+        """Each of ``devices`` may stay silent up to its shortest D when every source of it a query reads
+        serves lag queries alone, in segment mode: a final answer over it is due no sooner (``heartbeat.py``)."""
+        for dev in devices:
+            ds = [self.mode[k][0] if k in self.mode and all(segmented(coord.queries[q]) for q in coord.by_source[k])
+                  else None for k in coord.devices.get(dev, {}).get("keys", ()) if coord.by_source.get(k)]
+            coord.integrity.links.ceiling(dev, None if not ds or None in ds else min(ds))
 
     def ready(self, coord, key):
         """Whether a lag query over ``key`` may lose its filter's bounds: not before its segments flow (a
@@ -128,6 +137,8 @@ class Mirror:
         for key in list(self.plain):
             if key not in want:
                 del self.plain[key]
+        cache = coord.cache.sources
+        self._ceilings(coord, sorted(set(coord.integrity.links.cap) | {cache[k].device for k in self.mode if k in cache}))
 
     def send(self, coord, key, d, model, width, tries=0):
         """Tell ``key``'s device its segment mode (the final mirror too); a device with a reading answers at

@@ -273,7 +273,7 @@ class Bridge:
             if kind == "config":
                 if not 0 <= m["shrink"] < 1:
                     raise ValueError("bad config")
-                self.delivery.beat = m["beat"] / 1000
+                self.delivery.beat = codec.beat_ms(m["beat"]) / 1000
                 self.period = (m["period"], m["shrink"], m["t0"], m["tick"])
                 return self._config(now)
             if kind == "ack" or kind == "link":
