@@ -124,7 +124,7 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         if self.protocol.replaces:
             return self._register(q, now, old)
         self._unregister(q.id, now, segments=False)    # the segment mirror changes once, with the addition
-        return self._register(q, now, None)
+        return self._register(q, now, None, old)
 
     def _parse(self, spec):
         q = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
@@ -132,7 +132,9 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         self.segments.check(self, q)
         return q
 
-    def _register(self, q, now, old):
+    def _register(self, q, now, old, was=None):
+        """``q`` replaces ``old`` in the protocol's state (None: new to it; ``was``: the query it replaces,
+        unregistered already)."""
         if old is not None:
             for s in old.sources:
                 self.by_source[s].pop(q.id, None)
@@ -147,8 +149,8 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         except QueryError:
             self._unregister(q.id, now, old)
             raise
-        self.segments.queries_changed(self)
-        self.finals.queries_changed(self._now(now))
+        self.segments.queries_changed(self, (q, old or was))
+        self.finals.queries_changed(self._now(now), (q.id,))
         return self._flush(now)
 
     def remove_query(self, qid, now=None):
@@ -169,8 +171,8 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         self.running.pop(qid, None)
         self._changed(q, now, old)
         if segments:
-            self.segments.queries_changed(self)
-            self.finals.queries_changed(self._now(now))
+            self.segments.queries_changed(self, (q, old))
+            self.finals.queries_changed(self._now(now), (qid,))
 
     def drain(self):
         """The messages queued and not returned yet: a refused query change returns none."""
@@ -184,8 +186,8 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         self.queries[qid].reserve = self.reserve.get(qid)
         self.dirty[qid] = None
         self._changed(self.queries[qid], now)
-        self.segments.queries_changed(self)     # segment widths follow the precision
-        self.finals.queries_changed(self._now(now))
+        self.segments.queries_changed(self, (self.queries[qid],))     # segment widths follow the precision
+        self.finals.queries_changed(self._now(now), (qid,))
         return self._flush(now)
 
     changed = None      # while a query changes: its sources (a local protocol revisits only them)

@@ -119,28 +119,37 @@ class Finals:
         return -INF if s is None else s.limit
 
     # -- queries ----------------------------------------------------------------------------------------
-    def queries_changed(self, now):
-        """Follow the coordinator's queries: new ones start at ``now``, changed ones are rebuilt at their horizon."""
+    def queries_changed(self, now, qids):
+        """Follow the coordinator's queries ``qids`` (those that changed): new ones start at ``now``, changed
+        ones are rebuilt at their horizon, removed ones go (O(their sources) each)."""
         coord = self.coord
-        qs = {}
-        rng = {}
-        for qid in sorted(coord.queries):
-            q = coord.queries[qid]
-            if q.kind not in FINALS or not coord.protocol.finals:
+        keys = {}
+        for qid in qids:
+            q, st = coord.queries.get(qid), self.qs.get(qid)
+            for x in (st and st.q, q):
+                if x is not None and x.kind == "count" and x.range is not None:
+                    keys.update(dict.fromkeys(x.sources))
+            if q is None or q.kind not in FINALS or not coord.protocol.finals:
+                self.qs.pop(qid, None)
+                self.touched.pop(qid, None)
                 continue
-            st = self.qs.get(qid) or Query(now)
+            st = st or Query(now)
             if st.q is not q:
                 st.q, st.heap = q, None
                 if st.h is not None:
                     self._build(st, st.h)
                 self.touched[qid] = None
-            qs[qid] = st
-            if q.kind == "count" and q.range is not None:
-                for key in q.sources:
-                    if q.range not in rng.get(key, ()):
-                        rng[key] = rng.get(key, ()) + (q.range,)
-        self.qs, self.rng = qs, rng
-        self.touched = {qid: None for qid in self.touched if qid in qs}
+            self.qs[qid] = st
+        for key in keys:            # the ranges of the COUNT-in-range queries over each of theirs, in query order
+            rng = ()
+            for qid in sorted(coord.by_source.get(key, ())):
+                q = coord.queries[qid]
+                if qid in self.qs and q.kind == "count" and q.range is not None and q.range not in rng:
+                    rng += (q.range,)
+            if rng:
+                self.rng[key] = rng
+            else:
+                self.rng.pop(key, None)
 
     def horizon(self, qid):
         """The final horizon of ``qid`` (None: no final answer yet)."""

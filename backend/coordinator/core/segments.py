@@ -116,12 +116,21 @@ class Mirror:
             self.send(coord, key, *want[key])
         return False
 
-    def queries_changed(self, coord):
-        """Put sources in or out of segment mode as the lag queries over them require."""
+    def queries_changed(self, coord, changed):
+        """Put sources in or out of segment mode as the lag queries over them require: those of the queries
+        ``changed`` (the new one and the one it replaces, or None), of them only those in segment mode or
+        served by their filter when neither is a lag query, so registering n queries costs O(their sources)."""
+        qs = [q for q in changed if q is not None]
+        keys = list(dict.fromkeys(k for q in qs for k in q.sources))
+        if not any(segmented(q) for q in qs):
+            keys = [k for k in keys if k in self.mode or k in self.plain]
         want = {}
-        self._want(coord, sorted(coord.queries), want)
-        for key in list(self.mode):
-            if key not in want:
+        for key in keys:
+            one = {}
+            self._want(coord, sorted(coord.by_source.get(key, ())), one, key)
+            want.update(one)
+        for key in keys:
+            if key in self.mode and key not in want:
                 del self.mode[key]
                 if key in coord.cache.sources:
                     self.send(coord, key, 0, 0, 0.0)
@@ -134,11 +143,11 @@ class Mirror:
                     self.send(coord, key, *m)
             elif key not in self.plain:
                 self.plain[key] = None
-        for key in list(self.plain):
-            if key not in want:
+        for key in keys:
+            if key in self.plain and key not in want:
                 del self.plain[key]
         cache = coord.cache.sources
-        self._ceilings(coord, sorted(set(coord.integrity.links.cap) | {cache[k].device for k in self.mode if k in cache}))
+        self._ceilings(coord, sorted({cache[k].device for k in keys if k in cache}))
 
     def send(self, coord, key, d, model, width, tries=0):
         """Tell ``key``'s device its segment mode (the final mirror too); a device with a reading answers at
