@@ -7,8 +7,8 @@ and deadband twice with the same seed and the default (per-device) heartbeat, de
 clocks off by up to 0.3 s. Printed per run: violations outside degraded or revoked windows (target 0),
 non-degraded answers wider than their precision (0), the share of checked instants degraded or withdrawn
 (≤ 0.35), wrong provisional answers and how soon they were withdrawn (≤ 5 s), the share of query time
-answered degraded next to the share the faults forced (``backend.sim.forced``), and messages against the
-fault-free run. Writes ``faults.csv`` and ``faults.md`` to ``--out``.
+answered degraded next to the share the faults forced (``backend.sim.forced``), the share of final answers
+(by record and by the time they stand) wider than the precision, and messages against the fault-free run. Writes ``faults.csv`` and ``faults.md`` to ``--out``.
 """
 import argparse
 import copy
@@ -29,9 +29,27 @@ FINAL = {"seed": 7, "duration": 1200, "network": {"delay": 0.1, "jitter": 0.1},
 
 
 def run(name, spec, protocol, faults):
+    """The result of a run, with ``final_wide``: (records, time) shares of its final answers wider than their
+    precision (degraded, saying so; a final answer stands until its query's next one, the last to its horizon;
+    one with a source unknown, of infinite width, is not counted)."""
     w = copy.deepcopy(spec)
     w.update(name=name, protocol=protocol, network=dict(w.get("network", NETWORK), **faults))
-    return engine.run(w)
+    sim = engine.simulation(w)
+    res = sim.run()
+    by = {}
+    for a in sim.answers:
+        if a.get("final"):
+            by.setdefault(a["query"], []).append(a)
+    n = wide = 0
+    span = wide_span = 0.0
+    for qid, fin in sorted(by.items()):
+        ends = [a["time"] for a in fin[1:]] + [max(fin[-1]["time"], sim.coord.finals.horizon(qid) or fin[-1]["time"])]
+        for a, end in zip(fin, ends):
+            d = [x for at, x in sim.precisions[qid] if at <= a["time"]][-1:] or [sim.precisions[qid][0][1]]
+            over = d[0] * (1 + 1e-9) < a["hi"] - a["lo"] < float("inf")
+            n, wide, span, wide_span = n + 1, wide + over, span + end - a["time"], wide_span + over * (end - a["time"])
+    res["final_wide"] = (wide / n if n else 0.0, wide_span / span if span else 0.0)
+    return res
 
 
 def table(scale):
@@ -50,6 +68,8 @@ def table(scale):
                          "wrong_provisional": f["wrong_provisional"],
                          "withdraw_delay_max": round(f["withdraw_delay_max"], 3) if f["withdraw_delay_max"] else 0.0,
                          "degraded_share": round(f["degraded_share"], 4), "forced_share": round(f["forced_share"], 4),
+                         "final_wide_records": round(hostile["final_wide"][0], 4),
+                         "final_wide_time": round(hostile["final_wide"][1], 4),
                          "messages": msgs(hostile), "clean_messages": msgs(clean),
                          "messages_vs_clean": round(msgs(hostile) / max(1, msgs(clean)), 3),
                          "acks": hostile["by_kind"].get("ack", 0), "marks": hostile["by_kind"].get("mark", 0),
@@ -72,7 +92,8 @@ def main(argv=None):
         out.writeheader()
         out.writerows(rows)
     cols = ("workload", "protocol", "violations", "precision_misses", "degraded_or_withdrawn", "wrong_provisional",
-            "withdraw_delay_max", "degraded_share", "forced_share", "messages_vs_clean", "acks", "lost", "lost_found")
+            "withdraw_delay_max", "degraded_share", "forced_share", "final_wide_records", "final_wide_time", "messages",
+            "messages_vs_clean", "acks", "lost", "lost_found")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
     text = ("Faults %s, delay 0.2 s + jitter 0.1 s (final-20: 0.1 + 0.1), default heartbeat, scale %s (targets: 0 "

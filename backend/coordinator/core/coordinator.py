@@ -270,13 +270,13 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         self._release(now)
         self._integrity(now)
         self._answers(self.clock)
+        self.out += self.finals.answers(max(self.clock, now - self.latency))    # (every uplink stamped by then is in)
         for qid in self.replan:         # a reserve moved (reserve.py): plan the query's widths again
             q = self.queries.get(qid)
             if q is not None:
                 q.reserve = self.reserve.get(qid)
                 self._changed(q, None)
         self.replan.clear()
-        self.out += self.finals.answers(max(self.clock, now - self.latency))    # (every uplink stamped by then is in)
         return self._flush(None)
 
     def _release(self, now):

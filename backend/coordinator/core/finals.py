@@ -8,8 +8,9 @@ answered from the pieces, for every aggregate kind: a final answer ``{"time", "l
 aggregate lies in [lo + dlo·(τ−time), hi + dhi·(τ−time)]. It is never withdrawn: it stands on uplinks taken in
 each device's sequence order, so no later news can change it. It is degraded, with its reason, where a source's
 value is unknown (its device lost or gone: "lost uplink: d3"), or where it is wider than the query's precision
-("wider than precision: width W": a narrowing not confirmed yet, the hull of a clock's skew). ``watermark`` is
-the horizon when it was issued; provisional answers carry the horizon too.
+("wider than precision: width W": a narrowing not confirmed yet, the hull of a clock's skew; each final answer
+with every source known is measured into its query's reserve, ``reserve.py``, so the widths leave room for that
+hull). ``watermark`` is the horizon when it was issued; provisional answers carry the horizon too.
 
 Work per change: a source's new piece or limit costs O(log n) per query over it (a lazy heap of limits, a heap
 of pending piece boundaries, ``lines.Lines``); a query's state is built once, when its horizon first exists (or
@@ -261,6 +262,11 @@ class Finals:
             return []
         rec.update(time=t, query=qid, final=True, guarantee="interval", watermark=h)
         st.last = rec
+        coord = self.coord      # its reserve budgets the finals too (reserve.py), where clocks may be off (with
+        # exact clocks no final holds a hull: one wider than δ − R is a precision being reached by shrinking)
+        if coord.integrity.sigma > 0 and not st.lines.why and "lag" not in st.q.extra \
+                and coord.reserve.observe(st.q, t, rec["hi"] - rec["lo"], True):
+            coord.replan[qid] = None
         return [("answer", rec)]
 
     def realtime(self, q, t):
