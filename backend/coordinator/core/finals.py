@@ -100,7 +100,9 @@ class Finals:
         uplink taken, which the mirror learns only when it takes that birth (issue #30: released λ later, the
         limit had moved with the clock past a lost report's instant and a MAX final answer missed it)."""
         ig, coord = self.coord.integrity, self.coord
-        cap = max(coord.clock, coord.wall - coord.latency) if cap is None else cap     # (the release clock)
+        if cap is None:     # the release clock: never past an uplink due but not applied yet (a batch released in
+            head = coord.queue[0][0] if coord.queue else INF        # one call is taken one at a time; issue #30)
+            cap = max(coord.clock, min(coord.wall - coord.latency, head))
         if d is not None and (d.buf or d.hole):
             cap = min(cap, d.last)
         f = ig.skipped.get(device)
