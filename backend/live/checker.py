@@ -20,13 +20,14 @@ def time_of(row):
     return row[0]
 
 
-def violations(queries, readings, answers, end, wrong=None, finals=None):
+def violations(queries, readings, answers, end, wrong=None, finals=None, wrong_finals=None):
     """Check every provisional answer change against the agents' ground truth, honouring revoked windows as the
     simulator's checker does; returns {query: (violations, violation seconds, degraded seconds)}. ``readings``: [(t, source, value)] of every agent,
     each agent's in its log order (a gateway stamps a backlog of board frames with one time: the last sample at
     a time is the value from then on). ``wrong``: a dict that gets {query: [(t, lo, hi, exact)]} of every
     violating instant; ``finals``: a dict that gets {query: ``final_truth.check_final``'s figures} of its final
-    answers up to ``end``."""
+    answers up to ``end``; ``wrong_finals``: a dict that gets {query: [(final answer, τ, exact, lo, hi)]} of every
+    final answer that misses the truth (with ``finals``)."""
     sources = sorted({s for _, s, _ in readings})
     truth = truth_mod.Truth(sources)
     qs = [parse_query(q, set(sources)) for q in queries]
@@ -45,10 +46,13 @@ def violations(queries, readings, answers, end, wrong=None, finals=None):
     for q in qs:
         fin = [a for a in answers if a["query"] == q.id and a.get("final") and a["time"] <= end]
         if finals is not None:
+            missed = []
             finals[q.id] = final_truth.check_final(
                 truth.tracks[q.id].timeline, [(a["time"], a["lo"], a["hi"], a["dlo"], a["dhi"], a["degraded"],
                                                a["watermark"]) for a in fin],
-                min(end, fin[-1]["watermark"]) if fin else end, [(-math.inf, q.precision)])
+                min(end, fin[-1]["watermark"]) if fin else end, [(-math.inf, q.precision)], wrong=missed)
+            if wrong_finals is not None and missed:
+                wrong_finals[q.id] = [(fin[w[0]],) + w[1:] for w in missed]
         answers_q = [a for a in answers if a["query"] == q.id and not a.get("final")]
         mine = [(a["time"], a["lo"], a["hi"], a["degraded"]) for a in answers_q if a["time"] <= end]
         revoked = [a["revoked"] for a in answers_q if "revoked" in a]

@@ -16,10 +16,11 @@ def _pct(xs, p):
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else None
 
 
-def check_final(truth, finals, horizon, precision, emitted=()):
+def check_final(truth, finals, horizon, precision, emitted=(), wrong=None):
     """``truth``: [(t, exact, scale)]; ``finals``: [(t, lo, hi, dlo, dhi, degraded, watermark)] in issue order;
     ``horizon``: the time through which the finals hold; ``precision``: [(t, δ)] in time order; ``emitted``: the
-    clock each final answer was issued at (for its latency).
+    clock each final answer was issued at (for its latency); ``wrong``: a list that gets (k, τ, exact, lo, hi) of
+    every final answer ``finals[k]`` that misses the truth at τ.
     Returns {"finals", "final_violations", "final_precision_misses", "final_revoked", "final_degraded",
     "final_from", "final_through", "final_latency": {"p50", "p99", "max"}}."""
     bad = misses = revoked = degraded = 0
@@ -44,7 +45,10 @@ def check_final(truth, finals, horizon, precision, emitted=()):
             _, x, scale = truth[i]
             tol = TOL * (1.0 + scale + abs(x))
             ends = [(lo + dlo * (tau - t), hi + dhi * (tau - t)) for tau in (u, v)]
-            bad += any(not a - tol <= x <= b + tol for a, b in ends)
+            miss = [(tau, a, b) for tau, (a, b) in zip((u, v), ends) if not a - tol <= x <= b + tol]
+            bad += bool(miss)
+            if miss and wrong is not None:
+                wrong.append((k, miss[0][0], x, miss[0][1], miss[0][2]))
             misses += any(b - a > delta[0] + tol for a, b in ends)
             i += 1
     late = sorted(at - f[0] for f, at in zip(finals, emitted))

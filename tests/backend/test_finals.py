@@ -346,3 +346,4 @@ def test_a_mark_proves_its_stamp_once_every_number_up_to_its_seq_is_in():
     assert rp.src["a"].limit == 5.5
     pump(12.5, h.record(12.5, "d0", "up", mark))        # the mark again (it takes no number): heard
     assert rp.src["a"].limit == 6.0
+

@@ -4,7 +4,11 @@ clock is followed, and the prior ±σ holds until the bounds say more."""
 import math
 import random
 
+from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.core.offsets import JUMPED, Offsets
+from backend.coordinator.protocols import make
+from edge.core import codec
+from edge.core.codec import CAP_MS
 
 
 def exchange(o, rng, lead, t, down=True, delay=(0.05, 0.2)):
@@ -82,3 +86,50 @@ def test_old_bounds_loosen_with_their_age():
     assert o.measured("d", 10.0) == (0.0, 0.0)
     lo, hi = o.measured("d", 10010.0)
     assert math.isclose(-lo, hi) and 0.1 < hi < 1.0
+
+
+def test_a_clock_of_whole_ms_places_every_stamp_within_its_bounds():
+    """Issue #30: a board's clock counts whole ms (``edge.runtime.clock``: it reads ⌊T + b⌋ at true time T), so
+    the lead its stamps show wobbles by up to 1 ms. With a fast echo (the reply in the same ms as the downlink) the
+    upper bound was that echo's lead, and a stamp taken in the first fraction of a later ms was placed after it was
+    taken: live, a report 0.12 ms late made a MAX final answer miss the truth. Oracle: every stamp's true instant
+    lies in [t - hi, t - lo] (its event time and hull end, ``integrity.event``/``cover``) for ms boards, and the
+    bounds of an exact clock are its lead's."""
+    floor_ms = lambda x: math.floor(x * 1000) / 1000
+    for seed in range(300):
+        rng = random.Random(seed)
+        sigma = rng.choice([0.05, 0.1, 0.3])
+        b = rng.uniform(-sigma, sigma)          # the clock reads ⌊T + b⌋: its lead wobbles in (b − 1 ms, b]
+        clock = lambda T: floor_ms(T + b)
+        o = Offsets(sigma)
+        o.ticks = {"d": 0.001}                 # (what a birth saying CAP_MS sets)
+        T = 100.0
+        for k in range(30):
+            T += rng.uniform(0.05, 2.0)
+            if rng.random() < 0.4:             # an echo: the device stamps its reply to a downlink sent at T
+                o.echoed("d", clock(T + rng.uniform(0.0, 0.0008)), T)
+            o.heard("d", clock(T), T + rng.uniform(0.0, 0.0008))   # an uplink taken at T, heard at once
+            for _ in range(20):                 # any stamp taken about now: placed within its bounds
+                at = T + rng.uniform(-0.5, 0.5)
+                lo, hi = o.bounds("d", T)
+                assert clock(at) - hi <= at <= clock(at) - lo, (seed, k, at - (clock(at) - hi))
+    exact = Offsets(0.1)
+    exact.echoed("d", 5.0 + 0.02, 5.0)
+    exact.heard("d", 6.0 + 0.02, 6.0)
+    lo, hi = exact.bounds("d", 6.0)
+    assert 0.0199 < lo <= 0.02 <= hi < 0.0201, (lo, hi)     # (no tick: an exact clock's bounds are its lead's)
+
+
+def test_a_birth_says_whether_its_clock_counts_whole_ms():
+    """The coordinator learns a device's tick from its birth (CAP_MS: integer ms): its reports' event times are
+    placed a tick earlier and their hulls end a tick later than an exact clock's."""
+    out = {}
+    for caps, unit in ((CAP_MS, 1000), (0, 1)):
+        c = Coordinator(make("adaptive"), period=10.0, latency=0.1, skew=0.05)
+        c.handle_uplink(1.0, "d", codec.encode("birth", {"seq": 1, "t": unit, "boot": 1, "fw": "x", "caps": caps,
+                                                         "first": 0, "sources": [{"name": "x", "epoch": 0,
+                                                                                  "width": 1.0, "v": 1.0}]}))
+        ig = c.integrity
+        out[unit] = (ig.offsets.ticks["d"], ig.event("d", 2.0), ig.cover("d", 2.0))
+    assert out[1000][0] == 0.001 and out[1][0] == 0.0
+    assert math.isclose(out[1000][1], out[1][1] - 0.001) and math.isclose(out[1000][2], out[1][2] + 0.001), out

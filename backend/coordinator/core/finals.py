@@ -22,6 +22,7 @@ import math
 
 from backend.coordinator.core.lines import A, SLACK, TIGHT, Lines
 from backend.coordinator.core.replay import Replay
+from edge.core.codec import newer
 
 INF = math.inf
 FINALS = ("sum", "avg", "min", "max", "count")
@@ -95,11 +96,23 @@ class Finals:
         """(W, mark) of ``device`` (sequence.Dev ``d``): integrity's watermark and latest proven mark, capped by
         the release clock (``cap``) and, while uplinks are held for a missing number or numbers were skipped, by
         the latest one taken (the missing one came after it; a birth may have made it no longer missing for
-        integrity)."""
+        integrity). So too while a birth that made numbers no longer missing for integrity (its watermark jumps to
+        the birth's stamp on arrival) is not taken yet: what the missing numbers said is lost from the latest
+        uplink taken, which the mirror learns only when it takes that birth (issue #30: released λ later, the
+        limit had moved with the clock past a lost report's instant and a MAX final answer missed it)."""
         ig, coord = self.coord.integrity, self.coord
-        cap = max(coord.clock, coord.wall - coord.latency) if cap is None else cap     # (the release clock)
+        if cap is None:     # the release clock: never past an uplink due but not applied yet (a batch released in
+            head = coord.queue[0][0] if coord.queue else INF        # one call is taken one at a time; issue #30)
+            cap = max(coord.clock, min(coord.wall - coord.latency, head))
         if d is not None and (d.buf or d.hole):
             cap = min(cap, d.last)
+        f = ig.skipped.get(device)
+        if f is not None and d is not None:
+            taken = newer(d.next, f[1]) if d.boot == f[0] and d.next is not None else newer(d.boot, f[0])
+            if taken:
+                del ig.skipped[device]      # (that birth is taken, or a later boot's)
+            else:
+                cap = min(cap, d.last)
         return min(ig.watermark(device), cap), min(ig.marked(device), cap)
 
     def cover(self, device, t):

@@ -64,6 +64,7 @@ class Integrity(Waits):
         self.left = {}          # source key or ("probe", key) -> (epoch or probe id, adapter time it left)
         self.need = {}          # device -> the highest uplink seq when it became suspect
         self.awaiting = {}      # devices suspect until the birth just accepted is applied
+        self.skipped = {}       # device -> (boot, seq) of the latest birth that made missing numbers no longer missing
         self.settle = {}        # device -> event time its latest birth has surely happened by
         self.applied = {}       # device -> [boot, latest birth seq, {src: latest report seq}, {src: epoch}] applied
         self.waits = {}         # device -> {key or ("probe", key): (epoch or probe id, sent, since, stage, tries, unsafe)}
@@ -156,6 +157,7 @@ class Integrity(Waits):
             keep = {s: at for s, at in d["missing"].items() if newer(s, seq)}
             if len(keep) < len(d["missing"]):
                 gone = min(at[1] for s, at in d["missing"].items() if s not in keep)
+                self.skipped[device] = (boot, seq)      # (its watermark jumps the gap: the final mirror's does not)
                 since, reason = gone if since is None else min(since, gone), reason or LOST
             d["missing"] = keep
         if since is not None:

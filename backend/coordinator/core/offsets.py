@@ -11,6 +11,13 @@ prior, ``[-σ, σ]``, that holds while no bound says more. Offsets of tens of ms
 covered, never an alarm. A stamp leading by more than the upper bound (``plausible`` is false; the
 uplink admission of ``integrity`` and anyone else may ask) is dropped for that message alone; several
 in a row mean the clock was stepped: the estimate starts afresh from them (``reset``).
+
+A clock that counts whole ticks (a board's integer ms: ``ticks``) reads ``t`` for a whole tick, so the lead a
+stamp shows wobbles by up to a tick between messages: an echo's upper bound holds for another stamp only a tick
+looser, and a lower bound a tick looser too. ``bounds`` (the lead of the stamps, what event times and hulls use)
+states both when σ > 0 (σ = 0 takes every clock as exact, as the simulator's are); without it a report stamped
+in a tick's first fraction was placed up to a tick after it happened (issue #30: a live MAX final answer missed
+the truth for 0.12 ms).
 """
 import math
 
@@ -27,6 +34,7 @@ class Offsets:
         self.lows = {}              # device -> [(at, t - now)], newest last
         self.highs = {}             # device -> [(at, t - sent)], newest last
         self.odd = {}               # device -> implausible stamps in a row
+        self.ticks = {}             # device -> its clock's resolution (s) when it counts whole ticks
         self.stats = {"implausible": 0, "resets": 0, "echoes": 0}
 
     def heard(self, device, t, now):
@@ -60,6 +68,13 @@ class Offsets:
         return lo, hi
 
     def bounds(self, device, now):
+        """(lo, hi): the lead of every stamp of ``device`` lies in [lo, hi] (s): its clock's, a tick looser
+        either way for a clock of whole ticks."""
+        lo, hi = self._lead(device, now)
+        tick = self.ticks.get(device, 0.0) if self.sigma > 0 else 0.0      # (σ = 0: clocks taken as exact)
+        return lo - tick, hi + tick
+
+    def _lead(self, device, now):
         """(lo, hi): the lead of ``device``'s clock lies in [lo, hi] (s). The prior [-σ, σ] where the bounds
         say no more; where they contradict it, the bounds; hi = lo + 2σ when nothing bounds it above and
         it leads by more than σ (``uncertain`` says so)."""

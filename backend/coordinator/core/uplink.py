@@ -69,6 +69,7 @@ class Uplink:
                 self._ask_birth(device, now)
                 return self._advance(now)
             self.unit[device] = 1000 if m["caps"] & CAP_MS else 1
+            self.integrity.offsets.ticks[device] = 0.001 if m["caps"] & CAP_MS else 0.0   # (a stamp's resolution)
         elif rx is None:
             self.stats["unknown_device"] += 1
             if kind != "mark":
