@@ -174,6 +174,12 @@ class Guard:
             self.cuts.uncut(coord, key)
             self._install(coord, key, home[0])
 
+    def superseded(self, coord, key, m):
+        """A metered report reordered behind a newer one is not applied, but it was sent: real (its count is in
+        the newer report's, so deadband's side has it already)."""
+        if "n" in m and self._metered(coord, key) and key not in self.ledger.rebase:
+            self.ledger.real += self.cost(key)
+
     def _hard(self):
         """The loan: ``guard`` messages, by default as many as the queried sources (at least 8)."""
         return self.guard if self.guard is not None else max(8.0, float(len(self.rows.of)))
