@@ -16,6 +16,8 @@ what the delivery guarantees cost whatever the filters, and deadband's own canno
 follows the arrivals of its own reports, its resends the losses its messages would meet), so counting only
 the rule's would charge adaptive for the acks of its own reports with no credit. A quieter device proves
 its silence with more marks (one per B of silence, B ≥ 4× its mean interval): measured apart, never guarded.
+A metered report reordered behind a newer one of its source is not applied, but it was sent: real
+(``superseded``; deadband's side has it in the newer report's count).
 
 A source is ``off`` while its filter may differ from its shadow (a move, a MIN/MAX cut, a line). A SYNC
 control (a downlink and its acknowledgement) makes it its shadow's twin: from then on both report at the
