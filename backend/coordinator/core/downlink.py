@@ -36,6 +36,7 @@ class Downlink:
         epoch, narrowing = self.cache.set_width(key, width)
         self.finals.replay.control(key, self._event_now(), "width", (width, epoch))
         ack = 1 if narrowing or confirm else 0
+        self._flags(s, key, flags)
         self.send(s.device, "width", {"src": s.index, "epoch": epoch, "period": self.tick - 1,
                                       "width": width, "ack": ack | flags})
         self._sent(key, epoch, ack, confirm)
@@ -50,9 +51,21 @@ class Downlink:
         self.finals.replay.control(key, self._event_now(), "filter", (width, list(cons), epoch))
         if not ack and (self.beat or self.integrity.links.acking(s.device)):
             ack, confirm = 1, (FILTER, self._event_now(), 0, True)
+        self._flags(s, key, flags)
         self.send(s.device, "filter", {"src": s.index, "epoch": epoch, "width": width, "ack": ack | flags,
                                        "cons": [{"l": l, "u": u} for l, u in cons]})
         self._sent(key, epoch, ack, confirm)
+
+    def _flags(self, s, key, flags):
+        """Keep the METER/SYNC ``flags`` of ``key``'s latest control: sent again (``_resend``), it carries them, so
+        a metered device whose first METER control was lost or dropped (it came before the device's config)
+        still starts its meter, and a lost SYNC still syncs (else the backend counts the source as a meter
+        twin while its device sends unmetered reports the ledger never sees: precision.regret)."""
+        d = self.devices[s.device]
+        if flags:
+            d.setdefault("flags", {})[key] = flags
+        elif key in d.get("flags", ()):
+            del d["flags"][key]
 
     def _event_now(self):
         """The event time reached (before the first event: the adapter's clock). A control sent now has

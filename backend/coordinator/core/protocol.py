@@ -46,6 +46,9 @@ class Protocol:
     def reported(self, coord, key, m):
         pass
 
+    def superseded(self, coord, key, m):
+        """A report ``m`` of ``key`` reordered behind a newer one (not applied): it was sent all the same."""
+
     def blob(self, coord, device, m):
         pass
 

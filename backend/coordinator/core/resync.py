@@ -183,12 +183,14 @@ class Resync:
         self._suspect(device, since)
 
     def _resend(self, key, confirm):
-        """Send ``key``'s filter again under a new epoch, to be confirmed (``confirm``: see ``_sent``)."""
+        """Send ``key``'s filter again under a new epoch, to be confirmed (``confirm``: see ``_sent``), with the
+        METER/SYNC flags of the control it repeats (``_flags``)."""
         s = self.cache.sources[key]
+        flags = self.devices[s.device].get("flags", {}).get(key, 0)
         if s.filt.cons:
-            self.assign_filter(key, s.filt.width, list(s.filt.cons), ack=1, confirm=confirm)
+            self.assign_filter(key, s.filt.width, list(s.filt.cons), ack=1, confirm=confirm, flags=flags)
         else:
-            self.assign_width(key, s.filt.width, confirm=confirm)
+            self.assign_width(key, s.filt.width, confirm=confirm, flags=flags)
 
     def _link(self, device, guard=None):
         """Tell ``device`` its resend timeout (ack mode, or 0) and its guard (GUARDED reports): 2σ after a

@@ -214,6 +214,7 @@ class Uplink:
                 return
             key = d["keys"][m["src"]]
             if not self._fresh_report(device, key, m):
+                self.protocol.superseded(self, key, m)
                 return          # reordered behind a newer report or birth: the mirror is newer already
             if kind == "rsegs":         # the device's pending segments rode along
                 self.segments.receive(self, device, m)

@@ -16,6 +16,8 @@ what the delivery guarantees cost whatever the filters, and deadband's own canno
 follows the arrivals of its own reports, its resends the losses its messages would meet), so counting only
 the rule's would charge adaptive for the acks of its own reports with no credit. A quieter device proves
 its silence with more marks (one per B of silence, B ≥ 4× its mean interval): measured apart, never guarded.
+A metered report reordered behind a newer one of its source is not applied, but it was sent: real
+(``superseded``; deadband's side has it in the newer report's count).
 
 A source is ``off`` while its filter may differ from its shadow (a move, a MIN/MAX cut, a line). A SYNC
 control (a downlink and its acknowledgement) makes it its shadow's twin: from then on both report at the
@@ -173,6 +175,12 @@ class Guard:
         if self.cuts.constraints(coord, key) or (s.filt.width, s.filt.cons) != (s.filt._r(home[0]), s.filt._cons(home[1])):
             self.cuts.uncut(coord, key)
             self._install(coord, key, home[0])
+
+    def superseded(self, coord, key, m):
+        """A metered report reordered behind a newer one is not applied, but it was sent: real (its count is in
+        the newer report's, so deadband's side has it already)."""
+        if "n" in m and self._metered(coord, key) and key not in self.ledger.rebase:
+            self.ledger.real += self.cost(key)
 
     def _hard(self):
         """The loan: ``guard`` messages, by default as many as the queried sources (at least 8)."""
