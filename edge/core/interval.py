@@ -29,16 +29,6 @@ def membership(cons, v):
     return mask
 
 
-def guarded(guards, i, t, v):
-    """Whether reading ``v`` at ``t`` leaves source ``i``'s guard hull in ``guards`` (source -> (end, lo, hi),
-    kept after a report while its instant is uncertain); a guard whose end has passed is dropped."""
-    g = guards[i]
-    if t > g[0]:
-        del guards[i]
-        return False
-    return v < g[1] or v > g[2]
-
-
 class IntervalFilter:
     """Bound/constraint filter for one numeric source. Sans-IO: no clock, no sockets."""
 
