@@ -44,8 +44,8 @@ class Resync:
             m["hull"] = ig.cover(device, m["t"]) if stamped else now
         m.setdefault("boot", rx[0] if rx else None)     # (the boot it is counted under: the final mirror's)
         t = m["t"] = ig.event(device, m["t"]) if stamped else now - ig.links.net
-        if d is not None and m.get("guarded"):  # until its hull the value was in the bound before it or at the reported value
-            m["tight"] = m["hull"] - t <= (d["guard"] or 0.0)       # (both mirrors' hold: boundcache.hold)
+        if d is not None and m.get("guarded"):  # within its guard: until its hull the value was in the bound before
+            m["tight"] = m["hull"] - t <= (d["guard"] or 0.0)       # it or at the reported value (both mirrors' hold)
         if t < self.clock:
             self.stats["late"] += 1     # applied now; later than λ (not covered by a protocol's
             if now - t > self.tolerance:    # padding either): the answers meanwhile are revoked
