@@ -7,7 +7,7 @@ import pytest
 
 from backend.coordinator.core import aggregate
 from backend.coordinator.core.queries import parse_query
-from backend.coordinator.core.reserve import BINS, COUNT, FIRST, QUANTILE, Reserve
+from backend.coordinator.core.reserve import BINS, COUNT, FINAL_QUANTILE, FIRST, QUANTILE, Reserve
 from backend.coordinator.precision.rows import Rows
 
 
@@ -60,8 +60,8 @@ def test_the_final_answers_are_a_stream_of_their_own_and_the_reserve_the_larger(
         r.observe(q, float(k), 10.0 - r.get("q"))            # provisional: within δ − R
         r.observe(q, float(k), 10.0 + fin[k], True)
     xs = sorted(fin)
-    want = xs[min(len(xs) - 1, int(QUANTILE * len(xs)))]
-    assert want <= r.get("q") <= want + 10.0 / BINS + 1e-12
+    want = xs[min(len(xs) - 1, int(FINAL_QUANTILE * len(xs)))]     # (all of them: the largest)
+    assert want == max(fin) and want <= r.get("q") <= want + 10.0 / BINS + 1e-12
     t, held = float(FIRST), r.get("q")
     for _ in range(3 * COUNT):                                # the provisional epochs end (their R is 0)
         t += 1.0
@@ -105,11 +105,12 @@ def _final_wide_share(protocol, skew, duration=300, seed=7):
 
 @pytest.mark.parametrize("protocol", ["adaptive", "deadband"])
 def test_final_answers_under_clock_skew_are_rarely_wider_than_the_precision(protocol):
-    # the reserve learns from the final answers too: each holds the hull over every overlapping report's whole
-    # uncertain window, which the provisional answers at arrival rarely show (at main, 48-67 % of the SUM's
-    # final records and 21-26 % of its final time were wider than δ at skew 0.3 on 1,200 s); what is left is the
-    # reserve's first epochs and its quantile
+    # the reserve learns from the final answers too (all of them): each holds the hull over every overlapping
+    # report's whole uncertain window, which the provisional answers at arrival rarely show; a guarded report's
+    # hull is its bound before and its value, in the final mirror as in the live one (before: the whole new band,
+    # 2.2-2.8 % of the SUM's final records and 2.3-3.0 % of its final time wider than δ here; after: 1.1 % and
+    # 0.7 %, nearly all in the first 20 s while the reserve is learned)
     records, time = _final_wide_share(protocol, 0.3)
     print("%s: final records wider than precision %.4f, final time %.4f" % (protocol, records, time))
-    assert records <= 0.05 and time <= 0.05, (records, time)
+    assert records <= 0.015 and time <= 0.015, (records, time)
     assert _final_wide_share(protocol, 0.0) == (0.0, 0.0)      # exact clocks: none
