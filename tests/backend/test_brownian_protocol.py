@@ -4,7 +4,7 @@ import math
 import pytest
 
 from backend.coordinator.brownian import deferral as brownian
-from backend.coordinator.brownian import scheduling
+from backend.coordinator.brownian import calibration, scheduling
 from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.protocols import PROTOCOLS, make
 from backend.sim import engine
@@ -56,9 +56,20 @@ class _Overdeferring(brownian.Brownian):
 
 def test_fidelity_checker_catches_an_overdeferring_protocol(monkeypatch):
     monkeypatch.setitem(PROTOCOLS, "overdeferring", _Overdeferring)
-    res = engine.run(dbm_workload(1, protocol="overdeferring", only="avg"))
+    res = engine.run(dbm_workload(1, protocol="overdeferring", only="avg", params={"calibrate": False}))
     q = res["queries"]["avg"]
     assert q["fidelity"] < 0.9 and q["check_fidelity"] < 0.9, q   # model: P(|Z| <= 1.96/sqrt(6)) = 0.58
+
+
+def test_calibration_pulls_an_overdeferring_model_back_to_its_confidence(monkeypatch):
+    """The measured misses speed the model up until the promise holds again (calibration.py)."""
+    monkeypatch.setitem(PROTOCOLS, "overdeferring", _Overdeferring)
+    res = engine.run(dbm_workload(1, protocol="overdeferring", only="avg", duration=8000))
+    q = res["queries"]["avg"]
+    n = q["checks"]
+    # miss share <= 1 - p + log(D)/(RATE n) (calibration.py); D ~ 6 undoes the 6x, one step more at most
+    assert q["check_fidelity"] >= 0.95 - math.log(6 * math.exp(calibration.RATE)) / (calibration.RATE * n), (q, n)
+    assert q["fidelity"] >= 0.95 - 0.01, q
 
 
 def test_interruptions_widen_answers_degraded_with_reason():
@@ -236,3 +247,32 @@ def test_a_huge_query_resynchronises_after_a_link_loss_in_linear_time_with_sound
         if answers and still > 8:
             assert "(+%d)" % (still - 8) in answers[-1]["reason"]
     assert calls[0] <= 4 * n, calls[0]
+
+
+def _seasonal(tmp_path, n=3, duration=4000, step=10):
+    """Daily-cycle-like sources (a sine of period 600 s plus a trend), sampled every second and held
+    between samples for ``step`` of them: not a DBM path, the kind of stream the traces hold."""
+    path = tmp_path / "seasonal.csv"
+    with open(path, "w") as fh:
+        fh.write("time,source,value\n")
+        for t in range(0, duration, step):
+            for i in range(n):
+                v = 10 * math.sin(2 * math.pi * t / 600 + i) + 0.002 * t + 0.3 * math.sin(7.3 * t + i * i)
+                fh.write("%d,s%d,%r\n" % (t, i, v))
+    return {"name": "seasonal", "seed": 0, "duration": duration, "protocol": "brownian",
+            "sources": {"trace": str(path)}, "params": {"period": 1.0, "tmax": 400.0},
+            "queries": [{"id": "avg", "kind": "avg", "sources": "all", "precision": 1.0, "confidence": 0.95}]}
+
+
+def test_calibrated_fidelity_holds_on_a_stream_that_is_no_dbm_path(tmp_path):
+    """Seasonal sources held between samples (as traces are): the fitted model alone over-defers, the
+    calibrated one keeps its confidence within the sampling noise of its checks (and DESIGN's 1 %)."""
+    spec = _seasonal(tmp_path)
+    out = {}
+    for cal in (False, True):
+        r = engine.run(dict(spec, params=dict(spec["params"], calibrate=cal)))
+        q = r["queries"]["avg"]
+        out[cal] = (q["fidelity"], 0.95 - 0.01 - 3 * math.sqrt(0.95 * 0.05 / q["checks"]))
+        assert r["violations"] == 0 and q["guarantee"] == "probabilistic"
+    assert out[False][0] < out[False][1], out          # the workload is one the model alone fails on
+    assert out[True][0] >= out[True][1], out
