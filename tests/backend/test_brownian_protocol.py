@@ -276,3 +276,30 @@ def test_calibrated_fidelity_holds_on_a_stream_that_is_no_dbm_path(tmp_path):
         assert r["violations"] == 0 and q["guarantee"] == "probabilistic"
     assert out[False][0] < out[False][1], out          # the workload is one the model alone fails on
     assert out[True][0] >= out[True][1], out
+
+
+@pytest.mark.parametrize("pattern", ["all", "bursts", "random", "none"])
+def test_calibration_bounds_the_missed_share_on_every_prefix(pattern):
+    """Batch oracle: after n checks the share missed is <= 1 - p + log(D)/(RATE n), whatever the outcomes."""
+    import random
+    rnd = random.Random(7)
+    outcome = {"all": lambda i: True, "bursts": lambda i: i % 100 < 6,
+               "random": lambda i: rnd.random() < 0.3, "none": lambda i: False}[pattern]
+    p, cal, misses, capped = 0.95, calibration.Calibration(), 0, False
+    for n in range(1, 2001):
+        miss = outcome(n)
+        misses += miss
+        cal.check(miss, p)
+        assert cal.checks == n and cal.misses == misses and cal.dilation >= 1.0
+        capped = capped or cal.log_d >= calibration.MAX_LOG      # the bound holds while D never hit its cap
+        if not capped:
+            assert misses / n <= 1 - p + cal.log_d / (calibration.RATE * n) + 1e-12, (n, misses, cal.log_d)
+    if pattern == "none":
+        assert cal.dilation == 1.0          # never bolder than the fitted model
+    if pattern == "bursts":
+        assert not capped and misses / 2000 > 0.05     # the bound was exercised: more misses than 1 - p
+
+
+def test_calibrate_must_be_a_boolean():
+    with pytest.raises(ValueError, match="calibrate"):
+        brownian.Brownian(calibrate="yes")
