@@ -4,7 +4,8 @@
 task that probes its sources, answers ``A(t_k) ± ε`` with ``"guarantee": "probabilistic"`` and
 defers its next refresh by the Δt of Eq. 7 (ε = precision / 2, p = the query's ``confidence``), never
 beyond the time span its model was fitted over, with the model sped up by the query's measured misses
-(calibration.py) so the stated confidence holds on streams that are not DBM paths;
+(calibration.py) so the stated confidence holds on streams that are not DBM paths, and never before
+a sampled source's next change is due (holds.py);
 refreshes beyond ``capacity`` probes/s are scheduled by EDF / Eq. 18 penalty order (scheduling.py).
 While sources are offline the answer is Eq. 13's ``A_approx`` with ε + ε_intr.
 """
@@ -12,6 +13,7 @@ import math
 
 from backend.coordinator.brownian import scheduling
 from backend.coordinator.brownian.calibration import Calibration
+from backend.coordinator.brownian.holds import Holds
 from backend.coordinator.brownian.interruption import DEFAULT_CONFIDENCE, Models, confidence, z_two
 from backend.coordinator.core.protocol import Protocol
 from edge.core import brownian as bm
@@ -61,6 +63,7 @@ class Brownian(Protocol):
         self.order = order
         self.defer = defer
         self.models = Models(k, min_obs)        # the coordinator adopts this store
+        self.holds = Holds()
         self.tasks = {}
         self.awaiting = {}                      # key -> query ids waiting for its probe reply
         self.carry = 0.0
@@ -170,6 +173,8 @@ class Brownian(Protocol):
     def reported(self, coord, key, m):
         if "probe" not in m:
             return
+        if -math.inf < m["v"] < math.inf:
+            self.holds.observe(key, m["t"], m["v"])
         for qid in sorted(self.awaiting.pop(key, ())):
             st = self.tasks.get(qid)
             if st is not None and st.inflight is not None:
@@ -196,6 +201,8 @@ class Brownian(Protocol):
         dt = 0.0
         if self.defer and ready and self.coefficients(q) is not None:
             dt = bm.defer(q.precision / 2, self.p(q), mu * d, s2 * d, min(self.tmax, max(span, coord.period))) - self.lead
+        if self.defer:          # sampled sources: none of them changes before its next sample is due
+            dt = max(dt, min(self.holds.due(q.sources) - t, self.tmax))
         st.deadline = t + max(dt, coord.period)   # stream items arrive once per tick at most
 
     def period(self, coord, t):
