@@ -140,7 +140,7 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
     if ingest == "kafka":
         from backend.spark.kafkabroker import KafkaBroker
         kafka = KafkaBroker(os.path.join(root, "kafka"), partitions=kafka_partitions).start()
-    broker = Broker(os.path.join(root, "broker"), "bench", []).start()
+    broker = Broker(os.path.join(root, "broker"), "bench", [], autosave=60).start()
     spark = job.session(master, app="qf-bench-job", partitions=partitions)
     lat, batches, rebuilt, snaps, worker = [], [], [], [], []
     state = {"measure_from": None}
