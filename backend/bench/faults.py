@@ -16,7 +16,7 @@ import csv
 import os
 
 from backend.bench.report import workloads
-from backend.sim import engine
+from backend.sim import engine, final_truth
 
 FAULTS = {"loss": 0.05, "duplicate": 0.05, "reorder": 0.2, "skew": 0.3}
 NETWORK = {"delay": 0.2, "jitter": 0.1}
@@ -43,11 +43,8 @@ def run(name, spec, protocol, faults):
     n = wide = 0
     span = wide_span = 0.0
     for qid, fin in sorted(by.items()):
-        ends = [a["time"] for a in fin[1:]] + [max(fin[-1]["time"], sim.coord.finals.horizon(qid) or fin[-1]["time"])]
-        for a, end in zip(fin, ends):
-            d = [x for at, x in sim.precisions[qid] if at <= a["time"]][-1:] or [sim.precisions[qid][0][1]]
-            over = d[0] * (1 + 1e-9) < a["hi"] - a["lo"] < float("inf")
-            n, wide, span, wide_span = n + 1, wide + over, span + end - a["time"], wide_span + over * (end - a["time"])
+        got, s, ws = final_truth.wider(fin, sim.coord.finals.horizon(qid), sim.precisions[qid])
+        n, wide, span, wide_span = n + len(fin), wide + len(got), span + s, wide_span + ws
     res["final_wide"] = (wide / n if n else 0.0, wide_span / span if span else 0.0)
     return res
 

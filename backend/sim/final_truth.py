@@ -56,3 +56,21 @@ def check_final(truth, finals, horizon, precision, emitted=(), wrong=None):
             "final_revoked": revoked, "final_degraded": degraded,
             "final_from": finals[0][0] if finals else None, "final_through": horizon if finals else None,
             "final_latency": {"p50": _pct(late, 0.5), "p99": _pct(late, 0.99), "max": late[-1] if late else None}}
+
+
+def wider(finals, horizon, precision):
+    """Final answers of one query (records, time order) wider than the precision in force at their time
+    (``precision``: [(from, δ)]): (those answers, the time all of them stand, the time the wide ones stand).
+    A final stands until the query's next one, the last to ``horizon``; one of infinite width (a source's
+    value unknown, said so) is not counted as wide."""
+    if not finals:
+        return [], 0.0, 0.0
+    ends = [a["time"] for a in finals[1:]] + [max(finals[-1]["time"], horizon or finals[-1]["time"])]
+    wide, span, wide_span = [], 0.0, 0.0
+    for a, end in zip(finals, ends):
+        d = ([x for at, x in precision if at <= a["time"]][-1:] or [precision[0][1]])[0]
+        span += end - a["time"]
+        if d * (1 + 1e-9) < a["hi"] - a["lo"] < float("inf"):
+            wide.append(a)
+            wide_span += end - a["time"]
+    return wide, span, wide_span

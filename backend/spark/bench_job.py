@@ -6,7 +6,11 @@ benchmark, not a test. A feeder thread plays devices and bridge at once: every 5
 which the job (``local[*]``, RocksDB, real Mosquitto for ctl and retained answers) consumes with a
 processing-time trigger. Protocol ``naive`` with λ = 0, so every report changes one answer at once;
 the latency of a report is the time its batch's answers were published minus its reading time.
-Workload: ``--devices`` single-source devices, one sum query per 10 sources.
+Workload: ``--devices`` single-source devices, one sum query per 10 sources. A device silent for 30 s sends
+a mark (its heartbeat, as an agent does), from its birth on: until the job's first batch the fleet sends
+marks alone, then reports round robin (50,000 devices at 2,000 reports/s: one every 25 s each); the
+measurement starts once the job caught up (``--warmup`` s after its first batch at the soonest, at most
+60 s later), and the time it took is printed.
 
 ``--register N`` adds N silent devices held in state (born, in no query) to show that per-batch cost
 does not follow the fleet; the job snapshots its state at its own cadence (in the background, ``--snapshot-records``
@@ -31,7 +35,9 @@ the floor and then the job and prints the job's ratios to it; ``--floor-ref N`` 
 sustained rate from an earlier run instead.
 """
 import argparse
+import collections
 import json
+import math
 import os
 import shutil
 import sys
@@ -47,6 +53,10 @@ from edge.core import codec, topics
 
 TARGET_RATE, TARGET_P99 = 20000, 1.5
 FLOOR_SAMPLE = 100      # arrival times per batch the floor's status row carries for its latency
+MARK_AFTER = 30.0       # s of silence after which a bench device sends a mark (B before it is timed is 32 s:
+                        # heartbeat.START as a power of 2; marking sooner only adds records)
+DRAIN_WAIT = 60.0       # s the warm-up waits at most beyond --warmup for the start-up backlog to drain
+CAUGHT_UP = 2.0         # s: the job is caught up once what it has not applied yet is this long's worth
 
 
 def floor_processor():
@@ -130,7 +140,7 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
     if ingest == "kafka":
         from backend.spark.kafkabroker import KafkaBroker
         kafka = KafkaBroker(os.path.join(root, "kafka"), partitions=kafka_partitions).start()
-    broker = Broker(os.path.join(root, "broker"), "bench", []).start()
+    broker = Broker(os.path.join(root, "broker"), "bench", [], autosave=60).start()
     spark = job.session(master, app="qf-bench-job", partitions=partitions)
     lat, batches, rebuilt, snaps, worker = [], [], [], [], []
     state = {"measure_from": None}
@@ -171,7 +181,8 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
         source = spool.path
     q = None
     try:
-        spool.append(births(devices, time.time(), register, groups))
+        born = time.time()
+        spool.append(births(devices, born, register, groups))
         settings = host.settings(protocol="naive", period=10.0, latency=0.0)
         # the job's snapshot cadence (``--snapshot-records``): a million births are a snapshot's worth
         processor = floor_processor() if floor else job._processor_class()(
@@ -181,34 +192,72 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
                       source_options=None if kafka else {"minPartitionRecords": 4096, "maxPartitions": 2},
                       processor=processor,
                       groups=groups > 0)
-        while not batches:                                   # wait for the first batch (start-up)
-            time.sleep(0.1)
         seq = [1] * devices
         value = [100.0] * devices
-        fed = [0]
+        fed, marks, k = [0], [0], [0]
+        last = [born] * devices             # when each device last sent (its birth, a report, a mark)
+        silent = collections.deque((born, d) for d in range(devices))      # (sent at, device), oldest first
 
-        def feed(until):
-            step, k = 0.05, 0
-            per = max(1, int(rate * step))
+        def feed(until, drained=None, quiet=False):
+            """Feed until ``until`` and, with ``drained`` (a callable), on until it says the job caught up;
+            ``quiet``: marks alone (an idle fleet's heartbeats)."""
+            step = 0.05
+            per = 0 if quiet else max(1, int(rate * step))
             nxt = time.time()
-            while time.time() < until:
+            while time.time() < until or drained is not None and not drained():
                 now = time.time()
                 recs = []
                 for _ in range(per):
-                    d = k % devices
-                    k += 1
+                    d = k[0] % devices
+                    k[0] += 1
                     seq[d] += 1
-                    value[d] += 0.5 if (k * 2654435761) & 1024 else -0.5
+                    value[d] += 0.5 if (k[0] * 2654435761) & 1024 else -0.5
                     recs.append((now, topics.device("bench", "d%d" % d, "up"), codec.encode("report", {
                         "src": 0, "epoch": 0, "seq": seq[d], "t": now, "v": value[d], "why": 0})))
+                    last[d] = now
+                    silent.append((now, d))
+                # a device silent for its heartbeat sends a mark (edge.core.delivery), as an agent would: the
+                # fleet is born at once and the round robin reaches a device only every devices/rate seconds
+                while silent and (silent[0][0] != last[silent[0][1]] or now - silent[0][0] >= MARK_AFTER):
+                    at, d = silent.popleft()
+                    if at == last[d]:
+                        recs.append((now, topics.device("bench", "d%d" % d, "up"), codec.encode(
+                            "mark", {"seq": seq[d], "t": now})))
+                        marks[0] += 1
+                        last[d] = now
+                        silent.append((now, d))
                 spool.append(recs)
                 fed[0] += per
                 nxt += step
                 time.sleep(max(0.0, nxt - time.time()))
 
-        feed(time.time() + warmup)                          # steady state: every worker has met every group
+        # until the job's first batch the fleet is idle: its devices send their heartbeats (marks) alone, as a
+        # fleet does whether the job has started yet or not. The measurement starts in steady state: ``warmup`` s
+        # after that batch (every worker has met every group) and once the job caught up with what was fed
+        # meanwhile: measuring while a backlog drains would charge start-up to steady state
+        feed(0, lambda: bool(batches), quiet=True)
+        warm_from = time.time()
+        start_up = []           # [measure no sooner than, lag at the last batch seen, that batch's offset]
+
+        def drained():
+            """Whether to measure: the job caught up (what is fed but not applied is under CAUGHT_UP s of it), or it
+            cannot (its lag grew from one batch to the next: over capacity, measured as such), or DRAIN_WAIT passed."""
+            now = time.time()
+            if not batches:
+                return False
+            if not start_up:
+                start_up.extend([now + warmup, math.inf, -1])
+            if now < start_up[0] or batches[-1][1] == start_up[2]:
+                return now > start_up[0] + DRAIN_WAIT
+            lag = spool.latest_offset() - batches[-1][1]
+            grew, start_up[1:] = lag > start_up[1], [lag, batches[-1][1]]
+            return lag <= CAUGHT_UP * rate or grew or now > start_up[0] + DRAIN_WAIT
+
+        feed(warm_from, drained)
         state["measure_from"] = t0 = time.time()
-        base_records, base_fed = spool.latest_offset(), fed[0]
+        warmed = t0 - warm_from
+        warm_drained = start_up[1] <= CAUGHT_UP * rate
+        base_records, base_fed, base_marks = spool.latest_offset(), fed[0], marks[0]
         feed(t0 + seconds)
         t1 = time.time()
         offered = fed[0] - base_fed
@@ -224,13 +273,15 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
                 for k, v in p.durationMs.items():
                     phases.setdefault(k, []).append(v)
         return {"ingest": "kafka (%d partitions)" % kafka_partitions if kafka else "spool",
-                "devices": devices, "registered": register, "warmup_s": warmup, "queries": groups or devices // 10, "groups": groups,
+                "devices": devices, "registered": register, "warmup_s": warmup, "warmed_s": round(warmed, 1),
+                "warm_drained": warm_drained,
+                "marks": marks[0] - base_marks, "queries": groups or devices // 10, "groups": groups,
                 "partitions": partitions,
                 "snapshot_bytes": snaps[-1][0] if snaps else None, "snapshot_sources": snaps[-1][1] if snaps else None,
                 "worker_ms": [round(1000 * percentile([w[i] for w in worker], 0.5), 1) for i in (0, 1)] if worker else None, "protocol": "floor" if floor else "naive",
                 "trigger_s": trigger,
                 "master": master, "offered_per_s": round(offered / (t1 - t0)),
-                "sustained_per_s": round(applied / max(done_at - t0, 1e-9)),
+                "sustained_per_s": round(applied / (done_at - t0)) if done_at > t0 else 0,
                 "drained": batches[-1][1] >= target, "batches": len(in_window),
                 "batch_median": percentile([b[2] for b in in_window], 0.5) if in_window else 0,
                 "phases_ms": {k: percentile(v, 0.5) for k, v in sorted(phases.items())},
@@ -269,7 +320,8 @@ def main(argv=None):
     ap.add_argument("--snapshot-records", type=int, default=None,
                     help="journal records (at least one per source) between snapshots of the state (default: the job's)")
     ap.add_argument("--warmup", type=float, default=0.0,
-                    help="seconds fed at the same rate before measuring (each worker's first batch of a group rebuilds its Host)")
+                    help="seconds fed at the same rate after the job's first batch before measuring (each worker's first "
+                         "batch of a group rebuilds its Host); the measurement then also waits until the job caught up")
     ap.add_argument("--ingest", choices=("spool", "kafka"), default="spool",
                     help="the spool (default) or Kafka (a KRaft broker on loopback, Spark's Kafka source)")
     ap.add_argument("--kafka-partitions", type=int, default=2, help="partitions of the Kafka topic (--ingest kafka)")
@@ -305,7 +357,12 @@ def report(f):
     print("state keys: %s" % ("one per query group (%d groups)" % f["groups"] if f["groups"] else "one (the fleet)"))
     print("trigger interval: %.2f s, master %s, spark.sql.shuffle.partitions %d, RocksDB state store"
           % (f["trigger_s"], f["master"], f["partitions"]))
-    print("offered: %d reports/s%s" % (f["offered_per_s"], ", measured after %g s of warm-up" % f["warmup_s"] if f["warmup_s"] else ""))
+    print("offered: %d reports/s (marks alone until the job's first batch); measured after %.1f s of start-up and "
+          "warm-up (the job's first batch, --warmup %g s, then until it applied what was fed %g s before%s)" % (
+              f["offered_per_s"], f["warmed_s"], f["warmup_s"], CAUGHT_UP, "" if f["warm_drained"] else
+              ": NOT caught up (its lag grew, or %d s passed), measured anyway" % DRAIN_WAIT))
+    if f["marks"]:
+        print("marks (heartbeats of devices silent %g s) while measured: %d, beside the reports" % (MARK_AFTER, f["marks"]))
     print("sustained: %d reports/s (target >= %d)%s" % (f["sustained_per_s"], TARGET_RATE,
                                                          "" if f["drained"] else " [backlog not drained within 60 s]"))
     print("micro-batches while feeding: %d, records per batch median %d" % (f["batches"], f["batch_median"]))

@@ -25,6 +25,7 @@ import json
 import math
 from collections import deque
 
+from backend.answers import strict
 from backend.live import presence
 from edge.core import codec, topics
 
@@ -43,17 +44,6 @@ def _num(x):
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
     return float(x) if math.isfinite(x) else None
-
-
-def strict(x):
-    """``x`` with non-finite floats as the strings ``"inf"``, ``"-inf"``, ``"nan"`` (strict JSON)."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if x != x else ("inf" if x > 0 else "-inf")
-    if isinstance(x, dict):
-        return {k: strict(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [strict(v) for v in x]
-    return x
 
 
 class Device:

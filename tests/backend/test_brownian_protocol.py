@@ -1,10 +1,11 @@
 """Brownian protocol: measured fidelity >= p on DBM paths, interruption widening, EDF/penalty scheduling."""
 import math
+import random
 
 import pytest
 
 from backend.coordinator.brownian import deferral as brownian
-from backend.coordinator.brownian import scheduling
+from backend.coordinator.brownian import calibration, scheduling
 from backend.coordinator.core.coordinator import Coordinator
 from backend.coordinator.protocols import PROTOCOLS, make
 from backend.sim import engine
@@ -56,9 +57,20 @@ class _Overdeferring(brownian.Brownian):
 
 def test_fidelity_checker_catches_an_overdeferring_protocol(monkeypatch):
     monkeypatch.setitem(PROTOCOLS, "overdeferring", _Overdeferring)
-    res = engine.run(dbm_workload(1, protocol="overdeferring", only="avg"))
+    res = engine.run(dbm_workload(1, protocol="overdeferring", only="avg", params={"calibrate": False}))
     q = res["queries"]["avg"]
     assert q["fidelity"] < 0.9 and q["check_fidelity"] < 0.9, q   # model: P(|Z| <= 1.96/sqrt(6)) = 0.58
+
+
+def test_calibration_pulls_an_overdeferring_model_back_to_its_confidence(monkeypatch):
+    """The measured misses speed the model up until the promise holds again (calibration.py)."""
+    monkeypatch.setitem(PROTOCOLS, "overdeferring", _Overdeferring)
+    res = engine.run(dbm_workload(1, protocol="overdeferring", only="avg", duration=8000))
+    q = res["queries"]["avg"]
+    n = q["checks"]
+    # miss share <= 1 - p + log(D)/(RATE n) (calibration.py); D ~ 6 undoes the 6x, one step more at most
+    assert q["check_fidelity"] >= 0.95 - math.log(6 * math.exp(calibration.RATE)) / (calibration.RATE * n), (q, n)
+    assert q["fidelity"] >= 0.95 - 0.01, q
 
 
 def test_interruptions_widen_answers_degraded_with_reason():
@@ -236,3 +248,95 @@ def test_a_huge_query_resynchronises_after_a_link_loss_in_linear_time_with_sound
         if answers and still > 8:
             assert "(+%d)" % (still - 8) in answers[-1]["reason"]
     assert calls[0] <= 4 * n, calls[0]
+
+
+def _seasonal(tmp_path, n=3, duration=4000, step=10, jitter=False, shape=lambda t, i: 10 * math.sin(2 * math.pi * t / 600 + i)
+              + 0.002 * t + 0.3 * math.sin(7.3 * t + i * i)):
+    """Daily-cycle-like sources (by default a sine of period 600 s plus a trend), sampled every ``step`` s
+    (or 1 to 2 step - 1 s apart with ``jitter``) and held between samples: not DBM paths, like the traces."""
+    path = tmp_path / "seasonal.csv"
+    with open(path, "w") as fh:
+        fh.write("time,source,value\n")
+        t, gaps = 0, random.Random(5)
+        while t < duration:
+            for i in range(n):
+                v = shape(t, i)
+                fh.write("%d,s%d,%r\n" % (t, i, v))
+            t += gaps.randint(1, 2 * step - 1) if jitter else step
+    return {"name": "seasonal", "seed": 0, "duration": duration, "protocol": "brownian",
+            "sources": {"trace": str(path)}, "params": {"period": 1.0, "tmax": 400.0},
+            "queries": [{"id": "avg", "kind": "avg", "sources": "all", "precision": 1.0, "confidence": 0.95}]}
+
+
+def test_calibrated_fidelity_holds_on_a_stream_that_is_no_dbm_path(tmp_path):
+    """Seasonal sources held between irregular samples (1-19 s apart, so no hold is learnt): the fitted
+    model alone over-defers, the calibrated one keeps its confidence within the sampling noise of its
+    checks (and DESIGN's 1 %)."""
+    spec = _seasonal(tmp_path, jitter=True)
+    out = {}
+    for cal in (False, True):
+        r = engine.run(dict(spec, params=dict(spec["params"], calibrate=cal)))
+        q = r["queries"]["avg"]
+        out[cal] = (q["fidelity"], 0.95 - 0.01 - 3 * math.sqrt(0.95 * 0.05 / q["checks"]))
+        assert r["violations"] == 0 and q["guarantee"] == "probabilistic"
+    assert out[False][0] < out[False][1], out          # the workload is one the model alone fails on
+    assert out[True][0] >= out[True][1], out
+
+
+@pytest.mark.parametrize("pattern", ["all", "bursts", "random", "none"])
+def test_calibration_bounds_the_missed_share_on_every_prefix(pattern):
+    """Batch oracle: after n checks the share missed is <= 1 - p + log(D)/(RATE n), whatever the outcomes."""
+    import random
+    rnd = random.Random(7)
+    outcome = {"all": lambda i: True, "bursts": lambda i: i % 100 < 6,
+               "random": lambda i: rnd.random() < 0.3, "none": lambda i: False}[pattern]
+    p, cal, misses, capped = 0.95, calibration.Calibration(), 0, False
+    for n in range(1, 2001):
+        miss = outcome(n)
+        misses += miss
+        cal.check(miss, p)
+        assert cal.checks == n and cal.misses == misses and cal.dilation >= 1.0
+        capped = capped or cal.log_d >= calibration.MAX_LOG      # the bound holds while D never hit its cap
+        if not capped:
+            assert misses / n <= 1 - p + cal.log_d / (calibration.RATE * n) + 1e-12, (n, misses, cal.log_d)
+    if pattern == "none":
+        assert cal.dilation == 1.0          # never bolder than the fitted model
+    if pattern == "bursts":
+        assert not capped and misses / 2000 > 0.05     # the bound was exercised: more misses than 1 - p
+
+
+def test_calibrate_must_be_a_boolean():
+    with pytest.raises(ValueError, match="calibrate"):
+        brownian.Brownian(calibrate="yes")
+
+
+@pytest.mark.parametrize("probe_every", [0.7, 3.0, 13.0])
+def test_a_learnt_hold_never_expects_a_periodic_source_to_change_late(probe_every):
+    """Oracle: a source sampled every 50 s changes at each sample; on every prefix of its probe replies
+    the hold says no change before ``due``, which is never after the source's next real change."""
+    from backend.coordinator.brownian.holds import Holds
+    h, rnd = Holds(), random.Random(3)
+    t, changes, holds = 0.0, [], set()
+    while t < 5000:
+        t += probe_every * (0.5 + rnd.random())
+        h.observe("s", t, float(int(t // 50)))                 # the reading held since the last sample
+        nxt = (t // 50 + 1) * 50
+        assert h.due(["s"]) <= nxt, (t, h.state["s"])
+        if h.due(["s"]) > -math.inf:
+            holds.add(round(h.state["s"][4], 6))
+        changes.append(nxt)
+    if probe_every < 50 / 2:
+        assert holds and max(holds) > 40, holds            # probed well within a sample interval: learnt
+    assert h.due(["s", "never-probed"]) == -math.inf
+
+
+def test_a_stepped_trace_is_followed_near_its_own_cadence(tmp_path):
+    """Readings that change once per 100 ticks: probes cluster after each sample instead of every few ticks."""
+    rnd = random.Random(11)
+    levels = [[100.0 + sum(rnd.gauss(0, 1) for _ in range(k + 1)) for k in range(60)] for i in range(4)]
+    spec = _seasonal(tmp_path, n=4, duration=6000, step=100, shape=lambda t, i: levels[i][int(t // 100)])
+    spec["queries"][0]["precision"] = 0.2
+    r = engine.run(spec)
+    q = r["queries"]["avg"]
+    assert q["fidelity"] >= 0.95 - 0.01 - 3 * math.sqrt(0.95 * 0.05 / q["checks"]), q
+    assert r["probes"] < 0.1 * 4 * 6000, r["probes"]      # a tenth of probing every tick (13,024 without holds)

@@ -133,3 +133,37 @@ def test_a_birth_says_whether_its_clock_counts_whole_ms():
         out[unit] = (ig.offsets.ticks["d"], ig.event("d", 2.0), ig.cover("d", 2.0))
     assert out[1000][0] == 0.001 and out[1][0] == 0.0
     assert math.isclose(out[1000][1], out[1][1] - 0.001) and math.isclose(out[1000][2], out[1][2] + 0.001), out
+
+
+def test_measured_once_per_uplink_answers_as_a_fresh_computation_on_every_call():
+    """The memo of ``measured`` (an uplink asks it some six times at one instant) against a recomputation from
+    the bounds kept, bit for bit, after every kind of change: a lower bound, an echo, a reset, a stepped clock
+    (implausible stamps in a row) and the contradiction ``bounds`` settles by dropping the older kind."""
+    def fresh(o, device, now):
+        lo = max([b - 2e-5 * (now - at) for at, b in o.lows.get(device, ())] or [-math.inf])
+        hi = min([b + 2e-5 * (now - at) for at, b in o.highs.get(device, ())] or [math.inf])
+        return lo, hi
+
+    hits = 0
+    for seed in range(100):
+        rng = random.Random(seed)
+        o = Offsets(rng.choice([0.0, 0.05, 0.3]))
+        now = 0.0
+        for _ in range(300):
+            device = rng.choice("abc")
+            now += rng.choice([0.0, 0.0, rng.uniform(0.001, 2.0)])
+            op = rng.random()
+            if op < 0.3:
+                o.heard(device, now + rng.choice([0.0, rng.uniform(-0.5, 0.5), rng.uniform(1.0, 5.0)]), now)
+            elif op < 0.45:
+                o.echoed(device, now + rng.uniform(-1.0, 1.0), now - rng.uniform(0.0, 0.3))
+            elif op < 0.5:
+                o.reset(device)
+            elif op < 0.75:
+                o.bounds(device, now)
+            for _ in range(3):
+                want = fresh(o, device, now)
+                hits += o.last is not None and o.last[:2] == (device, now)
+                assert o.measured(device, now) == want, (seed, device, now)
+                assert [(x).hex() for x in o.measured(device, now)] == [x.hex() for x in want]
+    assert hits > 1000      # (the memo answered most repeated questions)

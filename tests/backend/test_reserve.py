@@ -7,7 +7,7 @@ import pytest
 
 from backend.coordinator.core import aggregate
 from backend.coordinator.core.queries import parse_query
-from backend.coordinator.core.reserve import BINS, COUNT, FIRST, QUANTILE, Reserve
+from backend.coordinator.core.reserve import BINS, COUNT, FINAL_QUANTILE, FIRST, QUANTILE, Reserve
 from backend.coordinator.precision.rows import Rows
 
 
@@ -60,8 +60,8 @@ def test_the_final_answers_are_a_stream_of_their_own_and_the_reserve_the_larger(
         r.observe(q, float(k), 10.0 - r.get("q"))            # provisional: within δ − R
         r.observe(q, float(k), 10.0 + fin[k], True)
     xs = sorted(fin)
-    want = xs[min(len(xs) - 1, int(QUANTILE * len(xs)))]
-    assert want <= r.get("q") <= want + 10.0 / BINS + 1e-12
+    want = xs[min(len(xs) - 1, int(FINAL_QUANTILE * len(xs)))]     # (all of them: the largest)
+    assert want == max(fin) and want <= r.get("q") <= want + 10.0 / BINS + 1e-12
     t, held = float(FIRST), r.get("q")
     for _ in range(3 * COUNT):                                # the provisional epochs end (their R is 0)
         t += 1.0
@@ -77,7 +77,7 @@ def _final_wide_share(protocol, skew, duration=300, seed=7):
     truth, which every one of them (degraded or not) must contain."""
     from backend.bench.faults import FAULTS, FINAL
     from backend.sim import engine
-    from backend.sim.final_truth import check_final
+    from backend.sim.final_truth import check_final, wider
     w = copy.deepcopy(dict(FINAL, seed=seed, duration=duration))
     w.update(name="skew", protocol=protocol, network=dict(w["network"], **dict(FAULTS, skew=skew)))
     sim = engine.simulation(w)
@@ -85,31 +85,38 @@ def _final_wide_share(protocol, skew, duration=300, seed=7):
     assert res["violations"] == 0 and res["precision_misses"] == 0
     fin = [a for a in sim.answers if a.get("final") and a["query"] == "total"]
     horizon = sim.coord.finals.horizon("total")
-    d = sim.precisions["total"][0][1]
     whole = check_final(sim.truth.tracks["total"].timeline,
                         [(a["time"], a["lo"], a["hi"], a["dlo"], a["dhi"], False, a["watermark"]) for a in fin],
                         horizon, sim.precisions["total"])
     assert whole["final_violations"] == 0 and whole["final_revoked"] == 0       # degraded ones contain it too
-    wide = tot = 0.0
-    n = 0
-    for a, b in zip(fin, fin[1:] + [{"time": horizon}]):
-        span = b["time"] - a["time"]
-        tot += span
-        if d * (1 + 1e-9) < a["hi"] - a["lo"] < float("inf"):     # (inf: a source's value unknown, said so)
-            assert a["degraded"] and a["reason"].startswith("wider than precision")
-            wide += span
-            n += 1
+    wide, tot, wide_time = wider(fin, horizon, sim.precisions["total"])
+    for a in wide:
+        assert a["degraded"] and a["reason"].startswith("wider than precision")
     assert len(fin) > 100 and tot > duration / 2
-    return n / len(fin), wide / tot
+    return len(wide) / len(fin), wide_time / tot
 
 
 @pytest.mark.parametrize("protocol", ["adaptive", "deadband"])
 def test_final_answers_under_clock_skew_are_rarely_wider_than_the_precision(protocol):
-    # the reserve learns from the final answers too: each holds the hull over every overlapping report's whole
-    # uncertain window, which the provisional answers at arrival rarely show (at main, 48-67 % of the SUM's
-    # final records and 21-26 % of its final time were wider than δ at skew 0.3 on 1,200 s); what is left is the
-    # reserve's first epochs and its quantile
+    # the reserve learns from the final answers too (all of them): each holds the hull over every overlapping
+    # report's whole uncertain window, which the provisional answers at arrival rarely show; a guarded report's
+    # hull is its bound before and its value, in the final mirror as in the live one (before: the whole new band,
+    # 2.2-2.8 % of the SUM's final records and 2.3-3.0 % of its final time wider than δ here; after: 1.1 % and
+    # 0.7 %, nearly all in the first 20 s while the reserve is learned)
     records, time = _final_wide_share(protocol, 0.3)
     print("%s: final records wider than precision %.4f, final time %.4f" % (protocol, records, time))
-    assert records <= 0.05 and time <= 0.05, (records, time)
+    assert records <= 0.015 and time <= 0.015, (records, time)
     assert _final_wide_share(protocol, 0.0) == (0.0, 0.0)      # exact clocks: none
+
+
+def test_wider_counts_finals_wider_than_the_precision_in_force_and_the_time_they_stand():
+    """final_truth.wider against a hand count: δ 10 then 4 from t = 5; a final stands until the next one,
+    the last until the horizon; an infinite one (a value unknown) is not wide."""
+    from backend.sim.final_truth import wider
+    fin = [{"time": 0.0, "lo": 0.0, "hi": 12.0}, {"time": 2.0, "lo": 0.0, "hi": 9.0},
+           {"time": 5.0, "lo": 1.0, "hi": 6.0}, {"time": 6.0, "lo": float("-inf"), "hi": float("inf")},
+           {"time": 7.0, "lo": 2.0, "hi": 6.0}]
+    wide, span, wide_span = wider(fin, 10.0, [(0.0, 10.0), (5.0, 4.0)])
+    assert [a["time"] for a in wide] == [0.0, 5.0]
+    assert (span, wide_span) == (10.0, 3.0)
+    assert wider([], 10.0, [(0.0, 1.0)]) == ([], 0.0, 0.0)

@@ -79,3 +79,23 @@ def test_a_fleet_with_no_devices_yet_starts(mosquitto, tmp_path):
         ok, rc = connected(c)
         close(c)
         assert ok, rc
+
+
+def test_a_timed_autosave_still_keeps_retained_messages_over_a_clean_restart(mosquitto, tmp_path):
+    """``autosave`` s (the bench's broker: the file holds every retained answer, so saving it per change is
+    O(queries) each) saves on that timer and on SIGTERM; a bad value is refused before anything is written."""
+    with pytest.raises(ValueError, match="autosave"):
+        Broker(tmp_path / "bad", "t", ["A"], autosave=0)
+    with Broker(tmp_path / "b", "t", ["A"], autosave=60) as b:
+        conf = open(b.conf).read()
+        assert "autosave_on_changes false" in conf and "autosave_interval 60" in conf
+        a = client(b, "A")
+        assert connected(a)[0]
+        a.publish(topics.device("t", "A", "state"), b"birth", qos=1, retain=True).wait_for_publish(2)
+        close(a)
+        b.restart()
+        be = client(b, "backend")
+        assert connected(be)[0]
+        subscribe(be, topics.device("t", "A", "state"))
+        assert be.inbox.get(timeout=2) == (topics.device("t", "A", "state"), b"birth", True)
+        close(be)

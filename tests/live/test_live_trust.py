@@ -176,10 +176,9 @@ def test_clocks_off_by_tens_of_ms_degrade_nothing(mosquitto, tmp_path):
         bad = [a["reason"] for a in after if a["degraded"] and not a["reason"].startswith("wider than precision")]
         wide = sum(a["degraded"] for a in after) / len(after)
         print("%s: %.3f of the answers after start-up wider than δ while a report time was uncertain" % (q["id"], wide))
-        # the share flagged wider than δ is a figure (0.17-0.38 here, with the machine's load; the [final] goal
-        # of 0.15 is not met yet): what is asserted is that it is flagged, never called offline or skewed, and
-        # that most answers keep δ
-        assert after and not bad and wide < 0.5, (bad[:5], wide)
+        # flagged, never called offline or skewed, and rare: the reserve (core/reserve.py) budgets the skew
+        # (0.000 and 0.013 at a load of 6; 0.17-0.38 before the reserve learned from both answer streams)
+        assert after and not bad and wide <= 0.15, (bad[:5], wide)
         assert not any("revoked" in a for a in answers if a["query"] == q["id"])
         assert figs[q["id"]]["violations"] == 0 and figs[q["id"]]["precision_misses"] == 0
     for d, skew in SKEWS.items():           # each clock's bounds hold its lead

@@ -2,20 +2,25 @@
 
 ``Brownian`` is the pull protocol of Algorithm 1: devices stay silent (width ∞); each query is a
 task that probes its sources, answers ``A(t_k) ± ε`` with ``"guarantee": "probabilistic"`` and
-defers its next refresh by the Δt of Eq. 7 (ε = precision / 2, p = the query's ``confidence``);
+defers its next refresh by the Δt of Eq. 7 (ε = precision / 2, p = the query's ``confidence``), never
+beyond the time span its model was fitted over, with the model sped up by the query's measured misses
+(calibration.py) so the stated confidence holds on streams that are not DBM paths, and never before
+a sampled source's next change is due (holds.py);
 refreshes beyond ``capacity`` probes/s are scheduled by EDF / Eq. 18 penalty order (scheduling.py).
 While sources are offline the answer is Eq. 13's ``A_approx`` with ε + ε_intr.
 """
 import math
 
 from backend.coordinator.brownian import scheduling
+from backend.coordinator.brownian.calibration import Calibration
+from backend.coordinator.brownian.holds import Holds
 from backend.coordinator.brownian.interruption import DEFAULT_CONFIDENCE, Models, confidence, z_two
 from backend.coordinator.core.protocol import Protocol
 from edge.core import brownian as bm
 
 
 class _Refresh:
-    __slots__ = ("id", "deadline", "inflight", "sent", "mu", "sigma")
+    __slots__ = ("id", "deadline", "inflight", "sent", "mu", "sigma", "cal", "center")
 
     def __init__(self, qid):
         self.id = qid
@@ -24,6 +29,8 @@ class _Refresh:
         self.sent = 0.0
         self.mu = 0.0
         self.sigma = 0.0
+        self.cal = Calibration()
+        self.center = None         # (A(t_k), its answer's half-width) at the last refresh, all sources online
 
 
 class Brownian(Protocol):
@@ -34,7 +41,7 @@ class Brownian(Protocol):
     finals = False                      # no bound to finalise: the guarantee is a probability (README: finals)
 
     def __init__(self, capacity=math.inf, order="penalty", defer=True, tmax=600.0, k=100, min_obs=10,
-                 timeout=10.0, lead=0.0, confidence=DEFAULT_CONFIDENCE):
+                 timeout=10.0, lead=0.0, confidence=DEFAULT_CONFIDENCE, calibrate=True):
         def num(v, what):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
                 raise ValueError("brownian: %s must be a number, got %r" % (what, v))
@@ -50,17 +57,19 @@ class Brownian(Protocol):
             raise ValueError("brownian: confidence must be in (0, 1)")
         if order not in scheduling.ORDERS:
             raise ValueError("brownian: order must be one of %s" % ", ".join(scheduling.ORDERS))
-        if not isinstance(defer, bool):
-            raise ValueError("brownian: defer must be true or false")
+        if not isinstance(defer, bool) or not isinstance(calibrate, bool):
+            raise ValueError("brownian: defer and calibrate must be true or false")
+        self.calibrate = calibrate
         self.order = order
         self.defer = defer
         self.models = Models(k, min_obs)        # the coordinator adopts this store
+        self.holds = Holds()
         self.tasks = {}
         self.awaiting = {}                      # key -> query ids waiting for its probe reply
         self.carry = 0.0
         self.pid = 0
         self.stats = {"evaluations": 0, "late": 0, "lateness": 0.0, "penalty": 0.0, "probes": 0,
-                      "dispatched": 0, "missed": 0}
+                      "dispatched": 0, "missed": 0, "checks": 0, "misses": 0}
 
     def target(self, coord, key):
         return math.inf, []
@@ -111,20 +120,25 @@ class Brownian(Protocol):
                 return out
             center += c * (last[1] + pred[0])              # Eq. 13: S_i(t_i) + μ_i (t - t_i)
             var += c * c * pred[1]
-        # ε, or what one refresh quantum T allows when the model wants refreshes faster than ticks
+        half = self._eps(coord, q, p) + (z_two(p) * math.sqrt(var) if var > 0 else 0.0)
+        out["lo"], out["hi"] = center - half, center + half
+        return out
+
+    def _eps(self, coord, q, p):
+        """ε, or what one refresh quantum T allows when the (calibrated) model wants refreshes faster than ticks."""
         st = self.tasks.get(q.id)
         eps = q.precision / 2
         if st is not None:
             T = coord.period
             eps = max(eps, abs(st.mu) * T + z_two(p) * st.sigma * math.sqrt(T))
-        half = eps + (z_two(p) * math.sqrt(var) if var > 0 else 0.0)
-        out["lo"], out["hi"] = center - half, center + half
-        return out
+        return eps
 
     # -- refreshes ----------------------------------------------------------------------
     def _model(self, coord, q):
-        """(μ_A, σ_A², ready) of Eq. 6 over the online sources of ``q``."""
+        """(μ_A, σ_A², ready, span) of Eq. 6 over the online sources of ``q``; span: the shortest time
+        span a source's model was fitted over (Eq. 7's Δt must not extrapolate beyond it)."""
         mu = s2 = 0.0
+        span = math.inf
         ready = True
         for key, c in (self.coefficients(q) or {}).items():
             s = coord.cache.sources.get(key)
@@ -136,11 +150,31 @@ class Brownian(Protocol):
                 continue
             mu += c * est[0]
             s2 += c * c * est[1]
-        return mu, s2, ready
+            ts = self.models.est[key].ts
+            span = min(span, ts[-1] - ts[0])
+        return mu, s2, ready, span
+
+    def _check(self, coord, q, st):
+        """§6.1's check of the answer this refresh replaces (fed to the query's calibration); A(t) now,
+        or None unless every source is online with a value."""
+        center = 0.0
+        for key, c in (self.coefficients(q) or {}).items():
+            s = coord.cache.sources.get(key)
+            if s is None or not s.online or s.value is None:
+                return None
+            center += c * s.value
+        if st.center is not None and self.calibrate:
+            miss = abs(center - st.center[0]) > st.center[1] * (1 + 1e-9)
+            st.cal.check(miss, self.p(q))
+            self.stats["checks"] += 1
+            self.stats["misses"] += 1 if miss else 0
+        return center
 
     def reported(self, coord, key, m):
         if "probe" not in m:
             return
+        if -math.inf < m["v"] < math.inf:
+            self.holds.observe(key, m["t"], m["v"])
         for qid in sorted(self.awaiting.pop(key, ())):
             st = self.tasks.get(qid)
             if st is not None and st.inflight is not None:
@@ -159,11 +193,16 @@ class Brownian(Protocol):
             self.stats["late"] += 1
             self.stats["lateness"] += late
             self.stats["penalty"] += scheduling.penalty(st.mu, st.sigma, late)
-        mu, s2, ready = self._model(coord, q)
-        st.mu, st.sigma = mu, math.sqrt(s2)
+        center = self._check(coord, q, st)
+        mu, s2, ready, span = self._model(coord, q)
+        d = st.cal.dilation
+        st.mu, st.sigma = mu * d, math.sqrt(s2 * d)
+        st.center = None if center is None else (center, self._eps(coord, q, self.p(q)))
         dt = 0.0
         if self.defer and ready and self.coefficients(q) is not None:
-            dt = bm.defer(q.precision / 2, self.p(q), mu, s2, self.tmax) - self.lead
+            dt = bm.defer(q.precision / 2, self.p(q), mu * d, s2 * d, min(self.tmax, max(span, coord.period))) - self.lead
+        if self.defer:          # sampled sources: none of them changes before its next sample is due
+            dt = max(dt, min(self.holds.due(q.sources) - t, self.tmax))
         st.deadline = t + max(dt, coord.period)   # stream items arrive once per tick at most
 
     def period(self, coord, t):

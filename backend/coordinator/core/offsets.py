@@ -36,6 +36,7 @@ class Offsets:
         self.odd = {}               # device -> implausible stamps in a row
         self.ticks = {}             # device -> its clock's resolution (s) when it counts whole ticks
         self.stats = {"implausible": 0, "resets": 0, "echoes": 0}
+        self.last = None            # (device, now, (lo, hi)): ``measured``'s last answer, until a bound changes
 
     def heard(self, device, t, now):
         """An uplink stamped ``t`` (device seconds) heard at ``now``: its lower bound. False when the stamp
@@ -47,24 +48,32 @@ class Offsets:
                 return False
             self.reset(device)      # stepped: from the stamps that keep coming
         self.odd.pop(device, None)
+        self.last = None
         _keep(self.lows.setdefault(device, []), (now, t - now), LOWS)
         return True
 
     def echoed(self, device, t, sent):
         """A message stamped ``t`` that the device sent after receiving a downlink sent at ``sent``."""
         self.stats["echoes"] += 1
+        self.last = None
         _keep(self.highs.setdefault(device, []), (sent, t - sent), HIGHS)
 
     def reset(self, device):
         """Forget ``device``'s bounds: its clock was stepped (an upper bound from before may be wrong)."""
         self.stats["resets"] += 1
+        self.last = None
         self.lows.pop(device, None)
         self.highs.pop(device, None)
 
     def measured(self, device, now):
-        """The tightest recent bounds (lo, hi) of ``device``'s lead at ``now`` (-inf, inf: none)."""
+        """The tightest recent bounds (lo, hi) of ``device``'s lead at ``now`` (-inf, inf: none). Computed
+        once per device and instant: an uplink asks it some six times (admission, event times, hulls)."""
+        last = self.last
+        if last is not None and last[0] == device and last[1] == now:
+            return last[2]
         lo = max([b - DRIFT * (now - at) for at, b in self.lows.get(device, ())] or [-math.inf])
         hi = min([b + DRIFT * (now - at) for at, b in self.highs.get(device, ())] or [math.inf])
+        self.last = (device, now, (lo, hi))
         return lo, hi
 
     def bounds(self, device, now):
@@ -87,6 +96,7 @@ class Offsets:
             return lo, hi
         if hi < lo:         # contradictory: the clock was stepped since; trust the newer kind
             newest = max(self.lows[device][-1][0], self.highs[device][-1][0])
+            self.last = None
             if newest == self.lows[device][-1][0]:
                 self.highs.pop(device, None)
                 return lo, lo + 2 * s

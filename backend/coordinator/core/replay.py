@@ -7,9 +7,9 @@ is taken in its device's sequence order once no number before it is missing, at 
 backend's controls (widths, filters with their epochs, periodic shrinks, segment modes) at the event times they
 were made, into a bound cache of its own (the same hull rules: a narrowing keeps the old mirror until a report
 carries its epoch, here whether the protocol counts on it or not; a report from a clock off by up to σ keeps
-the mirrors before it until the latest instant it can have happened). After each instant a source's known
-bound is recorded as a piece ``[a, lo, hi, dlo, dhi, why, mem]`` (``lines.py``); a source in segment mode
-records its segments instead.
+the mirrors before it until the latest instant it can have happened, a guarded one only their hull with its
+value). After each instant a source's known bound is recorded as a piece ``[a, lo, hi, dlo, dhi, why, mem]``
+(``lines.py``); a source in segment mode records its segments instead.
 
 **Watermark** (integrity's, ``integrity.py``, capped by the release clock and what ``sequence.py`` still holds
 to replay in order). A report-mode source's pieces hold before its device's watermark W; a segment-mode source's
@@ -201,9 +201,9 @@ class Replay(Sequence):
         elif key not in c.sources:
             return
         elif op == "report":
-            epoch, v, line, hull, kind = args
-            if hull > t:
-                c.hold(key, hull)
+            epoch, v, line, hull, kind, tight = args
+            if hull > t:        # (a guarded report: the hull of the bound before it and the value, as live)
+                c.hold(key, hull, v if tight else None)
                 self._push(key, hull, "release", ())
             c.report(key, epoch, t, v, line)
             if s.lost is not None:

@@ -7,19 +7,21 @@ measures how far each of its interval answers reaches past δ − R (R its reser
 X = width − (δ − R), counted per answer change (what a user sees; an uncertain window makes a change of
 its own however short it is) into BINS bins over [0, δ], the last two epochs (an epoch ends after EPOCH s
 or COUNT changes, so a new query learns fast). The provisional answers and the final ones (``finals.py``)
-are two streams, measured apart: a final answer holds the hull over each report's whole uncertain window,
-for every source whose window overlaps, so several sources' windows add up in the finals more often than
-in the provisional answers at arrival. At the end of a stream's epoch its R becomes X's QUANTILE when that
-moved by more than STEP·δ; the query's reserve is the larger of its streams' (every answer a user gets
-is budgeted), and the protocols allocate δ − R (``Query.budget``, ``precision/rows.py``,
-``aggregate.uniform_width``): an answer is wider than δ (and degraded, saying so) only for the rest. A
-query's first epoch ends after FIRST changes already, so it learns from its first uncertain reports.
+are two streams, measured apart: a final answer holds the hull (the live mirror's: a guarded report's is its
+bound before and its value) over each report's whole uncertain window, for every source whose window overlaps,
+so several sources' windows add up in the finals more often than in the provisional answers at arrival. At the
+end of a stream's epoch its R becomes X's quantile when that moved by more than STEP·δ (QUANTILE for the
+provisional stream; FINAL_QUANTILE, all of them, for the finals: a final answer is a promise, never withdrawn);
+the query's reserve is the larger of its streams' (every answer a user gets is budgeted), and the protocols
+allocate δ − R (``Query.budget``, ``precision/rows.py``, ``aggregate.uniform_width``): an answer is wider than δ
+(and degraded, saying so) only for the rest. A query's first epoch ends after FIRST changes already, so it learns from its first uncertain reports.
 Where clocks are exact nothing reaches past δ − R, so R stays 0 and widths are the protocols' own.
 """
 EPOCH = 60.0            # s of event time per measurement epoch at most
 COUNT = 256             # answer changes per epoch at most
 BINS = 64               # histogram bins over [0, δ]
-QUANTILE = 0.99         # of the answer changes whose excess stays within R
+QUANTILE = 0.99         # of the provisional answer changes whose excess stays within R
+FINAL_QUANTILE = 1.0    # of the final ones: every one (a final answer is never wider than δ)
 STEP = 1.0 / 32         # R moves only by more than this share of δ
 FIRST = 32              # answer changes in a query's first epoch
 
@@ -53,7 +55,8 @@ class Reserve:
         if not total:
             return False
         acc, k = 0, 0
-        while k < BINS and acc + hist[k] < QUANTILE * total:
+        share = (FINAL_QUANTILE if final else QUANTILE) * total
+        while k < BINS and acc + hist[k] < share:
             acc += hist[k]
             k += 1
         r = k * d / BINS

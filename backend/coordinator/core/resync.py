@@ -44,6 +44,8 @@ class Resync:
             m["hull"] = ig.cover(device, m["t"]) if stamped else now
         m.setdefault("boot", rx[0] if rx else None)     # (the boot it is counted under: the final mirror's)
         t = m["t"] = ig.event(device, m["t"]) if stamped else now - ig.links.net
+        if d is not None and m.get("guarded"):  # within its guard: until its hull the value was in the bound before
+            m["tight"] = m["hull"] - t <= (d["guard"] or 0.0)       # it or at the reported value (both mirrors' hold)
         if t < self.clock:
             self.stats["late"] += 1     # applied now; later than λ (not covered by a protocol's
             if now - t > self.tolerance:    # padding either): the answers meanwhile are revoked
@@ -73,9 +75,7 @@ class Resync:
         if ig.regressed(device, m["src"], m["epoch"], self.wall):
             self._suspect(device, last)     # it lost its state after that report
         if m["v"] != NO_VALUE and m["hull"] > self.clock:     # it may have happened as late as that
-            # a guarded report: until then the value was in the bound before it or at the reported value
-            tight = m.get("guarded") and m["hull"] - m["t"] <= (self.devices[device]["guard"] or 0.0)
-            self.cache.hold(key, m["hull"], m["v"] if tight else None)
+            self.cache.hold(key, m["hull"], m["v"] if m.get("tight") else None)
             self._later(m["hull"], device, "expire", {"key": key})
         return True
 

@@ -1,0 +1,46 @@
+"""Sampled sources hold each reading until their next sample: no change is due before then (Zhu & Ravishankar 2004 §4.4, Eq. 7's Δt on sampled streams).
+
+Eq. 7 models a source as a continuous DBM path, but a device reports its latest sample, which stays
+put until the next one: probed every day, a monthly series changes once in thirty probes, and Eq. 7
+(which cannot know when) keeps probing. ``Holds`` learns from probe replies when each source's value
+changed: the k-th change happened in (lo_k, hi_k] (the probes before and at it), so consecutive changes
+were between L = lo_k+1 - hi_k and U = hi_k+1 - lo_k apart. The source's ``hold`` (its sampling
+interval, learnt) is the largest L of the pairs that pin their gap within a factor 2 (U < 2L), and
+falls to L whenever a pair shows a gap shorter than it (U < hold); its next change is not due before
+lo_k + hold. A source probed about as often as it changes pins no gap and keeps no hold: nothing
+changes for it.
+"""
+import math
+
+
+class Holds:
+    def __init__(self):
+        self.state = {}        # key -> [last value, its probe time, lo, hi of the last change, hold]
+
+    def observe(self, key, t, v):
+        """A probe reply: ``key`` read ``v`` at ``t``."""
+        s = self.state.get(key)
+        if s is None:
+            self.state[key] = [v, t, None, None, math.inf]
+            return
+        if not (t > s[1]):
+            return
+        if v != s[0]:
+            if s[3] is not None:
+                low, high = s[1] - s[3], t - s[2]
+                if high < s[4] < math.inf:
+                    s[4] = max(0.0, low)
+                elif high < 2 * low:
+                    s[4] = low if s[4] == math.inf else max(s[4], low)
+            s[2], s[3] = s[1], t
+        s[0], s[1] = v, t
+
+    def due(self, keys):
+        """The earliest time any of ``keys`` may change next (-inf when one has no hold learnt)."""
+        out = math.inf
+        for key in keys:
+            s = self.state.get(key)
+            if s is None or s[2] is None or not (0 < s[4] < math.inf):
+                return -math.inf
+            out = min(out, s[2] + s[4])
+        return out
