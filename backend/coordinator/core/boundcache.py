@@ -26,7 +26,7 @@ from edge.core.predict import LineFilter, horizon
 
 class Source:
     __slots__ = ("key", "device", "index", "filt", "old", "prior", "online", "_n", "_period", "clock", "last_t",
-                 "value", "unit", "due", "tight")
+                 "value", "unit", "due", "tight", "unsure")
 
     def __init__(self, key, device, index, width, epoch, single=False, unit=1, clock=None):
         self.key = key
@@ -38,6 +38,7 @@ class Source:
         self.old = []          # mirrors of states the device may still be in
         self.prior = []        # (until, mirror): states the device may have been in until then
         self.tight = None      # (until, lo, hi): a guarded report's hull, stated until then
+        self.unsure = None     # epoch of a constraint change no report under it has acknowledged yet
         self.online = True
         self.clock = clock or [0]      # the cache's period counter (shared by every source)
         self._n, self._period = 0, self.clock[0]
@@ -61,6 +62,13 @@ def shrink_source(s, s_frac):
         f.shrink(s_frac)
     for _, f in s.prior:
         f.shrink(s_frac)
+
+
+def _raw(f):
+    """``f`` without its constraints: what the device states whichever constraints it holds."""
+    g = f.copy()
+    g.cons, g.mask = [], 0
+    return g
 
 
 def _member(f, rng):
@@ -109,8 +117,11 @@ class BoundCache:
             return -math.inf, math.inf
         if s.tight is not None and s.tight[0] > self.now:
             return s.tight[1], s.tight[2]
-        lo, hi = self._known(s, s.filt)
-        for f in s.old + [f for _, f in s.prior] if s.prior else s.old:
+        fs = [s.filt] + s.old + [f for _, f in s.prior] if s.old or s.prior else (s.filt,)
+        if s.unsure is not None:
+            fs = [_raw(f) for f in fs]
+        lo, hi = self._known(s, fs[0])
+        for f in fs[1:]:
             a, b = self._known(s, f)
             if a < lo:
                 lo = a
@@ -131,7 +142,7 @@ class BoundCache:
             a, b = rng
             return int(a <= s.tight[1] and s.tight[2] <= b), int(s.tight[2] >= a and s.tight[1] <= b)
         for f in [s.filt] + s.old + [f for _, f in s.prior]:       # (as ``known``: held states too)
-            a, b = _member(f, rng)
+            a, b = _member(_raw(f) if s.unsure is not None else f, rng)
             sure &= a
             maybe |= b
         return sure, maybe
@@ -151,7 +162,9 @@ class BoundCache:
         """Apply a report (or probe reply) of value ``v`` stamped ``t`` under ``epoch``; ``line``:
         (device time, slope, gap) of a line report."""
         s = self.sources[key]
-        if s.old and epoch == s.filt.epoch:
+        if epoch == s.unsure:
+            s.unsure = None                 # the device holds the constraints of that epoch (a later one may
+        if s.old and epoch == s.filt.epoch:  # have reached it without them: they stay unsure, issue #30)
             s.old = []                      # the device has confirmed the newest assignment
         for f in [s.filt] + s.old if s.old else (s.filt,):
             if line is None:
@@ -252,6 +265,8 @@ class BoundCache:
         if keep_old:
             self._keep_old(s)
         epoch = (s.filt.epoch + 1) & 0xFFFF if epoch is None else epoch
+        if s.filt._cons(cons) != s.filt.cons:
+            s.unsure = epoch
         s.filt.set_filter(width, cons, epoch)
         return epoch
 
@@ -260,7 +275,7 @@ class BoundCache:
         at ``t``: trust it, under an epoch newer than both sides' (the device may have rebooted to epoch 0)."""
         s = self.sources[key]
         top = s.filt.epoch if newer(s.filt.epoch, epoch) else epoch
-        s.old = []
+        s.old, s.unsure = [], None
         s.filt.rnd = f32 if single else None
         s.filt.pad = single
         s.unit = unit
