@@ -5,6 +5,9 @@ device's filter is applied at once (the device stays narrower until it hears of 
 A change that may narrow it keeps the previous mirror alive as well until an uplink carrying the new
 epoch confirms that the device applied it; meanwhile ``known`` is the hull of both. Only the exact
 current epoch confirms: an epoch the backend has not assigned yet is stale, not a confirmation.
+Constraints are confirmed by their own epoch only: a device can drop a filter control (one sent before its
+config arrived is stale to it) and take the next width, whose epoch then confirms no constraints; until a
+report under the filter's epoch, every mirror states its bound without constraints (``unsure``).
 A report whose true time is uncertain (a device clock within ±σ, ``integrity``) keeps the mirrors from
 before it in ``prior`` until the latest instant it can have happened (``hold``/``release``); a guarded
 report (the device reports any reading within its guard time that leaves the hull of its bound before and
