@@ -268,8 +268,8 @@ class BoundCache:
         if keep_old:
             self._keep_old(s)
         epoch = (s.filt.epoch + 1) & 0xFFFF if epoch is None else epoch
-        if s.filt._cons(cons) != s.filt.cons:
-            s.unsure = epoch
+        if s.unsure is not None or s.filt._cons(cons) != s.filt.cons:
+            s.unsure = epoch                # (sent again: this epoch confirms them)
         s.filt.set_filter(width, cons, epoch)
         return epoch
 
