@@ -20,7 +20,6 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from backend.bench import report as bench
 from backend.bench import faults, suite
-from backend.coordinator.core import reserve
 from backend.coordinator.precision import regret
 from backend.sim import engine
 from edge.core import codec
@@ -49,8 +48,7 @@ def _run(spec, protocol, params=None):
     r = sim.run()
     assert r["violations"] == 0
     # all delivery traffic is found so: the devices' marks and resends, the coordinator's B changes, acks, links
-    # (the network's counts by kind leave out what it lost; ``sent`` has it)
-    assert r["network"]["lost"] or sum(1 for m in sent if m[3]) == sum(r["by_kind"].get(k, 0) for k in DELIVERY) + \
+    assert sum(1 for m in sent if m[3]) == sum(r["by_kind"].get(k, 0) for k in DELIVERY) + \
         sim.coord.integrity.links.stats["beats"] + sum(a.delivery.stats["resent"] for a in sim.agents.values())
     return sent, sim
 
@@ -197,36 +195,3 @@ def test_reports_reordered_behind_newer_ones_count_as_sent():
             "queries": [{"id": "a", "kind": "sum", "precision": 15.0, "sources": "all"},
                         {"id": "m", "kind": "max", "precision": 4.0, "sources": ["s0", "s1", "s2"]}]}
     _check(spec, every=False)
-
-
-def test_on_the_final_workload_with_clock_skew_both_runs_move_the_reserve_at_the_same_instants(monkeypatch):
-    # the [final] workload with its faults (loss, duplication, reordering, clocks off by up to 0.3 s): the clock
-    # skew reserve (core/reserve.py) is learnt from each run's own answers, and every move re-plans every width
-    # of the SUM. Its epochs ended after 256 answer changes, at instants each run's own reports set: the reserve
-    # flipped at other times and more often in one run than the other (at main, 1,200 s: 19 moves against
-    # deadband's 15 on seed 1001, 12 against 8 on seed 1002, 300-400 messages more than deadband). Epochs on
-    # event-time multiples put every move at an instant both runs share; what is left is the quantile itself
-    # (the runs' answers differ), a bin of δ/64 either way. Filter traffic here keeps the loan at every prefix
-    # (at main: 151 ahead at 371 s)
-    moves = []
-    observe = reserve.Reserve.observe
-
-    def spy(res, q, t, width, final=False):
-        moved = observe(res, q, t, width, final)
-        if moved:
-            moves[-1].append(t)
-        return moved
-    monkeypatch.setattr(reserve.Reserve, "observe", spy)
-    spec = dict(faults.FINAL, seed=1002, duration=400, network=dict(faults.FINAL["network"], **faults.FAULTS))
-    moves.append([])
-    dead, _ = _run(spec, "deadband")
-    moves.append([])
-    ours, sim = _run(spec, "adaptive")
-    # (a move is made at the first answer past an epoch's end: the SUM's answers change several times a second)
-    ends = [[t // reserve.SHORT * reserve.SHORT if t < reserve.EPOCH else t // reserve.EPOCH * reserve.EPOCH
-             for t in run] for run in moves]
-    assert all(t - e < 1.0 for run, es in zip(moves, ends) for t, e in zip(run, es)), moves
-    assert ends[1][:2] == ends[0][:2] == [reserve.SHORT] * 2          # both streams' first epochs
-    loan = sim.protocol._hard()
-    dt, ot = sorted(m[0] for m in dead if not m[3]), sorted(m[0] for m in ours if not m[3])
-    assert _worst(ot, dt) <= loan

@@ -7,7 +7,7 @@ import pytest
 
 from backend.coordinator.core import aggregate
 from backend.coordinator.core.queries import parse_query
-from backend.coordinator.core.reserve import BINS, EPOCH, FIRST, QUANTILE, SHORT, Reserve
+from backend.coordinator.core.reserve import BINS, COUNT, FIRST, QUANTILE, Reserve
 from backend.coordinator.precision.rows import Rows
 
 
@@ -17,7 +17,7 @@ def query(precision=10.0):
 
 def test_exact_clocks_keep_no_reserve():
     r, q = Reserve(), query()
-    for k in range(5 * int(EPOCH)):
+    for k in range(5 * COUNT):
         assert not r.observe(q, float(k), 10.0 - (k % 3))      # never past δ
     assert r.get("q") == 0.0
 
@@ -25,9 +25,9 @@ def test_exact_clocks_keep_no_reserve():
 def test_the_reserve_is_the_quantile_of_the_excess_over_the_epochs():
     rng = random.Random(4)
     r, q = Reserve(), query(10.0)
-    excess = [rng.choice([0.0] * 9 + [rng.uniform(0.0, 4.0)]) for _ in range(FIRST)] + [0.0]
-    moved = [r.observe(q, k * SHORT / FIRST, 10.0 + x) for k, x in enumerate(excess)]
-    assert moved[-1] and not any(moved[:-1])                # the first epoch ends at SHORT s, FIRST changes in
+    excess = [rng.choice([0.0] * 9 + [rng.uniform(0.0, 4.0)]) for _ in range(FIRST)]
+    moved = [r.observe(q, float(k), 10.0 + x) for k, x in enumerate(excess)]
+    assert moved[-1] and not any(moved[:-1])                # the first epoch ends after FIRST changes
     xs = sorted(excess)
     want = xs[min(len(xs) - 1, int(QUANTILE * len(xs)))]     # brute force, to the bin above
     assert want <= r.get("q") <= want + 10.0 / BINS + 1e-12
@@ -39,12 +39,12 @@ def test_the_reserve_is_the_quantile_of_the_excess_over_the_epochs():
 
 def test_it_follows_the_excess_down_when_clocks_are_known_better():
     r, q = Reserve(), query(10.0)
-    for k in range(FIRST + 1):
-        r.observe(q, k * SHORT / FIRST, 13.0)
+    for k in range(FIRST):
+        r.observe(q, float(k), 13.0)
     assert r.get("q") >= 3.0
-    t = SHORT
+    t = float(FIRST)
     for _ in range(3):                                       # answers now within δ − R: R comes down
-        for _ in range(int(EPOCH)):
+        for _ in range(COUNT):
             t += 1.0
             r.observe(q, t, 10.0 - r.get("q"))
     assert r.get("q") == 0.0
@@ -55,15 +55,15 @@ def test_the_final_answers_are_a_stream_of_their_own_and_the_reserve_the_larger(
     # stay within it: the provisional stream must not pull the reserve back down, nor dilute the finals' quantile
     rng = random.Random(5)
     r, q = Reserve(), query(10.0)
-    fin = [rng.uniform(0.0, 3.0) for _ in range(FIRST + 1)]
-    for k in range(FIRST + 1):
-        r.observe(q, k * SHORT / FIRST, 10.0 - r.get("q"))  # provisional: within δ − R
-        r.observe(q, k * SHORT / FIRST, 10.0 + fin[k], True)
+    fin = [rng.uniform(0.0, 3.0) for _ in range(FIRST)]
+    for k in range(FIRST):
+        r.observe(q, float(k), 10.0 - r.get("q"))            # provisional: within δ − R
+        r.observe(q, float(k), 10.0 + fin[k], True)
     xs = sorted(fin)
     want = xs[min(len(xs) - 1, int(QUANTILE * len(xs)))]
     assert want <= r.get("q") <= want + 10.0 / BINS + 1e-12
-    t, held = SHORT, r.get("q")
-    for _ in range(3 * int(EPOCH)):                           # the provisional epochs end (their R is 0)
+    t, held = float(FIRST), r.get("q")
+    for _ in range(3 * COUNT):                                # the provisional epochs end (their R is 0)
         t += 1.0
         assert not r.observe(q, t, 10.0 - r.get("q"))
     assert r.get("q") == held
