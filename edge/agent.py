@@ -326,7 +326,7 @@ class Agent:
                     g = predict.LineFilter(f.width, f.cons, f.epoch, self.rnd)
                     g.center, g.mask, g.lo, g.hi, g.v0 = f.center, f.mask, f.lo, f.hi, f.center or 0.0
                     filters.append(g)
-                alt = [predict.Chooser(self.rnd) for _ in filters]
+                alt = [predict.Chooser(self.rnd, self.unit) for _ in filters]
             except (ImportError, MemoryError):     # a board built without lines, or too small: stay constant
                 self.stats["unsupported"] += 1
                 return

@@ -26,6 +26,8 @@ LINEAR = 2
 GAP = 1.5           # gap bound = GAP × the latest sampling interval (jitter up to 50 % costs nothing)
 MARGIN = 4          # linear is chosen when its shadow reports, plus a quarter, plus MARGIN, are at most constant's
 WINDOW = 32         # shadow costs are halved when they sum to this: a window of recent reports
+GAPS = (0.001, 4.0e8)   # s: the gap bounds a backend accepts (coordinator admission); a source sampled
+                        # more sparsely (gap > ~12.7 years) keeps the constant model
 
 
 class LineFilter(IntervalFilter):
@@ -143,7 +145,8 @@ def feasible(f, s, gap):
 class Chooser:
     """Device side, one source: its sampling times and the shadow costs of both models."""
 
-    def __init__(self, rnd=None):
+    def __init__(self, rnd=None, unit=1):
+        self.unit = unit        # device time units per second (1000: integer ms)
         self.last = None        # time of the latest reading, and of the one before
         self.prev = None
         self.value = None       # the latest reading
@@ -152,17 +155,19 @@ class Chooser:
 
     def copy(self):
         """An independent copy (edge.core.meter forks one for deadband's shadow)."""
-        c = Chooser()
+        c = Chooser(None, self.unit)
         c.last, c.prev, c.value, c.cost = self.last, self.prev, self.value, list(self.cost)
         c.shadows = (self.shadows[0].copy(), self.shadows[1].copy())
         return c
 
     def gap(self):
-        """The gap bound a line started now would carry (0: no interval observed yet)."""
+        """The gap bound a line started now would carry (0: no interval observed yet, or a gap outside
+        ``GAPS``, which the backend would drop, so the source's reports are constants)."""
         if self.prev is None or not self.last > self.prev:
             return 0
         d = self.last - self.prev
-        return d + d // 2 if isinstance(d, int) else d * GAP
+        g = d + d // 2 if isinstance(d, int) else d * GAP
+        return g if GAPS[0] * self.unit <= g <= GAPS[1] * self.unit else 0
 
     def sample(self, t, v, width):
         """A reading: advance both shadows at the filter's current ``width`` and count their reports

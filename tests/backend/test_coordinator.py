@@ -3,6 +3,7 @@ import math
 
 from backend.coordinator.protocols import make
 from backend.coordinator.core.coordinator import Coordinator
+from backend.coordinator.core.uplink import EARLY
 from edge.agent import Agent
 from edge.core import codec
 
@@ -64,6 +65,36 @@ def test_unknown_device_and_retained_birth_trigger_a_rebirth():
     acts = c2.handle_uplink(5.0, "d", stale, retained=True)
     assert [codec.decode(x[2])[0] for x in acts if x[0] == "down"] == ["rebirth"]
     assert "a" not in c2.cache.sources                 # nothing trusted from a retained birth
+
+
+def _overtaken(n):
+    """A birth a reordering network delivers behind the ``n`` reports its device sent after it (0.1 s apart,
+    value k at the k-th); the coordinator's downlinks and stats once every gap wait is over."""
+    c, a = _pair(latency=0.2)
+    birth = a.start(0.0)
+    reports = [a.handle_sample(0.1 * k, "a", float(k))[0][1] for k in range(1, n + 1)]
+    acts = []
+    for k, p in enumerate(reports):
+        acts += c.handle_uplink(0.1 * k + 0.15, "d", p)
+    acts += c.handle_uplink(0.1 * n + 0.2, "d", birth[0][1])
+    acts += c.handle_timer(0.1 * n + 5.0)
+    return c, [codec.decode(x[2])[0] for x in acts if x[0] == "down"]
+
+
+def test_reports_that_overtook_their_devices_birth_are_applied_after_it_not_lost():
+    # seed 7 of the [final] workload on a network that only reorders (0.2): 6 of 20 births arrived behind their
+    # device's first report, which was dropped, then found missing by the birth: 6 lost uplinks, 6 rebirths,
+    # and ack mode switched on for the whole fleet (8,661 acks) on a network that loses nothing
+    c, downs = _overtaken(3)
+    assert c.integrity.stats["lost"] == 0 and "rebirth" not in downs
+    assert c.cache.sources["a"].value == 3.0        # the latest report, applied after the birth
+    assert c.stats["unknown_device"] == 3 and not c.early
+
+
+def test_reports_before_a_birth_beyond_what_is_kept_are_lost_and_a_birth_asked_for():
+    c, downs = _overtaken(EARLY + 2)                # the two oldest are forgotten: missing once the birth is in
+    assert c.integrity.stats["lost"] == 1 and "rebirth" in downs
+    assert c.cache.sources["a"].value == EARLY + 2.0
 
 
 def test_gone_marks_answers_degraded_until_the_device_returns():

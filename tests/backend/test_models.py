@@ -130,3 +130,36 @@ def test_lines_reach_the_live_adapter_and_the_spark_path_with_the_simulators_ans
     want = drivers.fingerprint(answers)
     assert drivers.fingerprint(drivers.live_answers("lines", records)) == want
     assert drivers.fingerprint(drivers.feed_answers("lines", records, seed=3)) == want
+
+
+@pytest.mark.parametrize("interval", [365.25 * 86400, 0.0004])
+def test_sparse_or_dense_sampling_lines_are_accepted_or_constant_and_the_run_ends(interval):
+    """A source sampled yearly (line gap 1.5 y) or every 0.4 ms (gap below the backend's 1 ms): the device
+    only starts lines whose gap the backend's admission accepts (``predict.GAPS``), so no line is dropped
+    and resent unacknowledged every 4·rto for the rest of the run (the livelock of the yearly traces,
+    where the backend accepted gaps up to a day). Bounded event count; answers true at every instant."""
+    years = interval > 1
+    spec = _drift("linear", seed=5)
+    spec["duration"] = 40 * interval if years else 0.6
+    spec["sources"] = dict(spec["sources"], count=4, per_device=2, interval=interval,
+                           drift=[-0.8 / interval, 0.8 / interval], volatility=[0.0, 0.0])
+    spec["queries"] = [q for q in spec["queries"] if q["id"] == "tot"]
+    if not years:
+        spec["network"] = {"delay": 0.0001, "jitter": 0.0}
+    sim = engine.Simulation(spec)
+    kinds, events, push = [], [0], sim.push
+
+    def counted(t, kind, data):
+        events[0] += 1
+        assert events[0] < 20000, "no progress: %d events by t=%r" % (events[0], t)
+        return push(t, kind, data)
+
+    def spy(now, hop, end, payload, link=None):
+        if hop == "up":
+            kinds.append(codec.decode(payload)[0])
+        return send(now, hop, end, payload, link)
+    send, sim.send, sim.push = sim.send, spy, counted
+    r = sim.run()
+    assert r["violations"] == 0 and r["queries"]["tot"]["precision_misses"] == 0
+    assert not [a for a in sim.host.alerts() if "gap" in a]
+    assert ("line" in kinds) == years           # a yearly line is kept; a sub-ms gap stays constant

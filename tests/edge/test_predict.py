@@ -10,7 +10,7 @@ mirrored by a padded float32 filter.
 from edge.agent import Agent
 from edge.core import codec
 from edge.core.float32 import f32
-from edge.core.predict import LineFilter, CONSTANT, LINEAR
+from edge.core.predict import LineFilter, Chooser, CONSTANT, GAPS, LINEAR
 from portable import Rng, ctl, session
 
 W = 2.0
@@ -151,3 +151,18 @@ def test_a_device_never_allowed_lines_sends_plain_reports():
     a = _agent(CONSTANT, None)
     out = a.handle_sample(1000, "x", 1.0) + a.handle_sample(2000, "x", 9.0)
     assert [codec.decode(p)[0] for _, p in out] == ["report", "report"] and a.alt is None
+
+
+def test_a_line_gap_is_one_the_backend_accepts_else_the_source_stays_constant():
+    """``Chooser.gap`` (1.5 × the last interval) against ``GAPS``, the backend admission's bounds, in
+    integer ms and float seconds: outside them it is 0 (no line), so no line is dropped and resent."""
+    for unit, dts in ((1000, (1, 1000, 266666666666, 266666666668)), (1, (0.0006, 0.0007, 2.6e8, 2.7e8))):
+        for dt in dts:
+            c = Chooser(None, unit)
+            c.sample(5 * unit, 1.0, W)
+            c.sample(5 * unit + dt, 2.0, W)
+            d = c.last - c.prev
+            g = d + d // 2 if unit == 1000 else d * 1.5
+            ok = GAPS[0] * unit <= g <= GAPS[1] * unit
+            assert c.gap() == (g if ok else 0) and c.copy().gap() == c.gap(), (unit, dt)
+            assert ok == (dt not in (266666666668, 0.0006, 2.7e8))     # both sides of each bound

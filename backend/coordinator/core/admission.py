@@ -25,6 +25,8 @@ Sans-IO, one object per coordinator; every call takes ``now`` (the adapter's arr
 """
 import math
 
+from edge.core.predict import GAPS   # s: a line's gap (time between its source's readings) lies in here
+
 RATE = 500.0            # messages/s a device may send on average (a filtered device sends a few per minute)
 BURST = 1000.0          # messages a device may send at once
 QUARANTINE = 30.0       # s a flooding device's messages are dropped
@@ -33,7 +35,6 @@ BEHIND = 600.0          # s a stamp may lag the device's last one (a report held
 STREAK = 3              # stamps ahead in a row that are a leading clock, not a lie
 WARN_EVERY = 10.0       # s between two warnings of one device and reason
 KEEP = 100              # undrained alerts kept
-GAPS = (0.001, 86400.0)  # s: the time between a line source's readings (edge.core.predict) lies in here
 REFUSED, CONFLICT, BAD, FLOOD, STAMP, VALUE = ("refused source", "conflict", "bad message", "flood",
                                               "implausible time", "non-finite value")
 COUNTERS = {REFUSED: "refused", CONFLICT: "conflicts", BAD: "bad_messages", FLOOD: "quarantined",

@@ -5,6 +5,10 @@ device's filter is applied at once (the device stays narrower until it hears of 
 A change that may narrow it keeps the previous mirror alive as well until an uplink carrying the new
 epoch confirms that the device applied it; meanwhile ``known`` is the hull of both. Only the exact
 current epoch confirms: an epoch the backend has not assigned yet is stale, not a confirmation.
+Constraints are confirmed by their own epoch only: a device can drop a filter control (one sent before its
+config arrived is stale to it) and take the next width, whose epoch then confirms no constraints; until a
+report under the filter's epoch they are ``unsure``, and once a later epoch is reported (``skipped``) every
+mirror states its bound without them.
 A report whose true time is uncertain (a device clock within ±σ, ``integrity``) keeps the mirrors from
 before it in ``prior`` until the latest instant it can have happened (``hold``/``release``); a guarded
 report (the device reports any reading within its guard time that leaves the hull of its bound before and
@@ -26,7 +30,7 @@ from edge.core.predict import LineFilter, horizon
 
 class Source:
     __slots__ = ("key", "device", "index", "filt", "old", "prior", "online", "_n", "_period", "clock", "last_t",
-                 "value", "unit", "due", "tight")
+                 "value", "unit", "due", "tight", "unsure", "skipped")
 
     def __init__(self, key, device, index, width, epoch, single=False, unit=1, clock=None):
         self.key = key
@@ -38,6 +42,8 @@ class Source:
         self.old = []          # mirrors of states the device may still be in
         self.prior = []        # (until, mirror): states the device may have been in until then
         self.tight = None      # (until, lo, hi): a guarded report's hull, stated until then
+        self.unsure = None     # epoch of a constraint change no report under it has acknowledged yet
+        self.skipped = False   # a later epoch was reported meanwhile: the device may never have taken them
         self.online = True
         self.clock = clock or [0]      # the cache's period counter (shared by every source)
         self._n, self._period = 0, self.clock[0]
@@ -61,6 +67,13 @@ def shrink_source(s, s_frac):
         f.shrink(s_frac)
     for _, f in s.prior:
         f.shrink(s_frac)
+
+
+def _raw(f):
+    """``f`` without its constraints: what the device states whichever constraints it holds."""
+    g = f.copy()
+    g.cons, g.mask = [], 0
+    return g
 
 
 def _member(f, rng):
@@ -109,8 +122,11 @@ class BoundCache:
             return -math.inf, math.inf
         if s.tight is not None and s.tight[0] > self.now:
             return s.tight[1], s.tight[2]
-        lo, hi = self._known(s, s.filt)
-        for f in s.old + [f for _, f in s.prior] if s.prior else s.old:
+        fs = [s.filt] + s.old + [f for _, f in s.prior] if s.old or s.prior else (s.filt,)
+        if s.skipped:
+            fs = [_raw(f) for f in fs]
+        lo, hi = self._known(s, fs[0])
+        for f in fs[1:]:
             a, b = self._known(s, f)
             if a < lo:
                 lo = a
@@ -131,7 +147,7 @@ class BoundCache:
             a, b = rng
             return int(a <= s.tight[1] and s.tight[2] <= b), int(s.tight[2] >= a and s.tight[1] <= b)
         for f in [s.filt] + s.old + [f for _, f in s.prior]:       # (as ``known``: held states too)
-            a, b = _member(f, rng)
+            a, b = _member(_raw(f) if s.skipped else f, rng)
             sure &= a
             maybe |= b
         return sure, maybe
@@ -151,6 +167,10 @@ class BoundCache:
         """Apply a report (or probe reply) of value ``v`` stamped ``t`` under ``epoch``; ``line``:
         (device time, slope, gap) of a line report."""
         s = self.sources[key]
+        if epoch == s.unsure:               # the device holds the constraints of that epoch (a later one may
+            s.unsure, s.skipped = None, False   # have reached it without them: issue #30)
+        elif s.unsure is not None and newer(epoch, s.unsure):
+            s.skipped = True
         if s.old and epoch == s.filt.epoch:
             s.old = []                      # the device has confirmed the newest assignment
         for f in [s.filt] + s.old if s.old else (s.filt,):
@@ -246,12 +266,18 @@ class BoundCache:
         s.filt.set_width(width, epoch)
         return epoch, narrowing
 
-    def set_filter(self, key, width, cons, keep_old=True, epoch=None):
-        """Install constraints and a width under a new epoch (confirmed by the device unless ``keep_old`` is off)."""
+    def set_filter(self, key, width, cons, keep_old=True, epoch=None, acked=None):
+        """Install constraints and a width under a new epoch (confirmed by the device unless ``keep_old`` is off);
+        ``acked`` (default ``keep_old``): the device acknowledges it, so its constraints are unsure until then
+        (else the protocol counts on them at once: their loss is ``resync``'s)."""
         s = self.sources[key]
         if keep_old:
             self._keep_old(s)
         epoch = (s.filt.epoch + 1) & 0xFFFF if epoch is None else epoch
+        if not (keep_old if acked is None else acked):
+            s.unsure, s.skipped = None, False
+        elif s.unsure is not None or s.filt._cons(cons) != s.filt.cons:
+            s.unsure = epoch                # (sent again: this epoch confirms them)
         s.filt.set_filter(width, cons, epoch)
         return epoch
 
@@ -260,7 +286,7 @@ class BoundCache:
         at ``t``: trust it, under an epoch newer than both sides' (the device may have rebooted to epoch 0)."""
         s = self.sources[key]
         top = s.filt.epoch if newer(s.filt.epoch, epoch) else epoch
-        s.old = []
+        s.old, s.unsure, s.skipped = [], None, False
         s.filt.rnd = f32 if single else None
         s.filt.pad = single
         s.unit = unit

@@ -85,6 +85,7 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         self.last = {}                  # query id -> last emitted answer fields
         self.out = []
         self.rx = {}                    # device -> (boot, last uplink seq) for duplicate suppression
+        self.early = {}                 # device -> uplinks heard before its first birth (uplink.py), oldest first
         # DBM models of every source, for the interruption model (Zhu §4.5); a protocol may bring its own
         self.models = getattr(protocol, "models", None) or Models()
         self.segments = Mirror()        # segment mode of lag queries' sources

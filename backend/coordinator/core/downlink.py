@@ -48,7 +48,7 @@ class Downlink:
         loss is found (``_missed``). ``flags``: ``codec.METER``/``SYNC`` bits for a metered device."""
         s = self.cache.sources[key]
         epoch = self.cache.set_filter(key, width, cons, keep_old=bool(ack))
-        self.finals.replay.control(key, self._event_now(), "filter", (width, list(cons), epoch))
+        self.finals.replay.control(key, self._event_now(), "filter", (width, list(cons), epoch, bool(ack)))
         if not ack and (self.beat or self.integrity.links.acking(s.device)):
             ack, confirm = 1, (FILTER, self._event_now(), 0, True)
         self._flags(s, key, flags)

@@ -70,7 +70,7 @@ class Replay(Sequence):
 
     # -- controls ---------------------------------------------------------------------------------------
     def control(self, key, t, op, args):
-        """A control made at event time ``t``: ``("width", (width, epoch))`` or ``("filter", (width, cons, epoch))``."""
+        """A control made at event time ``t``: ``("width", (width, epoch))`` or ``("filter", (width, cons, epoch, acked))``."""
         if key in self.src:
             self._push(key, t, op, args)
 
@@ -213,7 +213,7 @@ class Replay(Sequence):
         elif op == "width":
             c.set_width(key, args[0], epoch=args[1])
         elif op == "filter":        # kept until confirmed even when the protocol counts on it at once
-            c.set_filter(key, args[0], args[1], keep_old=True, epoch=args[2])
+            c.set_filter(key, args[0], args[1], keep_old=True, epoch=args[2], acked=args[3])
         elif op == "release":
             c.release(key, t)
         elif op == "seg" and (s.lost is None or s.gap):

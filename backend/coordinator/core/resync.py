@@ -14,7 +14,7 @@ import heapq
 import math
 
 from backend.coordinator.core.integrity import CHECK, CONTROL, FILTER, LOST_STATE, RETRY
-from edge.core.codec import NO_VALUE, WHY_ASSIGN
+from edge.core.codec import NO_VALUE, WHY_ASSIGN, newer
 
 UP = -1         # the coordinator's event order of uplinks within one timestamp
 ECHO = 0xFFFF   # the probe id of a request for a clock echo (its reply bounds the clock's lead from above)
@@ -72,6 +72,8 @@ class Resync:
             if lost[1]:             # send it again; the answers the protocol bases on it are wrong meanwhile
                 self._lost_control(device, min(last, lost[0]))
             self._resend(key, (CHECK, min(last, lost[0]), 0, lost[1]))
+        elif self.cache.sources[key].unsure is not None and newer(m["epoch"], self.cache.sources[key].unsure):
+            self._resend(key, (RETRY, None, 0, False))  # a later epoch came without the constraints: again
         if ig.regressed(device, m["src"], m["epoch"], self.wall):
             self._suspect(device, last)     # it lost its state after that report
         if m["v"] != NO_VALUE and m["hull"] > self.clock:     # it may have happened as late as that

@@ -12,6 +12,8 @@ from backend.coordinator.core.admission import BAD
 from backend.coordinator.core.resync import UP
 
 ECHO_WAIT = 30.0    # s a birth request may wait for its echo before it is made again (echo mode)
+EARLY = 8           # uplinks kept per device heard before its first birth, applied after it
+EARLY_DEVICES = 256     # devices whose early uplinks are kept (the oldest forgotten first)
 
 
 class Uplink:
@@ -73,7 +75,7 @@ class Uplink:
         elif rx is None:
             self.stats["unknown_device"] += 1
             if kind != "mark":
-                self.integrity.dropped(device, m["seq"])
+                self._keep_early(device, m["seq"], payload)
             self._ask_birth(device, now, early=True)
             return self._advance(now)
         if kind == "reply":
@@ -97,7 +99,26 @@ class Uplink:
             return self._advance(now)
         self.n += 1
         heapq.heappush(self.queue, (t, UP, self.n, device, kind, m))
-        return self._advance(now)
+        out = self._advance(now)
+        for _, p in self.early.pop(device, ()) if kind == "birth" else ():
+            out += self.handle_uplink(now, device, p)
+        return out
+
+    def _keep_early(self, device, seq, payload):
+        """Keep an uplink numbered ``seq`` heard before the device's first birth: a network that reorders
+        may deliver the birth after the reports that followed it; applied once the birth is in (as late
+        uplinks), they are not lost (else each is a gap the birth finds, a lost uplink and a birth more).
+        One forgotten (more than EARLY, more than EARLY_DEVICES devices) is dropped: missing if it
+        followed the birth."""
+        kept = self.early.pop(device, [])
+        kept.append((seq, payload))
+        self.early[device] = kept[-EARLY:]
+        gone = [(device, s) for s, _ in kept[:-EARLY]]
+        if len(self.early) > EARLY_DEVICES:
+            old = next(iter(self.early))
+            gone += [(old, s) for s, _ in self.early.pop(old)]
+        for dev, s in gone:
+            self.integrity.dropped(dev, s)
 
     def link_lost(self, now):
         """The adapter lost its broker: every device counts as gone (as by its Last Will) at
