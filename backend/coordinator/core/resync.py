@@ -43,6 +43,7 @@ class Resync:
         if kind in ("report", "reply", "line", "rsegs", "birth"):
             m["hull"] = ig.cover(device, m["t"]) if stamped else now
         m.setdefault("boot", rx[0] if rx else None)     # (the boot it is counted under: the final mirror's)
+        m["stamp"] = m["t"]         # the device's own time: a relay's bodies keep their lifetimes in its clock
         t = m["t"] = ig.event(device, m["t"]) if stamped else now - ig.links.net
         if d is not None and m.get("guarded"):  # within its guard: until its hull the value was in the bound before
             m["tight"] = m["hull"] - t <= (d["guard"] or 0.0)       # it or at the reported value (both mirrors' hold)

@@ -9,7 +9,9 @@ body k is known exactly (corrected) or within ``f_e/(1+δ) <= f_r <= f_e/(1-δ)`
 Queries: ``count`` (optionally ``range`` [a, b], the select operator of §5.1), ``sum`` and ``join``
 (two sources, equi-join on the item with sliding window ``span`` T, §5.2), all over ``window``
 [tb, te] meaning timestamps tb < t <= te (default [0, inf]) and ``error`` η (default 0.01) for the
-relays' δ. Answers cover (tb, through] where ``through`` is the latest time every queried relay has
+relays' δ. Times are the relay's own stamps: it aligns its lifetimes to the window in its clock, and a
+body names its lifetime by them, so the clock placement of reports (``offsets.py``) does not apply (with
+σ > 0 it moved the forecast bodies' keys off their correct bodies' and dropped them). Answers cover (tb, through] where ``through`` is the latest time every queried relay has
 closed: ``{"estimate", "lo", "hi", "error_bound", "through", "final", "aligned"}`` with the exact
 answer always in [lo, hi]; ``aligned`` says no lifetime straddles the window, so Theorems 1-2 bound
 the estimate's relative error by η. Join estimates use the uniform-density integral of Theorem 3.
@@ -155,18 +157,19 @@ class RelayAggregate(Protocol):
             return
         key = keys[0]
         log = self.logs.setdefault(key, RelayLog())
+        t = m["stamp"]      # the relay's own clock, as the lifetimes' bounds inside the bodies (not placed by offsets)
         if b[0] == "raw":
-            log.raw_t.append(m["t"])
+            log.raw_t.append(t)
             log.raw_k.append(b[1])
         elif b[0] == "prb":
-            log.forecast.setdefault(m["t"], {}).update(dict(b[2]))
+            log.forecast.setdefault(t, {}).update(dict(b[2]))
         else:
             _, tb, delta, last, recs = b
-            p = log.pending.setdefault(m["t"], [tb, delta, {}])
+            p = log.pending.setdefault(t, [tb, delta, {}])
             p[2].update(dict(recs))
             if last:
-                del log.pending[m["t"]]
-                log.close(tb, m["t"], delta, p[2])
+                del log.pending[t]
+                log.close(tb, t, delta, p[2])
                 coord.dirty.update(coord.by_source.get(key, {}))
 
     # -- answers ---------------------------------------------------------------------------------
