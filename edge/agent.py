@@ -20,6 +20,7 @@ import sys
 from edge.core import codec
 from edge.core.codec import NO_VALUE, newer, CAP_F32, CAP_MS, CAP_LINE, CAP_METER
 from edge.core.delivery import Delivery
+from edge.core.guard import guarded
 from edge.core.interval import IntervalFilter, INF
 from edge.core.window import current, fresh
 
@@ -200,7 +201,7 @@ class Agent:
         out = []
         if f.center is None:
             out.append(self._report(now, i, codec.WHY_FIRST))
-        elif f.check(value) or (i in self.guards and self._guarded(now, i, value)):
+        elif f.check(value) or (i in self.guards and guarded(self.guards, i, now, value)):
             out.append(self._report(now, i, codec.WHY_EXIT))
         elif self.meter is not None and self.meter.due(i):
             out.append(self._report(now, i, codec.WHY_METER))      # deadband's count, lest it go unseen
@@ -208,14 +209,6 @@ class Agent:
             from edge.core import swat_asr      # loaded only on devices that summarise
             out += swat_asr.ship(self, now, i, self.summaries[i].sample(now, value))
         return out
-
-    def _guarded(self, now, i, v):
-        """Whether reading ``v`` at ``now`` leaves source ``i``'s guard hull (the guard ends after its time)."""
-        g = self.guards[i]
-        if now > g[0]:
-            del self.guards[i]
-            return False
-        return v < g[1] or v > g[2]
 
     def handle_message(self, now, payload):
         try:

@@ -20,8 +20,9 @@ MP_RUNTIME = os.path.join(ROOT, "edge", "runtime", "micropython")
 # (path in lib/, path in the repository): everything a board needs besides boot.py/main.py.
 MODULES = [(p, os.path.join(ROOT, p)) for p in (
     "edge/__init__.py", "edge/agent.py", "edge/core/__init__.py", "edge/core/codec.py", "edge/core/delivery.py",
-    "edge/core/interval.py", "edge/core/meter.py", "edge/core/predict.py", "edge/core/segment.py", "edge/core/swat.py",
-    "edge/core/swat_asr.py", "edge/core/topics.py", "edge/core/window.py", "edge/runtime/__init__.py",
+    "edge/core/guard.py", "edge/core/interval.py", "edge/core/meter.py", "edge/core/predict.py",
+    "edge/core/segment.py", "edge/core/swat.py", "edge/core/swat_asr.py", "edge/core/topics.py", "edge/core/window.py",
+    "edge/runtime/__init__.py",
     "edge/runtime/clock.py", "edge/runtime/outbox.py", "edge/runtime/pump.py", "edge/runtime/sensors.py")] + [
     (p, os.path.join(MP_RUNTIME, p)) for p in (
     "link.py", "qfagent.py", "umqtt/simple.py")] + [("qfboard.py", os.path.join(FIRMWARE, "qfboard.py"))]

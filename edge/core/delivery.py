@@ -9,12 +9,16 @@ gone quiet from the missing marks. On a lossy link the backend turns ack mode on
 timeout rto > 0): every numbered uplink is kept until an ``ack`` covers its number and is sent again
 unchanged (its original number and stamp) when unacknowledged for rto, then 2·rto and 4·rto, then every
 4·rto; so a loss costs a resend delay, not a resynchronisation. At most ``size`` are kept (a few on a
-board): the oldest goes first, and the backend then sees its gap. A birth supersedes what is kept.
+board): the oldest goes first, and the backend then sees its gap. A birth supersedes what is kept. One
+resent ``TRIES`` times is given up (the backend acknowledges what it refuses too, so only an uplink it
+never hears gets there): the marks its resends held back go out again and show the backend its number
+missing, a lost uplink it resynchronises with a birth.
 Sans-IO, portable, float32-safe: times are the caller's clock (integer ms on a board, ``unit`` 1000).
 """
 from edge.core import codec
 
 CAP = 4         # the longest resend wait, in rto
+TRIES = 64      # resends of one uplink at most (about 250·rto)
 
 
 class Delivery:
@@ -27,7 +31,7 @@ class Delivery:
         self.rto = 0            # resend timeout in clock units (0: ack mode off)
         self.last = None        # clock time of the latest uplink sent (a mark or a resend too)
         self.held = []          # [seq, payload, due, tries] not acknowledged yet, oldest first
-        self.stats = {"resent": 0, "overflow": 0, "marks": 0}
+        self.stats = {"resent": 0, "overflow": 0, "marks": 0, "given_up": 0}
 
     def number(self, now, kind, fields, keep=True):
         """The payload of uplink ``kind`` with the next number; kept for resending in ack mode."""
@@ -75,13 +79,21 @@ class Delivery:
         """Payloads to send at ``now``: resends due, or a mark stamped ``complete`` (the time through which
         the device's data is sent) when it has been silent for B and ``busy`` (it sent something else now)
         is false."""
-        out = []
+        out, gone = [], 0
         for e in self.held:
-            if e[2] <= now:
-                e[3] += 1
-                e[2] = now + self.rto * (1 << e[3] if e[3] < 2 else CAP)
-                out.append(e[1])
-                self.stats["resent"] += 1
+            if e[2] > now:
+                continue
+            if e[3] >= TRIES:           # its last resend unacknowledged too: given up
+                e[3] = TRIES + 1
+                gone += 1
+                continue
+            e[3] += 1
+            e[2] = now + self.rto * (1 << e[3] if e[3] < 2 else CAP)
+            out.append(e[1])
+            self.stats["resent"] += 1
+        if gone:
+            self.held = [e for e in self.held if e[3] <= TRIES]
+            self.stats["given_up"] += gone
         if out:
             self.last = now
         elif self.beat > 0 and self.last is not None and now >= self.last + self.beat and not busy:

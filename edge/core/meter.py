@@ -21,6 +21,7 @@ that leaves the hull of the bound before a report and its value within the guard
 shadow as on the real filter, and a SYNC hands the shadow's guard over with its filter. Portable (MicroPython, CPython), float32-safe (a shadow is a copy: it rounds as the real filter does).
 """
 from edge.core.codec import ACK, METER, SYNC, WHY_METER, WHY_SYNC
+from edge.core.guard import guarded
 from edge.core.interval import INF
 
 _M16 = 0xFFFF
@@ -67,16 +68,8 @@ class Meter:
             if ch is not None:
                 ch.sample(t, v, g.width)
                 g.at(t)
-            if g.center is None or g.check(v) or (i in self.guards and self._guarded(i, t, v)):
+            if g.center is None or g.check(v) or (i in self.guards and guarded(self.guards, i, t, v)):
                 self._report(agent, i, g, ch, t)
-
-    def _guarded(self, i, t, v):
-        """Whether reading ``v`` at ``t`` leaves the shadow's guard hull (``Agent._guarded``)."""
-        g = self.guards[i]
-        if t > g[0]:
-            del self.guards[i]
-            return False
-        return v < g[1] or v > g[2]
 
     def due(self, i):
         """Whether moved source ``i`` should report for its count alone: its shadow counted ``every`` reports

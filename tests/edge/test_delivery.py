@@ -1,8 +1,9 @@
 """Uplink delivery (edge/core/delivery.py): heartbeat marks take no sequence number; in ack mode every
-numbered uplink is sent again, unchanged, until acknowledged; the buffer is bounded and a birth clears it."""
+numbered uplink is sent again, unchanged, until acknowledged or resent TRIES times; the buffer is bounded and a
+birth clears it."""
 from edge.agent import Agent
 from edge.core import codec
-from edge.core.delivery import Delivery
+from edge.core.delivery import Delivery, TRIES, CAP
 from portable import ctl, session
 
 
@@ -61,6 +62,26 @@ def test_the_buffer_keeps_the_newest_and_a_birth_supersedes_it():
     assert [e[0] for e in d.held] == [0]
     d.acked(0)
     assert d.held == []
+
+
+def test_an_uplink_never_acknowledged_is_given_up_after_its_tries_and_the_marks_then_show_its_number():
+    d = Delivery(4)
+    d.beat, d.last = 1000, 0
+    d.link(2)
+    p = d.number(0, "report", {"src": 0, "epoch": 0, "t": 0.0, "v": 1.0, "why": 0})
+    sent, now, waits = [], 0, []
+    while d.deadline() is not None and now < 100000:     # (the oracle: the schedule rto, 2·rto, then CAP·rto)
+        t = d.deadline()
+        waits.append(t - now)
+        now = t
+        out = d.due(now, False, now)
+        sent += out
+        if out and codec.decode(out[0])[0] == "mark":
+            break
+    assert sent[:-1] == [p] * TRIES and d.stats["resent"] == TRIES and d.stats["given_up"] == 1
+    assert waits == [2, 4] + [2 * CAP] * (TRIES - 1) + [1000 - 2 * CAP]    # the last resend's wait too
+    # the mark B after the last resend shows the backend the number it never heard (a lost uplink)
+    assert d.held == [] and codec.decode(sent[-1]) == ("mark", {"seq": 1, "t": now}) and d.deadline() == now + 1000
 
 
 def test_marks_wait_while_something_else_goes_out_and_resends_are_heard_as_uplinks():

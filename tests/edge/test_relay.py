@@ -221,4 +221,4 @@ def test_the_relay_numbers_its_uplinks_marks_its_silence_and_resends_in_ack_mode
     assert [(k, m["tag"], m["t"]) for k, m in out] == [("blob", TAG_CRB, 10.0), ("blob", TAG_PRB, 10.0)]
     assert relay.fdi and [codec.decode(p)[1] for _, p in relay.handle_timer(15.0)] == [
         {"seq": seq + 2, "t": 10.0}]        # frequent items are only counted: complete through the lifetime's start
-    assert relay.delivery.stats == {"resent": 1, "overflow": 0, "marks": 3}
+    assert relay.delivery.stats == {"resent": 1, "overflow": 0, "marks": 3, "given_up": 0}

@@ -8,7 +8,8 @@ due deadline (a heap, one entry per device and kind), never per device per call.
   above the highest seen opens a gap for every number skipped (and a heartbeat ``mark``, which repeats
   the latest number used, for its own number too); one inside a gap fills it (reordering, a resend);
   anything else is a duplicate. A gap still open after its wait (λ; λ + 7·rto for an uplink the device
-  keeps in ack mode, ``heartbeat``) is a lost uplink. The first gap seen turns ack mode on.
+  keeps in ack mode, ``heartbeat``) is a lost uplink; one admission refused, after λ (``refused``: the ack
+  passes it, so the device does not resend it for ever). The first gap seen turns ack mode on.
 * **Silence.** With a heartbeat (B per device, ``heartbeat``), a device that sends nothing for
   B + λ + margin is silent (a lost last report whose mark was lost too, a partition, a lost birth).
 * **Event time.** A report stamped ``t`` happened at a true time in [t − hi, t − lo], the bounds of the
@@ -73,13 +74,13 @@ class Integrity(Waits):
         self.news = {"link": [], "beat": [], "moved": []}
         self.heap = []          # (time, n, device, kind): "gap", "beat", "ask", "wait"
         self.n = 0
-        self.stats = {"gaps": 0, "filled": 0, "lost": 0, "silent": 0, "skewed": 0, "asked": 0, "resent": 0}
+        self.stats = {"gaps": 0, "filled": 0, "lost": 0, "silent": 0, "skewed": 0, "asked": 0, "resent": 0, "refused": 0}
 
     def _state(self, device, boot, seq, first_t):
         old = self.dev.get(device)
         d = self.dev[device] = {"boot": boot, "high": seq, "high_t": first_t, "missing": {}, "last": None,
                                 "birth": (seq - 1) & 0xFFFFFFFF, "seen": {}, "birth_t": old["birth_t"] if old else -math.inf,
-                                "last_t": first_t, "wm": -math.inf, "mark_t": -math.inf, "mk": -math.inf,
+                                "last_t": first_t, "wm": -math.inf, "mark_t": -math.inf, "mk": -math.inf, "refused": {},
                                 "armed": old["armed"] if old else {},
                                 "asked": old["asked"] if old else None, "wait": old["wait"] if old else 0.0}
         return d
@@ -203,12 +204,33 @@ class Integrity(Waits):
         self.unknown.setdefault(device, []).append(seq)
         del self.unknown[device][:-WINDOW]
 
+    def refused(self, now, device, seq):
+        """Uplink ``seq`` was refused by admission (a stamp or value that cannot be true): missing for good, lost after
+        λ like any gap (no resend wait) and passed by the ack (``upto``); False over WINDOW ahead (not acknowledged)."""
+        d = self.dev.get(device)
+        ahead = WINDOW + 1 if d is None else (seq - d["high"]) & 0xFFFFFFFF
+        if WINDOW < ahead < _HALF:
+            return False
+        self.now, self.stats["refused"] = now, self.stats["refused"] + 1
+        if 1 < ahead <= WINDOW:
+            self._gap(d, device, now, 1, ahead)
+        if 0 < ahead <= WINDOW:
+            d["high"] = seq
+        elif seq not in d["missing"]:
+            return True         # in already, or long lost: acknowledged again
+        due, after = d["missing"].get(seq, (math.inf, self.event(device, d["high_t"])))
+        d["missing"][seq] = (min(due, now + self.latency), after)
+        d["refused"] = dict.fromkeys([s for s in d["refused"] if s in d["missing"]] + [seq])
+        self._arm(device, "gap", now + self.latency)
+        return True
+
     def upto(self, device):
-        """The highest number through which every uplink of ``device``'s boot is in (an ``ack``'s)."""
+        """The highest number through which every uplink of ``device``'s boot is in or refused (an ``ack``'s)."""
         d = self.dev[device]
-        if not d["missing"]:
+        holes = [s for s in d["missing"] if s not in d["refused"]]
+        if not holes:
             return d["high"]
-        return (max(d["missing"], key=lambda s: (d["high"] - s) & 0xFFFFFFFF) - 1) & 0xFFFFFFFF
+        return (max(holes, key=lambda s: (d["high"] - s) & 0xFFFFFFFF) - 1) & 0xFFFFFFFF
 
     def watermark(self, device):
         """Event time through which every uplink of ``device`` has been received (-inf: none yet)."""
@@ -277,10 +299,6 @@ class Integrity(Waits):
     def cover(self, device, t):
         """Until when (event time) the bound from before a report stamped ``t`` stays in the hull."""
         return t - self.offsets.bounds(device, self.now)[0]
-
-    def plausible(self, device, t, now):
-        """Whether an uplink stamped ``t`` heard at ``now`` fits ``device``'s clock (uplink admission)."""
-        return self.offsets.plausible(device, t, now)
 
     def trusted(self, device, clock):
         """Whether ``device``'s sources may be answered from (not suspect, not settling)."""

@@ -7,8 +7,9 @@ a stamp the clock cannot have made placed by its arrival), each report is checke
 epochs the device should have by now, and what integrity finds makes the device's sources degraded
 (offline, widened by the interruption model) and revokes the answers over them since the finding's
 ``since`` — until a birth resynchronises it and has surely happened. What integrity asks for goes out
-here: an ``ack`` after each uplink of a device in ack mode, the ``link`` that switches it on, a config
-telling a new heartbeat B, and a probe whose reply bounds a device clock from above (``ECHO``).
+here: an ``ack`` after each uplink of a device in ack mode (one admission refused too: ``_refused``), the
+``link`` that switches it on, a config telling a new heartbeat B, and a probe whose reply bounds a device
+clock from above (``ECHO``).
 """
 import heapq
 import math
@@ -53,6 +54,14 @@ class Resync:
                 self._revoke(device, t)
             t = self.clock
         return t
+
+    def _refused(self, now, device, kind, m):
+        """An uplink admission dropped: its data is lost to us, so a lost uplink (``Integrity.refused``: answers
+        over the device revoked and degraded until a birth restates it), acknowledged in ack mode so the device
+        does not resend it for ever (a birth or a mark takes no place in its resend buffer)."""
+        if kind not in ("birth", "mark") and self.integrity.refused(now, device, m["seq"]):
+            self._deliver(now, device, kind, False)
+        return self._advance(now)
 
     def _fresh_report(self, device, key, m):
         """Check a report or reply before it is applied: False when superseded (reordered behind a

@@ -88,7 +88,7 @@ class Uplink:
         if ms:                      # acknowledgement takes a line begun earlier)
             m["t"] = m["t"] / 1000
         if not self.admission.plausible(now, device, kind, m, self.unit.get(device, 1)):     # dropped alone
-            return self._advance(now)
+            return self._refused(now, device, kind, m)
         if kind == "line" and ms:   # integer ms, as the device computed with them (checked finite above)
             m["td"], m["gap"] = int(td), int(m["gap"])
         elif kind == "line":
