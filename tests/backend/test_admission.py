@@ -198,3 +198,39 @@ def test_a_metered_line_whose_origin_is_not_finite_is_dropped_not_a_crash():
     h.uplink(4.5, "bad", codec.encode("mline", {k: forged[k] for k in codec.SCHEMAS["mline"][3].split()}))
     h.timer(5.0)
     assert h.coord.cache.sources["t1"].value == 50.0 and h.coord.cache.sources["t1"].filt.t0 == 2000
+
+
+def test_a_source_refused_at_birth_leaves_the_others_their_own_numbers(tmp_path):
+    """dev2 names dev1's t1 before its own t2: t1 is refused, and t2 keeps its number 1 (its reports and the
+    backend's controls go by it): the oracle is t2's true reading, which each answer over t2 must hold, not
+    degraded; a report dev2 makes for t1 (number 0) is never taken as t2's."""
+    h = _host(tmp_path, {"dev1": ["t1"], "dev2": ["t2"]})
+    h.spec(0.0, "q", {"id": "q", "kind": "sum", "sources": ["t2"], "precision": 1.0})
+    a2, b2 = born("dev2", ["t1", "t2"], [500.0, 7.0], 1.0)
+    pump(h, {"dev2": a2}, 1.0, h.uplink(1.0, "dev2", b2))
+    h.timer(2.0)
+    assert h.coord.cache.sources["t2"].index == 1
+    for t, i, v, truth in ((3.0, 1, 40.0, 40.0), (5.0, 0, 900.0, 40.0), (7.0, 1, 12.0, 12.0)):
+        for p in _report(a2, t, i, v):
+            pump(h, {"dev2": a2}, t, h.uplink(t, "dev2", p))
+        h.timer(t + 1.0)
+        a = _last(h)
+        assert a["lo"] <= truth <= a["hi"] and not a["degraded"], (t, a)
+    assert h.coord.stats["bad_messages"] == 1       # the t1 report: not one dev2 owns
+
+
+def test_a_reboot_that_names_its_sources_in_another_order_is_read_by_its_new_numbers():
+    """Oracle: the readings the device reports; after a reboot naming [b, a] (was [a, b]), number 0 is b."""
+    h = _host()
+    h.spec(0.0, "q", {"id": "q", "kind": "sum", "sources": ["b"], "precision": 1.0})
+    d1, b1 = born("dev", ["a", "b"], [1.0, 2.0], 1.0)
+    pump(h, {"dev": d1}, 1.0, h.uplink(1.0, "dev", b1))
+    d2, b2 = born("dev", ["b", "a"], [2.0, 1.0], 3.0, boot=2)
+    pump(h, {"dev": d2}, 3.0, h.uplink(3.0, "dev", b2))
+    assert (h.coord.cache.sources["b"].index, h.coord.cache.sources["a"].index) == (0, 1)
+    for t, i, v, truth in ((5.0, 0, 30.0, 30.0), (7.0, 1, 90.0, 30.0)):
+        for p in _report(d2, t, i, v):
+            pump(h, {"dev": d2}, t, h.uplink(t, "dev", p))
+        h.timer(t + 1.0)
+        a = _last(h)
+        assert a["lo"] <= truth <= a["hi"] and not a["degraded"], (t, a)

@@ -39,8 +39,9 @@ class Resync:
             return None
         self.rx[device] = (boot, m["seq"])
         d = self.devices.get(device)
-        if d is not None and stamped and kind in ("report", "reply", "line", "rsegs") and m["src"] < len(d["keys"]):
-            ig.echo(device, d["keys"][m["src"]], m["epoch"], m["t"], now, m.get("probe"), m.get("why") == WHY_ASSIGN)
+        key = self.key_of(device, m["src"]) if kind in ("report", "reply", "line", "rsegs") else None
+        if stamped and key is not None:
+            ig.echo(device, key, m["epoch"], m["t"], now, m.get("probe"), m.get("why") == WHY_ASSIGN)
         if kind in ("report", "reply", "line", "rsegs", "birth"):
             m["hull"] = ig.cover(device, m["t"]) if stamped else now
         m.setdefault("boot", rx[0] if rx else None)     # (the boot it is counted under: the final mirror's)

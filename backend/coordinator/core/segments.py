@@ -187,13 +187,12 @@ class Mirror:
     def receive(self, coord, device, m):
         """A ``segs`` or ``rsegs`` message from ``device`` (its pieces are the final mirror's): a source whose
         segments flow is served by them from here on, and its segment mode is in force."""
-        keys = coord.devices[device]["keys"]
         if "why" not in m:
             self.alone[device] = self.alone.get(device, 0) + 1
         for r in m["segs"]:
-            if r["src"] >= len(keys) or keys[r["src"]] not in self.mode:
+            key = coord.key_of(device, r["src"])
+            if key not in self.mode:
                 continue
-            key = keys[r["src"]]
             self.plain.pop(key, None)
             self.blind.pop(key, None)
             if key in self.asked:

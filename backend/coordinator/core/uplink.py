@@ -37,10 +37,16 @@ class Uplink:
     def _device(self, device):
         d = self.devices.get(device)
         if d is None:
-            d = self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "online": False,
+            d = self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "src": [], "online": False,
                                         "to": 0, "single": False, "inc": None, "lines": False, "asked": None,
                                         "rebirth": None, "unsent": {}, "gone": False, "acked": None, "guard": None}
         return d
+
+    def key_of(self, device, i):
+        """The source ``device``'s uplinks number ``i`` (its place in the device's births), or None: not one
+        it owns (refused or contested at its birth: the others keep their own numbers)."""
+        d = self.devices.get(device)
+        return d["src"][i] if d is not None and 0 <= i < len(d["src"]) else None
 
     def handle_uplink(self, now, device, payload, retained=False):
         """Take one uplink payload from ``device``; ``retained`` marks a broker-retained birth."""
@@ -174,13 +180,17 @@ class Uplink:
             self.integrity.links.born(device)
             if self.integrity.links.acking(device) or self.integrity.offsets.sigma > 0:    # (a reboot forgets it)
                 self._link(device)
+        if m["first"] == 0:
+            d["src"] = []
         for i, rec in enumerate(m["sources"], m["first"]):
             key = rec["name"]
             s = self.cache.sources.get(key)
+            d["src"].extend([None] * (i + 1 - len(d["src"])))
             if not self.admission.claim(self.wall, device, key, s and s.device):
                 if s is not None:
                     self._touch(key)    # contested: the owner keeps it, its queries say so
                 continue
+            d["src"][i] = key
             v = None if rec["v"] == NO_VALUE else rec["v"]
             self.integrity.regressed(device, i, rec["epoch"], self.wall, birth=True)
             self.integrity.forget(device, key)      # controls sent before a birth are void
@@ -199,6 +209,7 @@ class Uplink:
                 # Trust the device's own state, then re-send what we want under an epoch newer than
                 # both sides' (the device may have rebooted to epoch 0, or kept ours).
                 want = (s.filt.width, list(s.filt.cons))
+                s.index = i         # (a reboot may name its sources in another order: controls go to its number now)
                 self.cache.rebirth(key, rec["width"], rec["epoch"], m["t"], v, d["single"], self.unit.get(device, 1))
                 if v is not None:
                     self.models.observe(key, m["t"], v)
@@ -229,11 +240,10 @@ class Uplink:
             return
         self._trust(device)
         if kind in ("report", "reply", "line", "rsegs"):
-            d = self.devices[device]
-            if m["src"] >= len(d["keys"]):
-                self.admission.note(self.wall, device, BAD, "source index %d of %d" % (m["src"], len(d["keys"])))
+            key = self.key_of(device, m["src"])
+            if key is None:
+                self.admission.note(self.wall, device, BAD, "source index %d: not one it owns" % m["src"])
                 return
-            key = d["keys"][m["src"]]
             if not self._fresh_report(device, key, m):
                 self.protocol.superseded(self, key, m)
                 return          # reordered behind a newer report or birth: the mirror is newer already
