@@ -47,7 +47,7 @@ class Reserve:
         self.q = {}             # (query id, final) -> [changes this epoch, current epoch bins, previous bins, epoch end]
         self.value = {}         # (query id, final) -> R of that stream
         self.held = {}          # query id -> [(from event time, the R the widths in force leave)], newest last
-        self.rise = {}          # query id -> (event time, R) of a rise whose narrowings are not all confirmed
+        self.rise = {}          # query id -> [event time, rose, R] of a move not yet in the widths (rose: narrowings)
         self.stats = {"moves": 0}
 
     def begin(self, q, on):
@@ -92,13 +92,8 @@ class Reserve:
         if self.get(q.id) == was:
             return False        # (the other stream's reserve is the larger)
         self.stats["moves"] += 1
-        now = self.get(q.id)
-        if now > was:       # a rise narrows every width: until the devices confirm, the widths leave the old R
-            self.rise[q.id] = (t, now)
-        else:               # widenings are in force at once
-            self.rise.pop(q.id, None)
-            self._held(q.id, t, now)
-        return True
+        self.rise[q.id] = [None, self.get(q.id) > was, self.get(q.id)]    # (from the next provisional answer:
+        return True         # a final answer's time is in the past, the widths move now)
 
     def widths(self, qid, t):
         """The R the widths in force at event time ``t`` leave of δ (a final answer is for a time in the past:
@@ -113,12 +108,15 @@ class Reserve:
         return qid in self.rise
 
     def settled(self, qid, t, narrowing):
-        """A provisional answer of query ``qid`` at event time ``t``: ``narrowing`` whether a narrowing of its
-        sources is still unconfirmed. A rise's R is in the widths once none is (or SETTLE s after it)."""
-        at, r = self.rise[qid]
-        if not narrowing or t >= at + SETTLE:
+        """A provisional answer of query ``qid`` at event time ``t`` after its R moved: ``narrowing`` whether a
+        narrowing of its sources is still unconfirmed. A drop's R is in the widths at once (widenings are), a
+        rise's once no narrowing is unconfirmed (or SETTLE s after the first such answer)."""
+        m = self.rise[qid]
+        if m[0] is None:
+            m[0] = t
+        if not (m[1] and narrowing) or t >= m[0] + SETTLE:
             del self.rise[qid]
-            self._held(qid, t, r)
+            self._held(qid, t, m[2])
 
     def _held(self, qid, t, r):
         h = self.held.setdefault(qid, [])
