@@ -21,7 +21,8 @@ learns from its first uncertain reports.
   itself. Measured against the new R that fed back (one rise measured as the next: R went 9 → 32 of δ = 60 in
   20 s, only in the run whose rule was narrowing at the time, so adaptive paid ~600 messages deadband did not).
   X is taken against the R the widths held at the answer's event time: a rise counts from the first provisional
-  answer with no narrowing unconfirmed (or SETTLE s after it), a drop (widenings, in force at once) at once.
+  answer after it with no narrowing unconfirmed (or SETTLE s on), a drop (widenings, in force at once) from the
+  first provisional answer after it (a final answer's time is in the past: the move is in the widths from now).
 - **Finals: a prior and a margin.** Until the finals' first epoch ends (a full one: COUNT changes or EPOCH s) a
   query whose finals are budgeted keeps PRIOR·δ (``begin``): while the clock bounds are still loose the excess is
   largest (X up to 10 of δ = 60 in the first 20 s, ~5 after), and 32 changes did not show it (54-93 wide finals
