@@ -24,7 +24,7 @@ from backend.coordinator.core.admission import RATE, Admission
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
 from backend.coordinator.core.downlink import Downlink
-from backend.coordinator.core.finals import Finals
+from backend.coordinator.core.finals import FINALS, Finals
 from backend.coordinator.core.integrity import Integrity
 from backend.coordinator.core.resync import Resync
 from backend.coordinator.core.queries import QueryError, parse_query
@@ -129,6 +129,8 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
 
     def _parse(self, spec):
         q = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
+        self.reserve.begin(q, self.integrity.sigma > 0 and self.protocol.finals and q.kind in FINALS
+                           and "lag" not in q.extra)
         q.reserve = self.reserve.get(q.id)
         self.segments.check(self, q)
         return q

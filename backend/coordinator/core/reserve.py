@@ -14,8 +14,22 @@ end of a stream's epoch its R becomes X's quantile when that moved by more than 
 provisional stream; FINAL_QUANTILE, all of them, for the finals: a final answer is a promise, never withdrawn);
 the query's reserve is the larger of its streams' (every answer a user gets is budgeted), and the protocols
 allocate δ − R (``Query.budget``, ``precision/rows.py``, ``aggregate.uniform_width``): an answer is wider than δ
-(and degraded, saying so) only for the rest. A query's first epoch ends after FIRST changes already, so it learns from its first uncertain reports.
-Where clocks are exact nothing reaches past δ − R, so R stays 0 and widths are the protocols' own.
+(and degraded, saying so) only for the rest. A query's first provisional epoch ends after FIRST changes already, so it
+learns from its first uncertain reports.
+- **Measured against the widths in force** (``widths``): a rise of R narrows every width, and until the devices
+  confirm the narrowings their old mirrors stay in the hull, so the answers reach past the new δ − R by the rise
+  itself. Measured against the new R that fed back (one rise measured as the next: R went 9 → 32 of δ = 60 in
+  20 s, only in the run whose rule was narrowing at the time, so adaptive paid ~600 messages deadband did not).
+  X is taken against the R the widths held at the answer's event time: a rise counts from the first provisional
+  answer after it with no narrowing unconfirmed (or SETTLE s on), a drop (widenings, in force at once) from the
+  first provisional answer after it (a final answer's time is in the past: the move is in the widths from now).
+- **Finals: a prior and a margin.** Until the finals' first epoch ends (a full one: COUNT changes or EPOCH s) a
+  query whose finals are budgeted keeps PRIOR·δ (``begin``): while the clock bounds are still loose the excess is
+  largest (X up to 10 of δ = 60 in the first 20 s, ~5 after), and 32 changes did not show it (54-93 wide finals
+  per run in the first 100 s). The finals' R is their largest excess plus MARGIN·δ: the largest of two epochs
+  is a sample, the next epoch's is often a bin or two above it.
+Where clocks are exact (σ = 0) nothing reaches past δ − R and no prior is kept, so R stays 0 and widths are the
+protocols' own.
 """
 EPOCH = 60.0            # s of event time per measurement epoch at most
 COUNT = 256             # answer changes per epoch at most
@@ -24,13 +38,25 @@ QUANTILE = 0.99         # of the provisional answer changes whose excess stays w
 FINAL_QUANTILE = 1.0    # of the final ones: every one (a final answer is never wider than δ)
 STEP = 1.0 / 32         # R moves only by more than this share of δ
 FIRST = 32              # answer changes in a query's first epoch
+PRIOR = 1.0 / 4         # of δ the finals keep before their first epoch ends, where clocks may be off
+MARGIN = 1.0 / 32       # of δ the finals' R keeps above the largest excess they measured
+SETTLE = 10.0           # s after a rise at most until the widths are taken as narrowed (their narrowings confirmed)
 
 
 class Reserve:
     def __init__(self):
         self.q = {}             # (query id, final) -> [changes this epoch, current epoch bins, previous bins, epoch end]
         self.value = {}         # (query id, final) -> R of that stream
+        self.held = {}          # query id -> [(from event time, the R the widths in force leave)], newest last
+        self.rise = {}          # query id -> [event time, rose, R] of a move not yet in the widths (rose: narrowings)
         self.stats = {"moves": 0}
+
+    def begin(self, q, on):
+        """Query ``q`` is registered; ``on``: its final answers are budgeted (clocks may be off): until its
+        finals' first epoch ends they keep the prior."""
+        if on and (q.id, True) not in self.value:
+            self.value[(q.id, True)] = PRIOR * q.precision
+            self._held(q.id, -float("inf"), PRIOR * q.precision)
 
     def get(self, qid):
         return max(self.value.get((qid, False), 0.0), self.value.get((qid, True), 0.0))
@@ -41,9 +67,9 @@ class Reserve:
         sk = (q.id, final)
         st = self.q.get(sk)
         if st is None:
-            st = self.q[sk] = [COUNT - FIRST, [0] * (BINS + 1), [0] * (BINS + 1), t + EPOCH]
+            st = self.q[sk] = [0 if final else COUNT - FIRST, [0] * (BINS + 1), [0] * (BINS + 1), t + EPOCH]
         d = q.precision
-        x = width - (d - self.get(q.id))
+        x = width - (d - self.widths(q.id, t))
         if d > 0 and x == x and width != float("inf"):
             st[1][0 if x <= 0 else min(BINS, 1 + int(x / d * BINS))] += 1
             st[0] += 1
@@ -59,7 +85,7 @@ class Reserve:
         while k < BINS and acc + hist[k] < share:
             acc += hist[k]
             k += 1
-        r = k * d / BINS
+        r = k * d / BINS + (MARGIN * d if final else 0.0)
         if abs(r - self.value.get(sk, 0.0)) <= STEP * d:
             return False
         was = self.get(q.id)
@@ -67,9 +93,41 @@ class Reserve:
         if self.get(q.id) == was:
             return False        # (the other stream's reserve is the larger)
         self.stats["moves"] += 1
-        return True
+        self.rise[q.id] = [None, self.get(q.id) > was, self.get(q.id)]    # (from the next provisional answer:
+        return True         # a final answer's time is in the past, the widths move now)
+
+    def widths(self, qid, t):
+        """The R the widths in force at event time ``t`` leave of δ (a final answer is for a time in the past:
+        the widths then are what it is measured against)."""
+        r = self.get(qid)
+        for at, v in reversed(self.held.get(qid, ())):
+            if at <= t:
+                return min(r, v)
+        return 0.0
+
+    def pending(self, qid):
+        return qid in self.rise
+
+    def settled(self, qid, t, narrowing):
+        """A provisional answer of query ``qid`` at event time ``t`` after its R moved: ``narrowing`` whether a
+        narrowing of its sources is still unconfirmed. A drop's R is in the widths at once (widenings are), a
+        rise's once no narrowing is unconfirmed (or SETTLE s after the first such answer)."""
+        m = self.rise[qid]
+        if m[0] is None:
+            m[0] = t
+        if not (m[1] and narrowing) or t >= m[0] + SETTLE:
+            del self.rise[qid]
+            self._held(qid, t, m[2])
+
+    def _held(self, qid, t, r):
+        h = self.held.setdefault(qid, [])
+        h.append((t, r))
+        if len(h) > 8:
+            del h[0]
 
     def drop(self, qid):
+        self.held.pop(qid, None)
+        self.rise.pop(qid, None)
         for final in (False, True):
             self.q.pop((qid, final), None)
             self.value.pop((qid, final), None)

@@ -76,6 +76,8 @@ class Vouch:
         if budgeted and width > q.precision - self.reserve.get(q.id) and not self._held(q)[0]:
             width = q.precision - self.reserve.get(q.id)    # wide for another cause (a precision being reached
             # by shrinking, a narrowing not confirmed): not the clock skew the reserve is for
+        if budgeted and self.reserve.pending(q.id):
+            self.reserve.settled(q.id, t, self._held(q)[1])
         if budgeted and self.reserve.observe(q, t, width):
             self.replan[q.id] = None
         waiting = [k for k in q.sources if -math.inf in self.cache.known(k) or math.inf in self.cache.known(k)] \
