@@ -20,7 +20,7 @@ from edge.core import brownian as bm
 
 
 class _Refresh:
-    __slots__ = ("id", "deadline", "inflight", "sent", "mu", "sigma", "cal", "center")
+    __slots__ = ("id", "deadline", "inflight", "sent", "mu", "sigma", "cal", "center", "hcal", "claim", "partial", "values")
 
     def __init__(self, qid):
         self.id = qid
@@ -31,6 +31,10 @@ class _Refresh:
         self.sigma = 0.0
         self.cal = Calibration()
         self.center = None         # (A(t_k), its answer's half-width) at the last refresh, all sources online
+        self.hcal = Calibration()  # the holds' own: checks made before the holds said any source could change
+        self.claim = -math.inf     # when the holds said, at the last refresh, a source may change next
+        self.partial = False       # whether the next refresh probes only the sources due to change (holds.py)
+        self.values = None         # the sources' values at the last refresh
 
 
 class Brownian(Protocol):
@@ -154,18 +158,23 @@ class Brownian(Protocol):
             span = min(span, ts[-1] - ts[0])
         return mu, s2, ready, span
 
-    def _check(self, coord, q, st):
+    def _check(self, coord, q, st, t):
         """§6.1's check of the answer this refresh replaces (fed to the query's calibration); A(t) now,
         or None unless every source is online with a value."""
-        center = 0.0
+        center, values = 0.0, []
         for key, c in (self.coefficients(q) or {}).items():
             s = coord.cache.sources.get(key)
             if s is None or not s.online or s.value is None:
+                st.values = None
                 return None
             center += c * s.value
+            values.append(s.value)
+        moved, st.values = st.values != values, values
         if st.center is not None and self.calibrate:
             miss = abs(center - st.center[0]) > st.center[1] * (1 + 1e-9)
             st.cal.check(miss, self.p(q))
+            if t <= st.claim:           # the holds said no source would have changed yet: one that did proves them wrong
+                st.hcal.check(moved, self.p(q))
             self.stats["checks"] += 1
             self.stats["misses"] += 1 if miss else 0
         return center
@@ -193,7 +202,7 @@ class Brownian(Protocol):
             self.stats["late"] += 1
             self.stats["lateness"] += late
             self.stats["penalty"] += scheduling.penalty(st.mu, st.sigma, late)
-        center = self._check(coord, q, st)
+        center = self._check(coord, q, st, t)
         mu, s2, ready, span = self._model(coord, q)
         d = st.cal.dilation
         st.mu, st.sigma = mu * d, math.sqrt(s2 * d)
@@ -201,8 +210,12 @@ class Brownian(Protocol):
         dt = 0.0
         if self.defer and ready and self.coefficients(q) is not None:
             dt = bm.defer(q.precision / 2, self.p(q), mu * d, s2 * d, min(self.tmax, max(span, coord.period))) - self.lead
-        if self.defer:          # sampled sources: none of them changes before its next sample is due
-            dt = max(dt, min(self.holds.due(q.sources) - t, self.tmax))
+        st.claim, st.partial = -math.inf, False
+        if self.defer:          # sampled sources: none of them changes before its next sample is due, as far
+            st.claim = self.holds.due(q.sources)        # as the holds' own calibration trusts them
+            hold = min(st.claim - t, self.tmax) / st.hcal.dilation
+            st.partial = hold > dt and st.hcal.log_d == 0
+            dt = max(dt, hold)
         st.deadline = t + max(dt, coord.period)   # stream items arrive once per tick at most
 
     def period(self, coord, t):
@@ -221,6 +234,8 @@ class Brownian(Protocol):
             if st.deadline >= t + T:
                 continue
             keys = [k for k in coord.queries[qid].sources if k in sources and sources[k].online]
+            if st.partial:      # a trusted hold set this refresh: the other sources cannot have changed yet
+                keys = [k for k in keys if self.holds.due((k,)) < t + T] or keys
             if keys:
                 due.append((scheduling.Task(qid, st.deadline, len(keys), st.mu, st.sigma), keys))
         if not due:

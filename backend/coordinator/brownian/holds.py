@@ -4,33 +4,39 @@ Eq. 7 models a source as a continuous DBM path, but a device reports its latest 
 put until the next one: probed every day, a monthly series changes once in thirty probes, and Eq. 7
 (which cannot know when) keeps probing. ``Holds`` learns from probe replies when each source's value
 changed: the k-th change happened in (lo_k, hi_k] (the probes before and at it), so consecutive changes
-were between L = lo_k+1 - hi_k and U = hi_k+1 - lo_k apart. The source's ``hold`` (its sampling
-interval, learnt) is the largest L of the pairs that pin their gap within a factor 2 (U < 2L), and
-falls to L whenever a pair shows a gap shorter than it (U < hold); its next change is not due before
-lo_k + hold. A source probed about as often as it changes pins no gap and keeps no hold: nothing
-changes for it.
+were between L = lo_k+1 - hi_k and U = hi_k+1 - lo_k apart. ``top``, the smallest U of any pair, bounds
+the shortest gap from above. The source's ``hold`` H (its sampling interval, learnt) is the largest L of
+the pairs that pin their gap within a factor 2 (U < 2L) and could be its shortest gap (L <= top: a sample
+that repeats its value makes a gap of two intervals, which must not count), and falls to L whenever a pair
+shows a gap shorter than it (U < H). A sample may repeat its value (no change seen), so after the last change in
+(lo, hi] the source's samples fall in the windows (lo + m·H, hi + m·top], m = 1, 2, ...: probed
+through t without a change since hi, its next change is not due before lo + m·H, the first window
+start after t, unless t lies inside a window (a sample may be about to come: due now). The more
+repeats, the wider the windows, until they overlap and nothing is claimed. A source probed about as
+often as it changes pins no gap and keeps no hold: nothing changes for it.
 """
 import math
 
 
 class Holds:
     def __init__(self):
-        self.state = {}        # key -> [last value, its probe time, lo, hi of the last change, hold]
+        self.state = {}        # key -> [last value, its probe time, lo, hi of the last change, hold H, top]
 
     def observe(self, key, t, v):
         """A probe reply: ``key`` read ``v`` at ``t``."""
         s = self.state.get(key)
         if s is None:
-            self.state[key] = [v, t, None, None, math.inf]
+            self.state[key] = [v, t, None, None, math.inf, math.inf]
             return
         if not (t > s[1]):
             return
         if v != s[0]:
             if s[3] is not None:
                 low, high = s[1] - s[3], t - s[2]
+                s[5] = min(s[5], high)
                 if high < s[4] < math.inf:
                     s[4] = max(0.0, low)
-                elif high < 2 * low:
+                elif high < 2 * low and low <= s[5]:
                     s[4] = low if s[4] == math.inf else max(s[4], low)
             s[2], s[3] = s[1], t
         s[0], s[1] = v, t
@@ -42,5 +48,9 @@ class Holds:
             s = self.state.get(key)
             if s is None or s[2] is None or not (0 < s[4] < math.inf):
                 return -math.inf
-            out = min(out, s[2] + s[4])
+            seen, lo, hi, hold, top = s[1], s[2], s[3], s[4], s[5]
+            m = math.floor((seen - lo) / hold) + 1
+            if m >= 2 and seen < hi + (m - 1) * top:
+                return seen                 # inside a window: a sample may come any time now
+            out = min(out, lo + m * hold)
         return out
