@@ -5,7 +5,9 @@ task that probes its sources, answers ``A(t_k) ± ε`` with ``"guarantee": "prob
 defers its next refresh by the Δt of Eq. 7 (ε = precision / 2, p = the query's ``confidence``), never
 beyond the time span its model was fitted over, with the model sped up by the query's measured misses
 (calibration.py) so the stated confidence holds on streams that are not DBM paths, and never before
-a sampled source's next change is due (holds.py);
+a sampled source's next change is due (holds.py) while the holds' own calibration (fed by every check
+made before they said a source could change) trusts them; a refresh a trusted hold set probes only the
+sources due to change (the others are held), not every source of the query;
 refreshes beyond ``capacity`` probes/s are scheduled by EDF / Eq. 18 penalty order (scheduling.py).
 While sources are offline the answer is Eq. 13's ``A_approx`` with ε + ε_intr.
 """
@@ -20,7 +22,7 @@ from edge.core import brownian as bm
 
 
 class _Refresh:
-    __slots__ = ("id", "deadline", "inflight", "sent", "mu", "sigma", "cal", "center", "hcal", "claim", "partial", "values")
+    __slots__ = ("id", "deadline", "inflight", "sent", "mu", "sigma", "cal", "center", "held")
 
     def __init__(self, qid):
         self.id = qid
@@ -31,10 +33,7 @@ class _Refresh:
         self.sigma = 0.0
         self.cal = Calibration()
         self.center = None         # (A(t_k), its answer's half-width) at the last refresh, all sources online
-        self.hcal = Calibration()  # the holds' own: checks made before the holds said any source could change
-        self.claim = -math.inf     # when the holds said, at the last refresh, a source may change next
-        self.partial = False       # whether the next refresh probes only the sources due to change (holds.py)
-        self.values = None         # the sources' values at the last refresh
+        self.held = False          # whether trusted holds keep some sources out of the next refresh (holds.py)
 
 
 class Brownian(Protocol):
@@ -67,7 +66,7 @@ class Brownian(Protocol):
         self.order = order
         self.defer = defer
         self.models = Models(k, min_obs)        # the coordinator adopts this store
-        self.holds = Holds()
+        self.holds = Holds(self.default_p, calibrate)
         self.tasks = {}
         self.awaiting = {}                      # key -> query ids waiting for its probe reply
         self.carry = 0.0
@@ -138,15 +137,15 @@ class Brownian(Protocol):
         return eps
 
     # -- refreshes ----------------------------------------------------------------------
-    def _model(self, coord, q):
-        """(μ_A, σ_A², ready, span) of Eq. 6 over the online sources of ``q``; span: the shortest time
-        span a source's model was fitted over (Eq. 7's Δt must not extrapolate beyond it)."""
+    def _model(self, coord, q, held=()):
+        """(μ_A, σ_A², ready, span) of Eq. 6 over the online sources of ``q`` not ``held``; span: the shortest
+        time span a source's model was fitted over (Eq. 7's Δt must not extrapolate beyond it)."""
         mu = s2 = 0.0
         span = math.inf
         ready = True
         for key, c in (self.coefficients(q) or {}).items():
             s = coord.cache.sources.get(key)
-            if s is None or not s.online:
+            if s is None or not s.online or key in held:
                 continue
             est = self.models.params(key)
             if est is None:
@@ -158,23 +157,18 @@ class Brownian(Protocol):
             span = min(span, ts[-1] - ts[0])
         return mu, s2, ready, span
 
-    def _check(self, coord, q, st, t):
+    def _check(self, coord, q, st):
         """§6.1's check of the answer this refresh replaces (fed to the query's calibration); A(t) now,
         or None unless every source is online with a value."""
-        center, values = 0.0, []
+        center = 0.0
         for key, c in (self.coefficients(q) or {}).items():
             s = coord.cache.sources.get(key)
             if s is None or not s.online or s.value is None:
-                st.values = None
                 return None
             center += c * s.value
-            values.append(s.value)
-        moved, st.values = st.values != values, values
         if st.center is not None and self.calibrate:
             miss = abs(center - st.center[0]) > st.center[1] * (1 + 1e-9)
             st.cal.check(miss, self.p(q))
-            if t <= st.claim:           # the holds said no source would have changed yet: one that did proves them wrong
-                st.hcal.check(moved, self.p(q))
             self.stats["checks"] += 1
             self.stats["misses"] += 1 if miss else 0
         return center
@@ -202,20 +196,25 @@ class Brownian(Protocol):
             self.stats["late"] += 1
             self.stats["lateness"] += late
             self.stats["penalty"] += scheduling.penalty(st.mu, st.sigma, late)
-        center = self._check(coord, q, st, t)
-        mu, s2, ready, span = self._model(coord, q)
+        center = self._check(coord, q, st)
+        held = {}               # sampled sources none of whose trusted holds expects a change yet (holds.py)
+        if self.defer:
+            for key in q.sources:
+                until = self.holds.due((key,))
+                if until > t:
+                    held[key] = until
+        mu, s2, ready, span = self._model(coord, q, held)
         d = st.cal.dilation
         st.mu, st.sigma = mu * d, math.sqrt(s2 * d)
         st.center = None if center is None else (center, self._eps(coord, q, self.p(q)))
         dt = 0.0
-        if self.defer and ready and self.coefficients(q) is not None:
+        if self.defer and len(held) == len(q.sources):
+            dt = self.tmax                      # every source held: refreshed when the first may change
+        elif self.defer and ready and self.coefficients(q) is not None:
             dt = bm.defer(q.precision / 2, self.p(q), mu * d, s2 * d, min(self.tmax, max(span, coord.period))) - self.lead
-        st.claim, st.partial = -math.inf, False
-        if self.defer:          # sampled sources: none of them changes before its next sample is due, as far
-            st.claim = self.holds.due(q.sources)        # as the holds' own calibration trusts them
-            hold = min(st.claim - t, self.tmax) / st.hcal.dilation
-            st.partial = hold > dt and st.hcal.log_d == 0
-            dt = max(dt, hold)
+        if held:
+            dt = min(dt, min(held.values()) - t)
+        st.held = bool(held)
         st.deadline = t + max(dt, coord.period)   # stream items arrive once per tick at most
 
     def period(self, coord, t):
@@ -234,7 +233,7 @@ class Brownian(Protocol):
             if st.deadline >= t + T:
                 continue
             keys = [k for k in coord.queries[qid].sources if k in sources and sources[k].online]
-            if st.partial:      # a trusted hold set this refresh: the other sources cannot have changed yet
+            if st.held:         # probe only the sources that may have changed: the others are held
                 keys = [k for k in keys if self.holds.due((k,)) < t + T] or keys
             if keys:
                 due.append((scheduling.Task(qid, st.deadline, len(keys), st.mu, st.sigma), keys))
