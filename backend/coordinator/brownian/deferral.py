@@ -5,9 +5,8 @@ task that probes its sources, answers ``A(t_k) ± ε`` with ``"guarantee": "prob
 defers its next refresh by the Δt of Eq. 7 (ε = precision / 2, p = the query's ``confidence``), never
 beyond the time span its model was fitted over, with the model sped up by the query's measured misses
 (calibration.py) so the stated confidence holds on streams that are not DBM paths, and never before
-a sampled source's next change is due (holds.py) while the holds' own calibration (fed by every check
-made before they said a source could change) trusts them; a refresh a trusted hold set probes only the
-sources due to change (the others are held), not every source of the query;
+a sampled source's next change is due (holds.py: each source's claims checked and calibrated); a
+refresh probes only the sources that may have changed since (the others are held), not every source;
 refreshes beyond ``capacity`` probes/s are scheduled by EDF / Eq. 18 penalty order (scheduling.py).
 While sources are offline the answer is Eq. 13's ``A_approx`` with ε + ε_intr.
 """
@@ -22,7 +21,7 @@ from edge.core import brownian as bm
 
 
 class _Refresh:
-    __slots__ = ("id", "deadline", "inflight", "sent", "mu", "sigma", "cal", "center", "held")
+    __slots__ = ("id", "deadline", "inflight", "sent", "mu", "sigma", "cal", "center")
 
     def __init__(self, qid):
         self.id = qid
@@ -33,7 +32,6 @@ class _Refresh:
         self.sigma = 0.0
         self.cal = Calibration()
         self.center = None         # (A(t_k), its answer's half-width) at the last refresh, all sources online
-        self.held = False          # whether trusted holds keep some sources out of the next refresh (holds.py)
 
 
 class Brownian(Protocol):
@@ -137,15 +135,15 @@ class Brownian(Protocol):
         return eps
 
     # -- refreshes ----------------------------------------------------------------------
-    def _model(self, coord, q, held=()):
-        """(μ_A, σ_A², ready, span) of Eq. 6 over the online sources of ``q`` not ``held``; span: the shortest
-        time span a source's model was fitted over (Eq. 7's Δt must not extrapolate beyond it)."""
+    def _model(self, coord, q):
+        """(μ_A, σ_A², ready, span) of Eq. 6 over the online sources of ``q``; span: the shortest time
+        span a source's model was fitted over (Eq. 7's Δt must not extrapolate beyond it)."""
         mu = s2 = 0.0
         span = math.inf
         ready = True
         for key, c in (self.coefficients(q) or {}).items():
             s = coord.cache.sources.get(key)
-            if s is None or not s.online or key in held:
+            if s is None or not s.online:
                 continue
             est = self.models.params(key)
             if est is None:
@@ -197,24 +195,15 @@ class Brownian(Protocol):
             self.stats["lateness"] += late
             self.stats["penalty"] += scheduling.penalty(st.mu, st.sigma, late)
         center = self._check(coord, q, st)
-        held = {}               # sampled sources none of whose trusted holds expects a change yet (holds.py)
-        if self.defer:
-            for key in q.sources:
-                until = self.holds.due((key,))
-                if until > t:
-                    held[key] = until
-        mu, s2, ready, span = self._model(coord, q, held)
+        mu, s2, ready, span = self._model(coord, q)
         d = st.cal.dilation
         st.mu, st.sigma = mu * d, math.sqrt(s2 * d)
         st.center = None if center is None else (center, self._eps(coord, q, self.p(q)))
         dt = 0.0
-        if self.defer and len(held) == len(q.sources):
-            dt = self.tmax                      # every source held: refreshed when the first may change
-        elif self.defer and ready and self.coefficients(q) is not None:
+        if self.defer and ready and self.coefficients(q) is not None:
             dt = bm.defer(q.precision / 2, self.p(q), mu * d, s2 * d, min(self.tmax, max(span, coord.period))) - self.lead
-        if held:
-            dt = min(dt, min(held.values()) - t)
-        st.held = bool(held)
+        if self.defer:          # sampled sources: none changes before its next sample is due (as far as the
+            dt = max(dt, min(self.holds.due(q.sources) - t, self.tmax))     # holds' calibration trusts them)
         st.deadline = t + max(dt, coord.period)   # stream items arrive once per tick at most
 
     def period(self, coord, t):
@@ -233,7 +222,7 @@ class Brownian(Protocol):
             if st.deadline >= t + T:
                 continue
             keys = [k for k in coord.queries[qid].sources if k in sources and sources[k].online]
-            if st.held:         # probe only the sources that may have changed: the others are held
+            if self.defer:      # probe only the sources that may have changed: the others are held
                 keys = [k for k in keys if self.holds.due((k,)) < t + T] or keys
             if keys:
                 due.append((scheduling.Task(qid, st.deadline, len(keys), st.mu, st.sigma), keys))
