@@ -72,3 +72,37 @@ def test_a_grid_of_sampled_sources_is_refreshed_where_it_may_have_changed(tmp_pa
     q, ev = r["queries"]["avg"], r["protocol_stats"]["evaluations"]
     assert q["fidelity"] >= 0.95 - 0.01 - 3 * math.sqrt(0.95 * 0.05 / q["checks"]), q
     assert r["probes"] < 0.1 * n * 6000 and r["probes"] < ev * n / 2, (r["probes"], ev)
+
+
+def _claims_after_a_faster_sampling(calibrate):
+    """A source sampled every 50 s, then from t = 5000 every 20 s (changing at each sample), probed whenever its
+    hold lets it change (as a refresh with nothing else to do would): (claims checked after the switch, wrong
+    ones, the hold learnt at the end). A claim is wrong when the oracle's sample list changed the value by then."""
+    from backend.coordinator.brownian.holds import Holds
+    samples, t = [], 0
+    while t < 20000:
+        samples.append(t)
+        t += 50 if t < 5000 else 20
+    h, made, wrong, k = Holds(0.95, calibrate), 0, 0, 0
+    for t in range(1, 20000):
+        while k < len(samples) and samples[k] <= t:
+            k += 1
+        if h.due(["s"]) <= t:
+            s = h.state.get("s")
+            claim = -math.inf if s is None else h._claim(s)
+            if t > 5000 and s is not None and s[1] < claim and t <= claim:
+                made += 1
+                wrong += float(k) != s[0]
+            h.observe("s", t, float(k))
+    return made, wrong, h.state["s"][4]
+
+
+def test_calibration_overrides_a_hold_the_sampling_outgrew():
+    """Probed only when its hold lets it change, a source whose sampling became faster confirms the old hold by
+    itself (every probe lands one old interval after the last): uncalibrated, half of its claims stay wrong
+    and the hold stays at 50 s. Each wrong claim shrinks the next ones, the probes see the shorter gaps, and
+    the hold relearns 20 s; the wrong share stays within 1 - p."""
+    made, wrong, hold = _claims_after_a_faster_sampling(False)
+    assert made > 100 and wrong / made > 0.3 and hold > 40, (made, wrong, hold)
+    made, wrong, hold = _claims_after_a_faster_sampling(True)
+    assert made > 100 and wrong / made <= 0.05 and 15 < hold <= 20, (made, wrong, hold)
