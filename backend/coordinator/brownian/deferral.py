@@ -5,7 +5,8 @@ task that probes its sources, answers ``A(t_k) ± ε`` with ``"guarantee": "prob
 defers its next refresh by the Δt of Eq. 7 (ε = precision / 2, p = the query's ``confidence``), never
 beyond the time span its model was fitted over, with the model sped up by the query's measured misses
 (calibration.py) so the stated confidence holds on streams that are not DBM paths, and never before
-a sampled source's next change is due (holds.py);
+a sampled source's next change is due (holds.py: each source's claims checked and calibrated); a
+refresh probes only the sources that may have changed since (the others are held), not every source;
 refreshes beyond ``capacity`` probes/s are scheduled by EDF / Eq. 18 penalty order (scheduling.py).
 While sources are offline the answer is Eq. 13's ``A_approx`` with ε + ε_intr.
 """
@@ -63,7 +64,7 @@ class Brownian(Protocol):
         self.order = order
         self.defer = defer
         self.models = Models(k, min_obs)        # the coordinator adopts this store
-        self.holds = Holds()
+        self.holds = Holds(self.default_p, calibrate)
         self.tasks = {}
         self.awaiting = {}                      # key -> query ids waiting for its probe reply
         self.carry = 0.0
@@ -201,8 +202,8 @@ class Brownian(Protocol):
         dt = 0.0
         if self.defer and ready and self.coefficients(q) is not None:
             dt = bm.defer(q.precision / 2, self.p(q), mu * d, s2 * d, min(self.tmax, max(span, coord.period))) - self.lead
-        if self.defer:          # sampled sources: none of them changes before its next sample is due
-            dt = max(dt, min(self.holds.due(q.sources) - t, self.tmax))
+        if self.defer:          # sampled sources: none changes before its next sample is due (as far as the
+            dt = max(dt, min(self.holds.due(q.sources) - t, self.tmax))     # holds' calibration trusts them)
         st.deadline = t + max(dt, coord.period)   # stream items arrive once per tick at most
 
     def period(self, coord, t):
@@ -221,6 +222,8 @@ class Brownian(Protocol):
             if st.deadline >= t + T:
                 continue
             keys = [k for k in coord.queries[qid].sources if k in sources and sources[k].online]
+            if self.defer:      # probe only the sources that may have changed: the others are held
+                keys = [k for k in keys if self.holds.due((k,)) < t + T] or keys
             if keys:
                 due.append((scheduling.Task(qid, st.deadline, len(keys), st.mu, st.sigma), keys))
         if not due:
