@@ -5,7 +5,7 @@ import random
 import pytest
 
 from backend.sim import engine
-from test_brownian_protocol import _seasonal
+from test_brownian_protocol import _seasonal, dbm_workload
 
 
 @pytest.mark.parametrize("probe_every", [0.7, 3.0, 13.0])
@@ -106,3 +106,15 @@ def test_calibration_overrides_a_hold_the_sampling_outgrew():
     assert made > 100 and wrong / made > 0.3 and hold > 40, (made, wrong, hold)
     made, wrong, hold = _claims_after_a_faster_sampling(True)
     assert made > 100 and wrong / made <= 0.05 and 15 < hold <= 20, (made, wrong, hold)
+
+
+def test_a_probed_fleet_sends_no_heartbeat_marks():
+    """Brownian probes ask for every value and time out a silent device, so devices get no heartbeat: slow
+    sources (one reading a minute, probed for days) send replies and nothing else (82 marks and 19 configs
+    telling B before), and the answers keep their confidence (the simulator's exact AVG)."""
+    w = dbm_workload(1, only="avg")
+    w["sources"]["interval"], w["duration"] = 60.0, 60000
+    res = engine.run(w)
+    kinds = res["by_kind"]
+    assert "mark" not in kinds and kinds["setup"] == 9 and kinds["probe"] == kinds["reply"] > 1000, kinds
+    assert res["queries"]["avg"]["fidelity"] >= 0.95, res["queries"]["avg"]

@@ -40,6 +40,7 @@ class Brownian(Protocol):
     kinds = ("sum", "avg", "min", "max")
     guarantee = "probabilistic"         # answers hold with the query's confidence, measured as fidelity
     finals = False                      # no bound to finalise: the guarantee is a probability (README: finals)
+    marks = False                       # it asks for every value (a lost reply is its probe's timeout): no heartbeat
 
     def __init__(self, capacity=math.inf, order="penalty", defer=True, tmax=600.0, k=100, min_obs=10,
                  timeout=10.0, lead=0.0, confidence=DEFAULT_CONFIDENCE, calibrate=True):

@@ -51,6 +51,8 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or (beat or 0) < 0 or skew < 0:
             raise ValueError("need period >= 1 ms, 0 <= shrink < 1, latency >= 0, beat >= 0, skew >= 0")
         self.protocol = protocol
+        if beat is None and not protocol.marks:
+            beat = 0.0                  # (no marks and no watchdog: the protocol's probes find a silent device)
         self.period = period            # T, the adjustment period
         self.shrink = shrink            # S, the shrink fraction (0 for static protocols)
         # λ (0 when the protocol pads instead), plus 2σ: a report stamped t by a clock within ±σ is

@@ -27,6 +27,8 @@ class Protocol:
     local = False                      # a source's target depends only on the queries over it
     replaces = False                   # queries_changed rebuilds all per-query state: replace in place
     finals = True                      # its answers are bounds of the mirror: final answers (core/finals.py)
+    marks = True                       # devices send heartbeat marks by default (core/heartbeat.py); a protocol
+                                       # that asks for every value finds a silent device by its probe's timeout
 
     def source_added(self, coord, key):
         self.apply(coord, key)
