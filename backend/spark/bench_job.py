@@ -328,6 +328,7 @@ def main(argv=None):
     ap.add_argument("--ingest", choices=("spool", "kafka"), default="spool",
                     help="the spool (default) or Kafka (a KRaft broker on loopback, Spark's Kafka source)")
     ap.add_argument("--kafka-partitions", type=int, default=2, help="partitions of the Kafka topic (--ingest kafka)")
+    ap.add_argument("--max-offsets", type=int, default=None, help="maxOffsetsPerTrigger of the Kafka source (--ingest kafka)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--floor", action="store_true", help="run Spark's no-op floor instead of the job")
     mode.add_argument("--compare", action="store_true", help="run the floor, then the job, and print ratios")
@@ -338,7 +339,7 @@ def main(argv=None):
     for floor in runs:
         f = measure(args.rate, args.seconds, args.devices, args.trigger, args.master, floor, args.register,
                     args.groups, args.partitions or (2 if args.groups else 1), args.verbose, args.warmup,
-                    args.snapshot_records, args.ingest, args.kafka_partitions)
+                    args.snapshot_records, args.ingest, args.kafka_partitions, args.max_offsets)
         report(f)
         if floor:
             ref = f
