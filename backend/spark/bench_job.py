@@ -131,10 +131,11 @@ class _Publisher(job.Publisher):
 
 def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="local[*]", floor=False,
             register=0, groups=0, partitions=1, verbose=False, warmup=0.0, snapshot_records=None, ingest="spool",
-            kafka_partitions=2):
+            kafka_partitions=2, max_offsets=None):
     """Feed ``rate`` reports/s for ``seconds`` through the job (or Spark's floor); return the figures.
     ``groups`` > 0: the job keyed by query group over that many groups, ``partitions`` shuffle partitions;
-    ``ingest``: ``spool`` or ``kafka`` (a broker on loopback, a topic of ``kafka_partitions``)."""
+    ``ingest``: ``spool`` or ``kafka`` (a broker on loopback, a topic of ``kafka_partitions``, at most
+    ``max_offsets`` records a batch: Spark's ``maxOffsetsPerTrigger``, ``backend.spark.bench_max``)."""
     root = tempfile.mkdtemp(prefix="qf-bench-job-")
     kafka = None
     if ingest == "kafka":
@@ -175,7 +176,7 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
         from backend.spark.kafkalog import KafkaLog, Topic
         spool = KafkaLog(kafka.bootstrap, "qf.bench", "bench", partitions=kafka_partitions,
                          groups=os.path.join(root, "bridge-groups") if groups else None)
-        source = Topic(kafka.bootstrap, "qf.bench")
+        source = Topic(kafka.bootstrap, "qf.bench", **({"maxOffsetsPerTrigger": max_offsets} if max_offsets else {}))
     else:
         spool = Spool(os.path.join(root, "spool"), fsync="never")
         source = spool.path
@@ -257,9 +258,10 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
         state["measure_from"] = t0 = time.time()
         warmed = t0 - warm_from
         warm_drained = start_up[1] <= CAUGHT_UP * rate
-        base_records, base_fed, base_marks = spool.latest_offset(), fed[0], marks[0]
+        base_records, base_fed, base_marks, base_applied = spool.latest_offset(), fed[0], marks[0], batches[-1][1]
         feed(t0 + seconds)
         t1 = time.time()
+        lag = (spool.latest_offset() - batches[-1][1], base_records - base_applied)    # records fed, not applied
         offered = fed[0] - base_fed
         target = spool.latest_offset()
         while batches[-1][1] < target and time.time() < t1 + 60:
@@ -282,7 +284,8 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
                 "trigger_s": trigger,
                 "master": master, "offered_per_s": round(offered / (t1 - t0)),
                 "sustained_per_s": round(applied / (done_at - t0)) if done_at > t0 else 0,
-                "drained": batches[-1][1] >= target, "batches": len(in_window),
+                "drained": batches[-1][1] >= target, "batches": len(in_window), "lag_end": lag[0],
+                "lag_growth": lag[0] - lag[1], "max_offsets": max_offsets,
                 "batch_median": percentile([b[2] for b in in_window], 0.5) if in_window else 0,
                 "phases_ms": {k: percentile(v, 0.5) for k, v in sorted(phases.items())},
                 "rebuilt": sum(r is True for r in rebuilt), "caught_up": sum(r == "caught up" for r in rebuilt),
@@ -325,6 +328,7 @@ def main(argv=None):
     ap.add_argument("--ingest", choices=("spool", "kafka"), default="spool",
                     help="the spool (default) or Kafka (a KRaft broker on loopback, Spark's Kafka source)")
     ap.add_argument("--kafka-partitions", type=int, default=2, help="partitions of the Kafka topic (--ingest kafka)")
+    ap.add_argument("--max-offsets", type=int, default=None, help="maxOffsetsPerTrigger of the Kafka source (--ingest kafka)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--floor", action="store_true", help="run Spark's no-op floor instead of the job")
     mode.add_argument("--compare", action="store_true", help="run the floor, then the job, and print ratios")
@@ -335,7 +339,7 @@ def main(argv=None):
     for floor in runs:
         f = measure(args.rate, args.seconds, args.devices, args.trigger, args.master, floor, args.register,
                     args.groups, args.partitions or (2 if args.groups else 1), args.verbose, args.warmup,
-                    args.snapshot_records, args.ingest, args.kafka_partitions)
+                    args.snapshot_records, args.ingest, args.kafka_partitions, args.max_offsets)
         report(f)
         if floor:
             ref = f

@@ -42,6 +42,13 @@ from backend.spark.source import parse_topic, route, RETAINED
 log = logging.getLogger("quietfleet.kafka")
 
 HEADER = "qf"
+# The consumer of Spark's Kafka source (DESIGN.md §6, measured in backend.spark.bench_job): the source seeks
+# before every poll, so a task reads its offset range in one fetch per max.poll.records (Kafka's default 500
+# made a 2,800-record batch 6 polls, 540 ms at load 5) and per max.partition.fetch.bytes (default 1 MB); and
+# a poll after a seek first waits for the fetch the consumer sent ahead past the end of the log, which the
+# broker holds for fetch.max.wait.ms (default 500 ms) when no new record comes: 10 ms keeps that off a batch
+# (an idle consumer is not polled, so it costs no busy fetching)
+CONSUMER = {"kafka.max.poll.records": 1000000, "kafka.max.partition.fetch.bytes": 16 << 20, "kafka.fetch.max.wait.ms": 10}
 
 
 def topic_name(fleet):
@@ -230,7 +237,7 @@ def read(spark, bootstrap, topic, options=None):
     from pyspark.sql import functions as F
     reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
               .option("subscribe", topic).option("startingOffsets", "earliest").option("failOnDataLoss", "true"))
-    for k, v in (options or {}).items():
+    for k, v in dict(CONSUMER, **(options or {})).items():
         reader = reader.option(k, str(v))
     reader = reader.option("includeHeaders", "true")
     meta = F.split(F.element_at("headers", 1).getField("value").cast("string"), "\u0000")
