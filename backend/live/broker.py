@@ -45,10 +45,14 @@ def find_mosquitto():
     return _find("mosquitto"), _find("mosquitto_passwd")
 
 
-def free_port(host="127.0.0.1"):
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_port(host="127.0.0.1", taken=()):
+    """A port free on ``host`` now, none of ``taken`` (the OS may hand a just-closed port out again)."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            return port
 
 
 def acl_text(fleet):
@@ -145,9 +149,9 @@ class Broker:
         if self.port is None:
             self.port = old.get("port") or free_port(self.host)
         if self.device_port is None:
-            self.device_port = old.get("device_port") or free_port(self.host)
+            self.device_port = old.get("device_port") or free_port(self.host, (self.port,))
         if self.tls and self.tls_port is None:
-            self.tls_port = old.get("tls_port") or free_port(self.host)
+            self.tls_port = old.get("tls_port") or free_port(self.host, (self.port, self.device_port))
         files = {}
         for name, users, acl in (("backend", [BACKEND_USER], backend_acl_text(self.fleet)),
                                  ("devices", logins, acl_text(self.fleet))):

@@ -18,6 +18,7 @@ import os
 import re
 
 FAN = 16
+READ_TRIES = 8          # listings a reader tries while a concurrent compact merges files under it
 _NAME = re.compile(r"^(\d{12})-(\d{12})-L(\d+)\.parquet$")
 
 
@@ -84,7 +85,17 @@ class Table:
             live = self.files()
 
     def read(self, upto=None, columns=("fields",)):
-        """The rows of batches ``<= upto`` in (batch, seq) order, as a pyarrow table of ``columns``."""
+        """The rows of batches ``<= upto`` in (batch, seq) order, as a pyarrow table of ``columns``. A reader
+        beside the running job may list a file that ``compact`` then merges away: it lists again (the merged
+        file holds the same rows)."""
+        for _ in range(READ_TRIES - 1):
+            try:
+                return self._read(upto, columns)
+            except FileNotFoundError:
+                continue
+        return self._read(upto, columns)
+
+    def _read(self, upto, columns):
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.parquet as pq

@@ -9,10 +9,11 @@ hosts' addresses instead of 127.0.0.1.
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
+
+from backend.live.broker import free_port
 
 
 class ClusterError(RuntimeError):
@@ -25,12 +26,6 @@ def spark_class():
     if not os.path.exists(path):
         raise ClusterError("spark-class not found in the pyspark package at %s" % path)
     return path
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Standalone:
@@ -72,12 +67,12 @@ class Standalone:
     def start(self):
         os.makedirs(os.path.join(self.workdir, "work"), exist_ok=True)
         master = self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                        "--port", str(self.port), "--webui-port", str(free_port())])
+                                        "--port", str(self.port), "--webui-port", str(free_port(taken=(self.port,)))])
         self._wait_log(master, r"I have been elected leader")
         for i in range(self.workers):
             self.workers_procs.append(self._spawn("worker-%d" % i, ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                                           "--cores", str(self.cores), "--memory", self.memory,
-                                          "--webui-port", str(free_port()),
+                                          "--webui-port", str(free_port(taken=(self.port,))),
                                           "--work-dir", os.path.join(self.workdir, "work"), self.url]))
         self._wait_log(master, r"Registering worker", self.workers)
         return self

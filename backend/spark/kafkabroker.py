@@ -18,10 +18,11 @@ import base64
 import glob
 import os
 import signal
-import socket
 import subprocess
 import time
 import uuid
+
+from backend.live.broker import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FETCH = os.path.join(ROOT, "scripts", "kafka", "fetch.sh")
@@ -55,12 +56,6 @@ def ensure_jars():
         subprocess.run(["bash", FETCH], check=True)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _die_with_parent():
     """In the child before exec: SIGTERM when the thread that started the broker ends, the process too
     even by SIGKILL (Linux ``PR_SET_PDEATHSIG``), so no broker is left holding the ports: start it from a
@@ -88,7 +83,7 @@ class KafkaBroker:
         self.heap = heap
         self.timeout = timeout
         self.port = port or free_port()
-        self.controller_port = controller_port or free_port()
+        self.controller_port = controller_port or free_port(taken=(self.port,))
         self.bootstrap = "%s:%d" % (host, self.port)
         self.proc = None
         self.log_path = os.path.join(self.workdir, "server.log")

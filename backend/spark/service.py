@@ -85,9 +85,10 @@ class Backend:
                 port, controller = map(int, f.read().split())
             return port, controller
         except (OSError, ValueError):
-            from backend.spark.kafkabroker import free_port
+            from backend.live.broker import free_port
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            port, controller = free_port(), free_port()
+            port = free_port()
+            controller = free_port(taken=(port,))
             with open(path, "w") as f:
                 f.write("%d %d\n" % (port, controller))
             return port, controller

@@ -99,3 +99,26 @@ def test_a_timed_autosave_still_keeps_retained_messages_over_a_clean_restart(mos
         subscribe(be, topics.device("t", "A", "state"))
         assert be.inbox.get(timeout=2) == (topics.device("t", "A", "state"), b"birth", True)
         close(be)
+
+
+def test_a_broker_never_gets_one_port_twice(monkeypatch, tmp_path):
+    """The OS may hand a just-closed port out again: the backend and device listeners must still differ
+    (before: mosquitto failed with 'Address already in use' on its own second listener)."""
+    ports = iter([53065, 53065, 53065, 53066])
+
+    class Sock:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def bind(self, addr):
+            self.port = next(ports)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+    monkeypatch.setattr(brokermod.socket, "socket", lambda *a, **k: Sock())
+    b = Broker(str(tmp_path / "b"), "t", ["d1"])
+    b.generate()
+    assert (b.port, b.device_port) == (53065, 53066)

@@ -87,3 +87,26 @@ def test_a_crash_between_merge_and_delete_leaves_no_duplicates(tmp_path):
 def test_bad_fan_is_refused(tmp_path):
     with pytest.raises(ValueError, match="at least 2"):
         Table(str(tmp_path), fan=1)
+
+
+def test_a_reader_beside_a_compaction_lists_again_and_loses_no_row(tmp_path):
+    """The demo reads the table while the job compacts it: a file listed and then merged away is read from the
+    merged file (oracle: the rows written; before, the reader raised FileNotFoundError)."""
+    table = Table(str(tmp_path / "answers"), fan=2)
+    expect = fill(table, 8, random.Random(3), compact=False)
+    listing = Table.files
+    calls = []
+
+    def racing(self):
+        got = listing(self)
+        if not calls:               # the job compacts right after the reader listed
+            calls.append(len(got))
+            table.compact(7)
+        return got
+    Table.files = racing
+    try:
+        got = read_answers(str(tmp_path))
+    finally:
+        Table.files = listing
+    assert calls and len(table.files()) < calls[0]      # files did go away under the reader
+    assert [json.loads(json.dumps(a)) for a in got] == expect
