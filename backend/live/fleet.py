@@ -19,10 +19,10 @@ import time
 
 from firmware.build import MODULES, compile_modules
 
-# MicroPython heap of an emulated agent (-X heapsize). The 64-bit unix port needs about 53 KB live for the
-# agent with every filter model (a 32-bit board about 36 KB, `python -m backend.bench.edge`); 64 KB left
-# too little room for fragmentation, so the emulated boards get 96 KB (an ESP32 has over 100 KB free).
-HEAP = "96k"
+# MicroPython heap of an emulated agent (-X heapsize). The 64-bit unix port needs about 53 KB live (a 32-bit
+# board about 36 KB, `python -m backend.bench.edge`); 96 KB ran out under load (MemoryError encoding a report
+# with its riding segments while a slow broker filled the outbox), so the emulated boards get 128 KB.
+HEAP = "128k"
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
