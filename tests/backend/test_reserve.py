@@ -184,6 +184,17 @@ def test_wider_counts_finals_wider_than_the_precision_in_force_and_the_time_they
     assert wider([], 10.0, [(0.0, 1.0)]) == ([], 0.0, 0.0)
 
 
+def test_unsaid_finds_the_wide_finals_that_do_not_state_their_width():
+    from backend.sim.final_truth import unsaid
+    said = "wider than precision: width 12, precision 10"
+    fin = [{"lo": 0.0, "hi": 12.0, "degraded": True, "reason": said},
+           {"lo": 0.0, "hi": 12.0, "degraded": False, "reason": said},
+           {"lo": 0.0, "hi": 12.0, "degraded": True, "reason": "lost uplink: d1; " + said},
+           {"lo": 0.0, "hi": 12.0, "degraded": True, "reason": "lost uplink: d1"},
+           {"lo": 0.0, "hi": 13.0, "degraded": True, "reason": said}]
+    assert [fin.index(a) for a in unsaid(fin)] == [1, 3, 4]
+
+
 def test_on_a_skewed_network_that_loses_nothing_adaptive_pays_no_more_than_a_deadband_run():
     # the no-regret ledger promises adaptive <= the deadband its devices meter + the loan (max(8, 20 sources)),
     # and that deadband has the widths of the adaptive run's own reserve: the promise holds against a deadband
