@@ -46,8 +46,10 @@ def answer_record(change):
     counts as degraded (issue #20). A **final** answer (``final: true``, ``coordinator.core.finals``) holds
     from ``time`` until the query's next final answer with bounds linear in time, [lo + dlo·(τ−time),
     hi + dhi·(τ−time)], and is never withdrawn; degraded, it says why (a source lost or offline there, or
-    "wider than precision: width W"). ``watermark`` is the query's final horizon when the answer was made:
-    final answers exist for every time before it (null: none yet, or a family without final answers)."""
+    "wider than precision: width W, precision δ", also after another reason when a source is unknown and the
+    answer still bounded: "lost uplink: d3; wider than precision: ..."). ``watermark`` is the query's final
+    horizon when the answer was made: final answers exist for every time before it (null: none yet, or a family
+    without final answers)."""
     rec = dict(change)
     rec["guarantee"] = guarantee(change)
     rec.setdefault("final", False)

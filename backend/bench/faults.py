@@ -8,7 +8,8 @@ clocks off by up to 0.3 s. Printed per run: violations outside degraded or revok
 non-degraded answers wider than their precision (0), the share of checked instants degraded or withdrawn
 (≤ 0.35), wrong provisional answers and how soon they were withdrawn (≤ 5 s), the share of query time
 answered degraded next to the share the faults forced (``backend.sim.forced``), the share of final answers
-(by record and by the time they stand) wider than the precision, and messages against the fault-free run. Writes ``faults.csv`` and ``faults.md`` to ``--out``.
+(by record and by the time they stand) wider than the precision (and how many of those do not say their width:
+0), and messages against the fault-free run. Writes ``faults.csv`` and ``faults.md`` to ``--out``.
 """
 import argparse
 import copy
@@ -31,7 +32,8 @@ FINAL = {"seed": 7, "duration": 1200, "network": {"delay": 0.1, "jitter": 0.1},
 def run(name, spec, protocol, faults):
     """The result of a run, with ``final_wide``: (records, time) shares of its final answers wider than their
     precision (degraded, saying so; a final answer stands until its query's next one, the last to its horizon;
-    one with a source unknown, of infinite width, is not counted)."""
+    one with a source unknown, of infinite width, is not counted), and ``final_wide_unsaid``: how many of those
+    do not state their width (target 0)."""
     w = copy.deepcopy(spec)
     w.update(name=name, protocol=protocol, network=dict(w.get("network", NETWORK), **faults))
     sim = engine.simulation(w)
@@ -40,12 +42,14 @@ def run(name, spec, protocol, faults):
     for a in sim.answers:
         if a.get("final"):
             by.setdefault(a["query"], []).append(a)
-    n = wide = 0
+    n = wide = unsaid = 0
     span = wide_span = 0.0
     for qid, fin in sorted(by.items()):
         got, s, ws = final_truth.wider(fin, sim.coord.finals.horizon(qid), sim.precisions[qid])
         n, wide, span, wide_span = n + len(fin), wide + len(got), span + s, wide_span + ws
+        unsaid += len(final_truth.unsaid(got))
     res["final_wide"] = (wide / n if n else 0.0, wide_span / span if span else 0.0)
+    res["final_wide_unsaid"] = unsaid
     return res
 
 
@@ -67,6 +71,7 @@ def table(scale):
                          "degraded_share": round(f["degraded_share"], 4), "forced_share": round(f["forced_share"], 4),
                          "final_wide_records": round(hostile["final_wide"][0], 4),
                          "final_wide_time": round(hostile["final_wide"][1], 4),
+                         "final_wide_unsaid": hostile["final_wide_unsaid"],
                          "messages": msgs(hostile), "clean_messages": msgs(clean),
                          "messages_vs_clean": round(msgs(hostile) / max(1, msgs(clean)), 3),
                          "acks": hostile["by_kind"].get("ack", 0), "marks": hostile["by_kind"].get("mark", 0),
@@ -89,7 +94,8 @@ def main(argv=None):
         out.writeheader()
         out.writerows(rows)
     cols = ("workload", "protocol", "violations", "precision_misses", "degraded_or_withdrawn", "wrong_provisional",
-            "withdraw_delay_max", "degraded_share", "forced_share", "final_wide_records", "final_wide_time", "messages",
+            "withdraw_delay_max", "degraded_share", "forced_share", "final_wide_records", "final_wide_time",
+            "final_wide_unsaid", "messages",
             "messages_vs_clean", "acks", "lost", "lost_found")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
@@ -99,7 +105,7 @@ def main(argv=None):
     with open(os.path.join(args.out, "faults.md"), "w") as fh:
         fh.write(text)
     print(text)
-    return 1 if any(r["violations"] or r["precision_misses"] for r in rows) else 0
+    return 1 if any(r["violations"] or r["precision_misses"] or r["final_wide_unsaid"] for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -74,3 +74,11 @@ def wider(finals, horizon, precision):
             wide.append(a)
             wide_span += end - a["time"]
     return wide, span, wide_span
+
+
+def unsaid(wide):
+    """Of final answers wider than their precision (``wider``'s), those that do not say so: not degraded, or
+    degraded for another reason without the width they give (issue #30 item 3: flagged with the reason and the
+    width it could give)."""
+    return [a for a in wide if not (a.get("degraded") and "wider than precision: width %.6g" % (a["hi"] - a["lo"])
+                                    in (a.get("reason") or ""))]

@@ -154,18 +154,20 @@ def _final_wide_share(protocol, skew, duration=300, seed=7):
     return len(wide) / len(fin), wide_time / tot, res["messages"]["up"] + res["messages"]["down"]
 
 
-def test_final_answers_under_clock_skew_are_rarely_wider_than_the_precision_and_adaptive_pays_no_more():
+def test_final_answers_under_clock_skew_are_not_wider_than_the_precision_and_adaptive_pays_no_more():
     # the reserve learns from the final answers too (all of them): each holds the hull over every overlapping
     # report's whole uncertain window, which the provisional answers at arrival rarely show; a guarded report's
     # hull is its bound before and its value, in the final mirror as in the live one. Main at a5c8add: 1.3 % /
     # 0.6 % of the SUM's final records (adaptive / deadband) and 0.9 % / 0.6 % of its final time wider than δ here,
     # nearly all in the first 100 s while the reserve was learned, and adaptive 7,076 messages to deadband's 6,439
-    # (its reserve fed back on its own narrowings, 9 -> 32 of δ = 60); now 0.06 % / 0.1 %, and deadband's run is
-    # the oracle for adaptive's messages (plus its loan: max(8, 20 sources))
+    # (its reserve fed back on its own narrowings, 9 -> 32 of δ = 60); a9b197e 0.06 % / 0.1 % (3 and 5 at 88 and
+    # 103 s: 13-14 of the 20 walks crossed their bounds at one sampling instant, 8.1 past δ − R, R 7.5 learnt from
+    # two ~15 s epochs with a margin δ/32); now none (margin δ/16), and deadband's run is the oracle for
+    # adaptive's messages (plus its loan: max(8, 20 sources))
     got = {p: _final_wide_share(p, 0.3) for p in ("adaptive", "deadband")}
     print("final records, final time wider than precision; messages: %s" % got)
     for protocol, (records, time, _) in got.items():
-        assert records <= 0.002 and time <= 0.002, (protocol, records, time)
+        assert records == 0.0 and time == 0.0, (protocol, records, time)
     assert got["adaptive"][2] <= got["deadband"][2] + 20, got
     for protocol in got:
         assert _final_wide_share(protocol, 0.0)[:2] == (0.0, 0.0)       # exact clocks: none
@@ -182,6 +184,17 @@ def test_wider_counts_finals_wider_than_the_precision_in_force_and_the_time_they
     assert [a["time"] for a in wide] == [0.0, 5.0]
     assert (span, wide_span) == (10.0, 3.0)
     assert wider([], 10.0, [(0.0, 1.0)]) == ([], 0.0, 0.0)
+
+
+def test_unsaid_finds_the_wide_finals_that_do_not_state_their_width():
+    from backend.sim.final_truth import unsaid
+    said = "wider than precision: width 12, precision 10"
+    fin = [{"lo": 0.0, "hi": 12.0, "degraded": True, "reason": said},
+           {"lo": 0.0, "hi": 12.0, "degraded": False, "reason": said},
+           {"lo": 0.0, "hi": 12.0, "degraded": True, "reason": "lost uplink: d1; " + said},
+           {"lo": 0.0, "hi": 12.0, "degraded": True, "reason": "lost uplink: d1"},
+           {"lo": 0.0, "hi": 13.0, "degraded": True, "reason": said}]
+    assert [fin.index(a) for a in unsaid(fin)] == [1, 3, 4]
 
 
 def test_on_a_skewed_network_that_loses_nothing_adaptive_pays_no_more_than_a_deadband_run():

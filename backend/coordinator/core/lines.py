@@ -273,14 +273,17 @@ class Lines:
         """The final answer's fields at the current time: lo, hi, dlo, dhi, degraded and its reason."""
         lo, hi, dlo, dhi = self.agg.line(self.t, self.n)
         rec = {"lo": lo, "hi": hi, "dlo": dlo, "dhi": dhi, "degraded": False}
-        if self.why:
+        w = hi - lo
+        wide = w == INF or w > precision + self.slack * (abs(lo) + abs(hi))
+        said = "wider than precision: width %.6g, precision %.6g" % (w, precision) if wide else None
+        if self.why:        # (a source unknown: a COUNT's bound can still be finite, and says its width)
             if self.said is None:
                 self.said = reasons(self.why)
             rec["degraded"] = True
-            rec["reason"] = self.said
-        elif hi - lo == INF or hi - lo > precision + self.slack * (abs(lo) + abs(hi)):
+            rec["reason"] = self.said if said is None or w == INF else "%s; %s" % (self.said, said)
+        elif wide:
             rec["degraded"] = True
-            rec["reason"] = "wider than precision: width %.6g" % (hi - lo)
+            rec["reason"] = said
         return rec
 
 
