@@ -61,13 +61,13 @@ def test_on_a_lossy_network_every_uplink_is_delivered_or_declared_lost_in_bounde
 
 def _bound(heard, delay, rto, end):
     """The acks ``acks`` allows a device whose uplinks the backend heard as ``heard``: quiet spells of ``delay``
-    after a numbered uplink, gaps filled, births, duplicates, and one per HOLD·rto of talk."""
+    after a numbered uplink, gaps filled, births, duplicates, one per BATCH numbers and one per HOLD·rto of talk."""
     times = [t for t, kind, _, new, _ in heard if kind != "mark" and new]
     spells = sum(1 for a, b in zip(times, times[1:] + [end + delay]) if b - a >= delay)
     prompt = sum(1 for _, kind, _, new, filled in heard if filled or kind == "birth")
     dups = sum(1 for _, kind, _, new, _ in heard if not new)
     talk = (times[-1] - times[0]) / (acks_mod.HOLD * rto) + 1 if times else 0
-    return spells + prompt + dups + talk
+    return spells + prompt + dups + len(times) / acks_mod.BATCH + talk
 
 
 def test_quiet_acks_stay_within_their_bound_and_cost_a_fraction_of_the_uplinks():
