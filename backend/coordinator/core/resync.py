@@ -7,7 +7,8 @@ a stamp the clock cannot have made placed by its arrival), each report is checke
 epochs the device should have by now, and what integrity finds makes the device's sources degraded
 (offline, widened by the interruption model) and revokes the answers over them since the finding's
 ``since`` — until a birth resynchronises it and has surely happened. What integrity asks for goes out
-here: an ``ack`` after each uplink of a device in ack mode (one admission refused too: ``_refused``), the
+here: in ack mode an ``ack`` and a ``nack`` per gap (``acks``: one admission refused is acknowledged too,
+``_refused``), the
 ``link`` that switches it on, a config telling a new heartbeat B, and a probe whose reply bounds a device
 clock from above (``ECHO``).
 """
