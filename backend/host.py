@@ -28,10 +28,12 @@ from backend.coordinator.protocols import make
 # default stays deadband, ``backend.sim.workload``: a workload file is an experiment record).
 SETTINGS = {"protocol": "adaptive", "period": 10.0, "shrink": 0.05, "latency": 0.0, "beat": None,
             "skew": 0.0, "t0": None, "params": None, "models": None, "echo": False, "registry": None,
-            "rate": RATE}
+            "rate": RATE, "ack_delay": 0.0}
 # ``registry``: a credentials.json whose ``sources`` ({device: [source, ...]}, written by ``quietfleet broker``
 # and ``quietfleet fleet``) say which device may name which source in its birth; ``rate``: the messages/s a
-# device may send before it is quarantined (0: no limit). Both: coordinator/core/admission.py.
+# device may send before it is quarantined (0: no limit). Both: coordinator/core/admission.py. ``ack_delay``: on a
+# lossy link, how long a device is quiet before its uplinks are acknowledged (0: at once; a longer one sends
+# fewer acks and withdraws more answers, a resend coming later: coordinator/core/acks.py).
 # Filter models devices may use (edge.core.predict): the setting ``models`` or ``params.models``; None
 # takes ``DEFAULT_MODELS``. "choose" picks constant or linear per source online by measured cost.
 MODELS = {"constant": 1, "linear": 2, "choose": 3}
@@ -61,7 +63,7 @@ def settings(given=None, **overrides):
             if key not in SETTINGS:
                 raise ValueError("unknown setting %r (have: %s)" % (key, ", ".join(SETTINGS)))
             s[key] = value
-    for key in ("period", "shrink", "latency", "skew", "rate") + (("t0",) if s["t0"] is not None else ()) \
+    for key in ("period", "shrink", "latency", "skew", "rate", "ack_delay") + (("t0",) if s["t0"] is not None else ()) \
             + (("beat",) if s["beat"] is not None else ()):
         v = s[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -72,8 +74,9 @@ def settings(given=None, **overrides):
     if s["params"] and "models" in s["params"]:       # every driver passes params: models may ride there
         s["params"] = dict(s["params"])
         s["models"] = s["params"].pop("models")
-    if s["rate"] < 0 or not isinstance(s["registry"] or "", str):
-        raise ValueError("setting rate must be at least 0 and registry a path, got %r, %r" % (s["rate"], s["registry"]))
+    if s["rate"] < 0 or s["ack_delay"] < 0 or not isinstance(s["registry"] or "", str):
+        raise ValueError("settings rate and ack_delay must be at least 0 and registry a path, got %r, %r, %r"
+                         % (s["rate"], s["ack_delay"], s["registry"]))
     if s["models"] is not None and s["models"] not in MODELS:
         raise ValueError("setting models must be one of %s, got %r" % (", ".join(MODELS), s["models"]))
     return s
@@ -95,7 +98,7 @@ def build(given=None, **overrides):
     return Coordinator(protocol, period=s["period"], shrink=s["shrink"] if protocol.shrinks else 0.0,
                        latency=s["latency"], beat=s["beat"], t0=s["t0"] or 0.0,
                        models=MODELS[s["models"] or DEFAULT_MODELS], skew=s["skew"], echo=bool(s["echo"]),
-                       owners=owners(s["registry"]), rate=s["rate"])
+                       owners=owners(s["registry"]), rate=s["rate"], ack_delay=s["ack_delay"])
 
 
 def owners(registry):

@@ -245,6 +245,8 @@ class Agent:
         if kind == "ack":
             self.delivery.acked(m["upto"])
             return []
+        if kind == "nack":
+            return [("up", p) for p in self.delivery.nacked(now, m["upto"], m["miss"])]
         if kind == "link":
             self.delivery.link(self._ms(m["rto"]))
             self.guard = self._ms(m["guard"])

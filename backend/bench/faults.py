@@ -9,7 +9,8 @@ non-degraded answers wider than their precision (0), the share of checked instan
 (≤ 0.35), wrong provisional answers and how soon they were withdrawn (≤ 5 s), the share of query time
 answered degraded next to the share the faults forced (``backend.sim.forced``), the share of final answers
 (by record and by the time they stand) wider than the precision (and how many of those do not say their width:
-0), and messages against the fault-free run. Writes ``faults.csv`` and ``faults.md`` to ``--out``.
+0), messages against the fault-free run, and ack mode's traffic (acks, nacks, the devices' resends). Writes
+``faults.csv`` and ``faults.md`` to ``--out``.
 """
 import argparse
 import copy
@@ -50,6 +51,7 @@ def run(name, spec, protocol, faults):
         unsaid += len(final_truth.unsaid(got))
     res["final_wide"] = (wide / n if n else 0.0, wide_span / span if span else 0.0)
     res["final_wide_unsaid"] = unsaid
+    res["resent"] = sum(a.delivery.stats["resent"] for a in sim.agents.values())
     return res
 
 
@@ -74,7 +76,8 @@ def table(scale):
                          "final_wide_unsaid": hostile["final_wide_unsaid"],
                          "messages": msgs(hostile), "clean_messages": msgs(clean),
                          "messages_vs_clean": round(msgs(hostile) / max(1, msgs(clean)), 3),
-                         "acks": hostile["by_kind"].get("ack", 0), "marks": hostile["by_kind"].get("mark", 0),
+                         "acks": hostile["by_kind"].get("ack", 0), "nacks": hostile["by_kind"].get("nack", 0),
+                         "resent": hostile["resent"], "marks": hostile["by_kind"].get("mark", 0),
                          "clean_marks": clean["by_kind"].get("mark", 0),
                          "lost": hostile["network"]["lost"], "reordered": hostile["network"]["reordered"],
                          "duplicated": hostile["network"]["duplicated"], "late": hostile["late"],
@@ -95,8 +98,7 @@ def main(argv=None):
         out.writerows(rows)
     cols = ("workload", "protocol", "violations", "precision_misses", "degraded_or_withdrawn", "wrong_provisional",
             "withdraw_delay_max", "degraded_share", "forced_share", "final_wide_records", "final_wide_time",
-            "final_wide_unsaid", "messages",
-            "messages_vs_clean", "acks", "lost", "lost_found")
+            "final_wide_unsaid", "messages", "messages_vs_clean", "acks", "nacks", "resent", "lost", "lost_found")
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
     text = ("Faults %s, delay 0.2 s + jitter 0.1 s (final-20: 0.1 + 0.1), default heartbeat, scale %s (targets: 0 "

@@ -38,7 +38,7 @@ class Simulation(Loop):
     def __init__(self, workload, progress=None, vectorised=True):
         self.w = w = load(workload) if not hasattr(workload, "source_ids") else workload
         host = host_mod.Host({"protocol": w.protocol, "period": w.period, "shrink": w.shrink, "latency": w.latency,
-                              "beat": w.beat, "skew": w.faults.get("skew", 0.0), "t0": 0.0,
+                              "beat": w.beat, "skew": w.faults.get("skew", 0.0), "t0": 0.0, "ack_delay": w.ack_delay,
                               "params": w.protocol_params, "models": w.params.get("models")}, declared=w.source_ids)
         Loop.__init__(self, Network({UP: {"delay": w.delay_up, "jitter": w.jitter},
                                      DOWN: {"delay": w.delay_down, "jitter": w.jitter}},

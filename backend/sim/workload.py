@@ -19,7 +19,7 @@ NETWORK = ("delay", "uplink", "downlink", "jitter", "latency_tolerance",
            "loss", "duplicate", "reorder", "skew", "reboots", "partitions")
 SOURCES = {"generator": ("generator", "count", "start", "step", "range", "interval", "arrival", "steps", "drift",
                          "volatility"), "trace": ("trace",), "dataset": ("dataset",)}
-SETTINGS = ("period", "shrink", "heartbeat", "models")   # params the coordinator takes; the rest go to the protocol
+SETTINGS = ("period", "shrink", "heartbeat", "models", "ack_delay")   # params the coordinator takes; the rest go to the protocol
 
 
 def kind(raw):
@@ -75,6 +75,7 @@ class Workload(Base):
             raise WorkloadError("params.shrink must be < 1")
         # the heartbeat B: per device by default (None), or one number for every device (0: off)
         self.beat = None if params.get("heartbeat") is None else number(params, "heartbeat", 0.0, "params", lo=0.0)
+        self.ack_delay = number(params, "ack_delay", 0.0, "params", lo=0.0)     # (backend.coordinator.core.acks)
         self.protocol_params = protocol_params(self.protocol_class(), params, skip=SETTINGS)
         self._check_protocol(params)
         net = raw.get("network", {})

@@ -129,6 +129,8 @@ SCHEMAS = {
     # and ``guard`` in ms (0: none), the time after a report within which readings are guarded (GUARDED)
     "ack": (26, "down", "IIIIq", "seq inc to upto now"),
     "link": (27, "down", "IIIII", "seq inc to rto guard"),
+    # a gap: the backend has every uplink through ``upto`` and misses ``miss`` (a later number came): resend it now
+    "nack": (28, "down", "IIIII", "seq inc to upto miss"),
     "moq": (30, "down", "IIIBsddBd", "seq inc to op qid tb te agg eta"),
 }
 

@@ -8,7 +8,10 @@ so a lost mark is never a gap; the backend finds a lost last report from the mar
 gone quiet from the missing marks. On a lossy link the backend turns ack mode on (``link`` with a resend
 timeout rto > 0): every numbered uplink is kept until an ``ack`` covers its number and is sent again
 unchanged (its original number and stamp) when unacknowledged for rto, then 2·rto and 4·rto, then every
-4·rto; so a loss costs a resend delay, not a resynchronisation. At most ``size`` are kept (a few on a
+4·rto; one followed by a later uplink first at 3·rto (the backend sees its gap from the later number and
+asks for it sooner with a ``nack``, which resends it at once; it acknowledges only once the device is
+quiet, ``backend.coordinator.core.acks``); so a loss costs a round trip or a resend delay, not a
+resynchronisation. At most ``size`` are kept (a few on a
 board): the oldest goes first, and the backend then sees its gap. A birth supersedes what is kept. One
 resent ``TRIES`` times is given up (the backend acknowledges what it refuses too, so only an uplink it
 never hears gets there): the marks its resends held back go out again and show the backend its number
@@ -30,7 +33,7 @@ class Delivery:
         self.beat = 0           # B in clock units (0: no marks)
         self.rto = 0            # resend timeout in clock units (0: ack mode off)
         self.last = None        # clock time of the latest uplink sent (a mark or a resend too)
-        self.held = []          # [seq, payload, due, tries] not acknowledged yet, oldest first
+        self.held = []          # [seq, payload, due, tries, last sent] not acknowledged yet, oldest first
         self.stats = {"resent": 0, "overflow": 0, "marks": 0, "given_up": 0}
 
     def number(self, now, kind, fields, keep=True):
@@ -40,7 +43,10 @@ class Delivery:
         payload = codec.encode(kind, fields)
         self.last = now
         if self.rto and keep:
-            self.held.append([self.seq, payload, now + self.rto, 0])
+            for e in self.held:         # followed by this one: its gap shows (a nack asks for it)
+                if e[3] == 0 and e[2] < e[4] + 3 * self.rto:
+                    e[2] = e[4] + 3 * self.rto
+            self.held.append([self.seq, payload, now + self.rto, 0, now])
             if len(self.held) > self.size:
                 self.held.pop(0)
                 self.stats["overflow"] += 1
@@ -62,6 +68,20 @@ class Delivery:
         held = self.held
         while held and not 0 < (held[0][0] - upto) & 0xFFFFFFFF < 0x80000000:
             held.pop(0)
+
+    def nacked(self, now, upto, miss):
+        """The backend has every uplink through ``upto`` and misses ``miss``: its payload to resend now (none
+        if it is not kept, was given up, or was sent less than rto/2 ago: a copy of the nack)."""
+        self.acked(upto)
+        for e in self.held:
+            if e[0] == miss and e[3] < TRIES and 2 * (now - e[4]) >= self.rto:
+                e[3] += 1
+                e[2] = now + self.rto       # (known missing: again after rto if this one is lost too)
+                e[4] = now
+                self.stats["resent"] += 1
+                self.last = now
+                return [e[1]]
+        return []
 
     def deadline(self):
         """Clock time of the next resend or mark; None when none is due ever."""
@@ -89,6 +109,7 @@ class Delivery:
                 continue
             e[3] += 1
             e[2] = now + self.rto * (1 << e[3] if e[3] < 2 else CAP)
+            e[4] = now
             out.append(e[1])
             self.stats["resent"] += 1
         if gone:

@@ -294,6 +294,8 @@ class RelayNode:
             self.delivery.link(m["rto"] / 1000)
         elif kind == "ack":
             self.delivery.acked(m["upto"])
+        elif kind == "nack":
+            return [("up", p) for p in self.delivery.nacked(now, m["upto"], m["miss"])]
         if kind != "moq":
             return []                           # widths and the like do not concern a relay
         if m["op"] == 0:

@@ -40,6 +40,7 @@ SAMPLES = {
     "segment": {"src": 1, "seq": 19, "inc": 1, "to": 2, "lag": 9500, "model": 1, "width": 0.5},
     "ack": {"seq": 20, "inc": 1, "to": 2, "upto": 4294967295, "now": 1700000000123},
     "link": {"seq": 21, "inc": 1, "to": 2, "rto": 450, "guard": 600},
+    "nack": {"seq": 22, "inc": 1, "to": 2, "upto": 4294967295, "miss": 0},
     "rsegs": {"src": 1, "epoch": 3, "seq": 20, "t": 5000, "v": 21.5, "why": codec.WHY_EXIT,
               "segs": [{"src": 0, "epoch": 3, "a": 1000, "e": 5000, "v": 20.5, "s": -0.25, "w": 1.0, "f": 0},
                        {"src": 1, "epoch": 3, "a": 5000, "e": 5000, "v": 21.5, "s": 0.0, "w": 1.0, "f": 1}]},

@@ -1,6 +1,6 @@
 """Uplink delivery (edge/core/delivery.py): heartbeat marks take no sequence number; in ack mode every
-numbered uplink is sent again, unchanged, until acknowledged or resent TRIES times; the buffer is bounded and a
-birth clears it."""
+numbered uplink is sent again, unchanged, until acknowledged or resent TRIES times (one followed by a later
+uplink first at 3·rto, at once when a nack names it); the buffer is bounded and a birth clears it."""
 from edge.agent import Agent
 from edge.core import codec
 from edge.core.delivery import Delivery, TRIES, CAP
@@ -30,9 +30,9 @@ def test_ack_mode_resends_the_same_bytes_with_backoff_until_acknowledged():
     session(a)
     a.handle_message(0.0, ctl(a, "link", seq=2, rto=500, guard=0))
     first = a.handle_sample(1.0, "x", 0.0)
-    second = a.handle_sample(2.0, "x", 5.0)
     assert a.next_deadline() == 1.5
     assert a.handle_timer(1.5) == first               # original seq and stamp, byte for byte
+    second = a.handle_sample(2.0, "x", 5.0)
     assert a.next_deadline() == 2.5                   # the first's second try (2 rto) and the second's first
     assert a.handle_timer(2.5) == first + second
     assert [e[2] for e in a.delivery.held] == [4.5, 3.5]     # then 4 rto (the cap) and 2 rto
@@ -117,3 +117,50 @@ def test_without_a_guard_reports_are_not_flagged():
     a.handle_sample(0.0, "x", 10.0)
     out = _up(a.handle_sample(1.0, "x", 11.5))
     assert out[0][1]["why"] == codec.WHY_EXIT and a.guards == {}
+
+
+def _schedule(d, until):
+    """Every payload the resend timer sends until ``until`` (clock units), with its time."""
+    out = []
+    while d.deadline() is not None and d.deadline() <= until:
+        now = d.deadline()
+        out += [(now, p) for p in d.due(now, False, now)]
+    return out
+
+
+def test_an_uplink_followed_by_a_later_one_is_resent_at_3_rto_or_at_once_when_nacked():
+    d = Delivery(8)                                     # integer ms, as on a board
+    d.link(500)
+    rep = lambda t: d.number(t, "report", {"src": 0, "epoch": 0, "t": t / 1000, "v": 1.0, "why": 0})
+    p1, p2 = rep(1000), rep(1200)                       # numbers 1 and 2: the backend sees 1's gap from 2
+    assert [e[2] for e in d.held] == [2500, 1700]       # 1 at 3·rto (its nack asks sooner), 2 at rto
+    assert _schedule(d, 2500) == [(1700, p2), (2500, p1)]
+    d2 = Delivery(8)
+    d2.link(500)
+    q1 = d2.number(1000, "report", {"src": 0, "epoch": 0, "t": 1.0, "v": 1.0, "why": 0})
+    d2.number(1200, "report", {"src": 0, "epoch": 0, "t": 1.2, "v": 2.0, "why": 0})
+    assert d2.nacked(1400, 0, 1) == [q1] and d2.stats["resent"] == 1     # at once, the same bytes
+    assert d2.held[0][2:4] == [1900, 1]                 # known missing: again after rto if lost too
+    assert d2.nacked(1450, 1, 2) != [] and [e[0] for e in d2.held] == [2]     # upto frees 1; 2 resent
+    assert d2.nacked(1500, 1, 7) == [] and d2.stats["resent"] == 2      # a number not kept: nothing
+
+
+def test_a_nack_never_resends_an_uplink_past_its_tries():
+    d = Delivery(4)
+    d.link(100)
+    p = d.number(0, "report", {"src": 0, "epoch": 0, "t": 0.0, "v": 1.0, "why": 0})
+    for k in range(TRIES):
+        assert d.nacked(100 * k + 50, 0, 1) == [p]
+        assert d.nacked(100 * k + 99, 0, 1) == []        # a copy of the nack within rto/2: nothing more
+    assert d.nacked(100 * TRIES + 50, 0, 1) == [] and d.stats["resent"] == TRIES
+
+
+def test_an_agent_resends_what_a_nack_names_and_ignores_a_stale_one():
+    a = Agent("d", ["x"], width=1.0)
+    session(a)
+    a.handle_message(0.0, ctl(a, "link", seq=2, rto=500, guard=0))
+    first = a.handle_sample(1.0, "x", 0.0)
+    a.handle_sample(2.0, "x", 5.0)
+    s1 = codec.decode(first[0][1])[1]["seq"]
+    assert a.handle_message(2.1, ctl(a, "nack", seq=3, upto=s1 - 1, miss=s1)) == first
+    assert a.handle_message(2.2, ctl(a, "nack", seq=3, upto=s1 - 1, miss=s1)) == []     # a duplicate downlink

@@ -195,6 +195,16 @@ def test_bad_input_is_counted_not_raised():
     raises(ValueError, RelayNode, "r", 30, 30, 1, 0.1, (0, 9), 10, 0.1, 0.0, 0.0, "other")
 
 
+def test_the_relay_resends_at_once_what_a_nack_names():
+    relay = RelayNode("r0", domain=(1, 10), span=10.0, lag=1.0)
+    birth = codec.decode(relay.start(0.0)[0][1])[1]
+    relay.handle_message(0.0, codec.encode("link", {"seq": 1, "inc": 0, "to": 0, "rto": 500, "guard": 0}))
+    sent = relay.handle_item(1.0, 4, 1.0)[0][1]
+    nack = codec.encode("nack", {"seq": 2, "inc": 0, "to": 0, "upto": birth["seq"], "miss": codec.decode(sent)[1]["seq"]})
+    assert [p for _, p in relay.handle_message(1.3, nack)] == [sent]        # the same bytes, before its rto
+    assert relay.handle_message(1.4, nack) == [] and relay.delivery.stats["resent"] == 1    # (a stale copy)
+
+
 def test_the_relay_numbers_its_uplinks_marks_its_silence_and_resends_in_ack_mode():
     relay = RelayNode("r0", domain=(1, 10), span=10.0, lag=1.0)
     birth = codec.decode(relay.start(0.0)[0][1])[1]

@@ -227,3 +227,16 @@ def test_the_gateway_keeps_the_sensors_uplinks_in_ack_mode_and_marks_its_silence
                                            "now": 1700, "tick": 0}))
     marks = [codec.decode(a[1]) for a in b.poll(6.6) if a[0] == "up"]
     assert marks == [("mark", {"seq": m["seq"], "t": 6600})]
+
+
+def test_the_gateway_resends_at_once_what_a_nack_names():
+    b = br.Bridge("s", 1)
+    born = _born(b)
+    b.from_backend(0.1, _ctl(b, "link", {"seq": 2, "rto": 500, "guard": 0}))
+    b.from_device(1.0, br.frame("S 2 1000 0 4000 3000 0").rstrip(b"\n"))
+    rep = [a for a in b.from_device(1.0, br.frame("R 3 1000 0 20480 0").rstrip(b"\n")) if a[0] == "up"]
+    m = codec.decode(rep[0][1])[1]
+    nack = _ctl(b, "nack", {"seq": 3, "upto": born["seq"], "miss": m["seq"]})
+    assert b.from_backend(1.3, nack) == rep and b.delivery.stats["resent"] == 1      # at once, the same bytes
+    assert b.from_backend(1.3, _ctl(b, "nack", {"seq": 4, "upto": m["seq"], "miss": m["seq"] + 1})) == []
+    assert b.delivery.held == []                        # its upto acknowledged it

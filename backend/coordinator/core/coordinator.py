@@ -20,6 +20,7 @@ import heapq
 import math
 
 from backend.coordinator.core import aggregate
+from backend.coordinator.core.acks import Acks
 from backend.coordinator.core.admission import RATE, Admission
 from backend.coordinator.brownian.interruption import Models
 from backend.coordinator.core.boundcache import BoundCache
@@ -47,7 +48,7 @@ class _Known:
 
 class Coordinator(Downlink, Resync, Uplink, Vouch):
     def __init__(self, protocol, period=10.0, shrink=0.0, latency=0.0, beat=None, t0=0.0, lazy=True, incarnation=0,
-                 models=1, skew=0.0, echo=False, owners=None, rate=RATE):
+                 models=1, skew=0.0, echo=False, owners=None, rate=RATE, ack_delay=0.0):
         if period < 0.001 or not (0 <= shrink < 1) or latency < 0 or (beat or 0) < 0 or skew < 0:
             raise ValueError("need period >= 1 ms, 0 <= shrink < 1, latency >= 0, beat >= 0, skew >= 0")
         self.protocol = protocol
@@ -93,7 +94,8 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         self.segments = Mirror()        # segment mode of lag queries' sources
         self.finals = Finals(self)      # the final mirror and every query's final answers
         self.stats = {"bad_messages": 0, "duplicates": 0, "late": 0, "conflicts": 0, "unknown_device": 0}
-        self.integrity = Integrity(self.latency, beat, skew, net=latency)    # gaps, silence, clocks (issue #20)
+        self.integrity = Integrity(self.latency, beat, skew, net=latency, delay=ack_delay)  # gaps, silence, clocks
+        self.acks = Acks(ack_delay)     # ack mode's acks and nacks (issue #20, #30)
         self.unclocked = {}             # source keys whose device clock is known less well than ±σ (degraded)
         # who may claim a source, floods, implausible stamps and values (DESIGN.md §10): counters in stats
         self.admission = Admission(owners, skew, rate, self.stats)
@@ -250,7 +252,7 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
     def next_deadline(self):
         head = min(self.queue[0][0] if self.queue else math.inf, self.cache.next_due())
         t = head if self.idle() else min(head, self.tick_time(self.tick))
-        return min(t + self.latency, self.integrity.next_deadline())
+        return min(t + self.latency, self.integrity.next_deadline(), self.acks.next_deadline())
 
     def handle_timer(self, now):
         return self._advance(now)

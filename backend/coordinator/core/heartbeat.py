@@ -13,13 +13,16 @@
   turns marks and the watchdog off.
 * **Ack mode.** The first time a gap is seen on any device's link (the network loses or reorders), the
   backend sends every device a ``link`` with a resend timeout rto (a device born later gets it with its
-  birth) and acknowledges every uplink it hears; a device resends what is not acknowledged after rto,
-  3·rto and 7·rto, so a gap of an uplink it kept is waited for λ + 3·rto (two tries) from when it was seen
-  before it counts as lost. rto is 2λ + RTO_MARGIN until the device's round trips are timed (a probe's
-  reply, a report acknowledging a control), then twice the longest of the last RTTS + RTO_MARGIN, at least
-  RTO_LEAST: a resend should arrive before the queue releases the time of the report it replaces, so it is
-  not even late. The gap wait uses the largest rto told since the device's birth (the device may not have
-  a smaller one yet). On a clean network no device is switched on.
+  birth) and acknowledges its uplinks (``acks``: a ``nack`` at once for a gap, one cumulative ``ack`` once
+  the device is quiet for the ack delay D, 0 by default: at once); a device resends its latest uplink not acknowledged after rto,
+  then 3·rto, one followed by a later uplink at 3·rto (the gap's nack asks for it sooner), so a gap is
+  waited for λ + 3·rto from when it was seen before it counts as lost. rto = D + R, D the ack delay and
+  R the round trip: 2λ + RTO_MARGIN until the device's round trips are timed (a probe's reply, a report
+  acknowledging a control), then twice the longest of the last RTTS + RTO_MARGIN, at least RTO_LEAST and
+  at most 2λ + RTO_MARGIN: a resend should arrive before the queue releases the time of the report it
+  replaces, so it is not even late (a longer R, 0.55 s on FINAL, resent 28 % fewer reports but withdrew
+  twice the answers: a late report withdraws those since its time). The gap wait uses the largest rto told since the device's birth (the
+  device may not have a smaller one yet). On a clean network no device is switched on.
 
 ``bound`` is what an answer states as ``withdraw_within``: the longest a wrong provisional answer over the
 device's sources can stand before it is withdrawn (a loss unseen for B, found by the mark or the watchdog,
@@ -34,20 +37,21 @@ MOST = 4.0 * 2 ** 20    # ... and at most 48.5 days (a capped B out-talks a devi
 LONGEST = 4.0 * 2 ** 28  # 34 years: the longest B a config's beat carries (codec.beat_field), a lag-only device's cap
 START = 30.0            # B before a device's uplinks have been timed
 RING = 32               # arrivals timed per device
-RTO_MARGIN = 0.05       # s added to the round trip for the resend timeout
-RTO_LEAST = 0.1         # s: the shortest resend timeout
+RTO_MARGIN = 0.05       # s added to the round trip R for the resend timeout
+RTO_LEAST = 0.1         # s: the shortest round trip R
 RTTS = 8                # round trips timed per device
-TRIES = 3               # a gap is waited for the device's first two resends (rto, 3·rto: edge.core.delivery)
+TRIES = 3               # a gap is waited for λ + 3·rto: the device's first two resends (rto, 3·rto: edge.core.delivery)
 
 
 class Heartbeats:
-    def __init__(self, beat, latency, net, margin):
+    def __init__(self, beat, latency, net, margin, delay=0.0):
         self.auto = beat is None
         self.fixed = 0.0 if beat is None else beat
         self.latency = latency          # the queue's λ (with the skew it covers)
         self.net = net                  # λ of the network alone (the round trip is at most 2·net)
         self.margin = margin
-        self.rto = 2 * net + RTO_MARGIN
+        self.delay = delay              # the ack delay D (``acks``): a quiet device's ack comes D after its uplink
+        self.rto = delay + 2 * net + RTO_MARGIN
         self.lossy = None               # when a gap was first seen on any link (ack mode for every device)
         # device -> [B told, B waited, arrivals, ack mode since or None, B told when, rto told, rto waited, rtts]
         self.dev = {}
@@ -151,11 +155,15 @@ class Heartbeats:
         d = self._d(device)
         d[7].append(rtt)
         del d[7][:-RTTS]
-        want = min(max(2 * max(d[7]) + RTO_MARGIN, RTO_LEAST), self.rto)
+        want = self.delay + min(max(2 * max(d[7]) + RTO_MARGIN, RTO_LEAST), 2 * self.net + RTO_MARGIN)
         if not (want < 0.5 * d[5] or want > 1.5 * d[5]):
             return False
         d[5] = want
         return d[3] is not None
+
+    def trip(self, device):
+        """R, the round trip to ``device`` its rto allows for (a gap is nacked again after it)."""
+        return self._d(device)[5] - self.delay
 
     def bound(self, b):
         """The longest a wrong provisional answer over a device of heartbeat ``b`` stands (an answer's

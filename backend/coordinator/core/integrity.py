@@ -7,7 +7,7 @@ due deadline (a heap, one entry per device and kind), never per device per call.
 * **Gaps.** Uplink sequence numbers are tracked per device and boot (serial order mod 2**32). A number
   above the highest seen opens a gap for every number skipped (and a heartbeat ``mark``, which repeats
   the latest number used, for its own number too); one inside a gap fills it (reordering, a resend);
-  anything else is a duplicate. A gap still open after its wait (λ; λ + 7·rto for an uplink the device
+  anything else is a duplicate. A gap still open after its wait (λ; λ + 3·rto for an uplink the device
   keeps in ack mode, ``heartbeat``) is a lost uplink; one admission refused, after λ (``refused``: the ack
   passes it, so the device does not resend it for ever). The first gap seen turns ack mode on.
 * **Silence.** With a heartbeat (B per device, ``heartbeat``), a device that sends nothing for
@@ -50,12 +50,12 @@ def newer(a, b):
 
 
 class Integrity(Waits):
-    def __init__(self, latency, beat=None, skew=0.0, margin=None, net=None):
+    def __init__(self, latency, beat=None, skew=0.0, margin=None, net=None, delay=0.0):
         self.latency = latency          # λ as the coordinator waits it (λ + 2σ)
         self.margin = max(0.5, latency) if margin is None else margin
         self.retry = 2 * latency + self.margin
         self.offsets = Offsets(skew)
-        self.links = Heartbeats(beat, latency, latency - 2 * skew if net is None else net, self.margin)
+        self.links = Heartbeats(beat, latency, latency - 2 * skew if net is None else net, self.margin, delay)
         self.now = -math.inf
         self.dev = {}           # device -> per-device state (see _state)
         self.suspect = {}       # device -> reason, in the order they became suspect

@@ -7,7 +7,8 @@ a stamp the clock cannot have made placed by its arrival), each report is checke
 epochs the device should have by now, and what integrity finds makes the device's sources degraded
 (offline, widened by the interruption model) and revokes the answers over them since the finding's
 ``since`` — until a birth resynchronises it and has surely happened. What integrity asks for goes out
-here: an ``ack`` after each uplink of a device in ack mode (one admission refused too: ``_refused``), the
+here: in ack mode an ``ack`` and a ``nack`` per gap (``acks``: one admission refused is acknowledged too,
+``_refused``), the
 ``link`` that switches it on, a config telling a new heartbeat B, and a probe whose reply bounds a device
 clock from above (``ECHO``).
 """
@@ -29,10 +30,11 @@ class Resync:
         ig = self.integrity
         boot = m["boot"] if kind == "birth" else rx[0]
         stamped = ig.offsets.heard(device, m["t"], now)     # else dropped for this message: placed by arrival
+        filled = device in ig.dev and m["seq"] in ig.dev[device]["missing"] and kind != "mark"     # a resend
         ok = ig.accept(now, device, boot, m["seq"], m["t"], birth=kind == "birth", mark=kind == "mark")
         if device in ig.revokes:
             self._suspect(device, ig.revokes.pop(device))
-        self._deliver(now, device, kind, ok)
+        self._deliver(now, device, kind, ok, filled)
         if ok:
             self.finals.replay.heard(device)        # (its watermark may have moved: integrity's is the final mirror's)
         if not ok or kind == "mark":
@@ -61,7 +63,7 @@ class Resync:
         over the device revoked and degraded until a birth restates it), acknowledged in ack mode so the device
         does not resend it for ever (a birth or a mark takes no place in its resend buffer)."""
         if kind not in ("birth", "mark") and self.integrity.refused(now, device, m["seq"]):
-            self._deliver(now, device, kind, False)
+            self._deliver(now, device, kind, False, True)
         return self._advance(now)
 
     def _fresh_report(self, device, key, m):
@@ -151,7 +153,10 @@ class Resync:
 
     def _integrity(self, now):
         """Degrade devices with a lost uplink or silence; ask suspects for a birth; send again what
-        was not answered."""
+        was not answered; send the quiet acks due."""
+        for device in self.acks.due(now):
+            if device in self.devices and self.integrity.links.acking(device):
+                self._ack(now, device)
         if self.integrity.next_deadline() > now:
             return
         new, ask, missed = self.integrity.due(now)
@@ -217,8 +222,17 @@ class Resync:
         self.send(device, "link", {"rto": round(ig.links.timeout(device) * 1000) if ig.links.acking(device) else 0,
                                    "guard": ms})
 
-    def _deliver(self, now, device, kind, new):
-        """After an uplink from ``device`` (``new``: not a duplicate): acknowledge it in ack mode, switch a
+    def _ack(self, now, device, quiet=True):
+        """A cumulative ``ack`` to ``device`` (``quiet``: the one ``acks`` armed, due now)."""
+        upto = self.integrity.upto(device)
+        if quiet:
+            self.acks.sent(now, device, upto)
+        self.integrity.links.stats["acked"] += 1
+        self.send(device, "ack", {"upto": upto, "now": round(now * 1000)})
+
+    def _deliver(self, now, device, kind, new, filled=False):
+        """After an uplink from ``device`` (``new``: not a duplicate; ``filled``: it filled a gap): nack its
+        gaps and acknowledge it in ack mode (``acks``), switch a
         device with a gap to ack mode, tell a new heartbeat B, ask for a clock echo, degrade a device whose
         clock is known less well than ±σ."""
         ig, d = self.integrity, self.devices.get(device)
@@ -238,11 +252,15 @@ class Resync:
         if d is None or self.rx.get(device) is None:
             return
         if ig.links.acking(device):
-            upto = ig.upto(device)
-            if upto != d["acked"] or not new:       # a duplicate: our ack may have been lost
-                d["acked"] = upto
-                ig.links.stats["acked"] += 1
-                self.send(device, "ack", {"upto": upto, "now": round(now * 1000)})
+            d0 = ig.dev[device]
+            holes = sorted((s for s in d0["missing"] if s not in d0["refused"]),
+                           key=lambda s: (s - d0["high"]) & 0xFFFFFFFF)
+            ack, miss = self.acks.heard(now, device, ig.upto(device), holes, ig.links.trip(device),
+                                        prompt=filled or kind == "birth", again=not new)
+            for s in miss:
+                self.send(device, "nack", {"upto": ig.upto(device), "miss": s})
+            if ack:
+                self._ack(now, device, False)
         if d["guard"] and kind != "birth":          # the guard follows the clock's uncertainty down
             lo, hi = ig.offsets.bounds(device, now)
             want = math.ceil(2000 * (hi - lo)) + 2

@@ -39,7 +39,7 @@ class Uplink:
         if d is None:
             d = self.devices[device] = {"boot": None, "seq": 0, "down": 0, "keys": [], "src": [], "online": False,
                                         "to": 0, "single": False, "inc": None, "lines": False, "asked": None,
-                                        "rebirth": None, "unsent": {}, "gone": False, "acked": None, "guard": None}
+                                        "rebirth": None, "unsent": {}, "gone": False, "guard": None}
         return d
 
     def key_of(self, device, i):

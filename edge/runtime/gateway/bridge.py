@@ -276,6 +276,8 @@ class Bridge:
                 self.delivery.beat = codec.beat_ms(m["beat"]) / 1000
                 self.period = (m["period"], m["shrink"], m["t0"], m["tick"])
                 return self._config(now)
+            if kind == "nack":
+                return [("up", p) for p in self.delivery.nacked(now, m["upto"], m["miss"])]
             if kind == "ack" or kind == "link":
                 if kind == "ack":
                     self.delivery.acked(m["upto"])
