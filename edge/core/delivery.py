@@ -9,7 +9,7 @@ gone quiet from the missing marks. On a lossy link the backend turns ack mode on
 timeout rto > 0): every numbered uplink is kept until an ``ack`` covers its number and is sent again
 unchanged (its original number and stamp) when unacknowledged for rto, then 2·rto and 4·rto, then every
 4·rto; so a loss costs a resend delay, not a resynchronisation. At most ``size`` are kept (a few on a
-board): the oldest goes first, and the backend then sees its gap. A birth supersedes what is kept. One
+board, and at most ``budget`` bytes): the oldest goes first, and the backend then sees its gap. A birth supersedes what is kept. One
 resent ``TRIES`` times is given up (the backend acknowledges what it refuses too, so only an uplink it
 never hears gets there): the marks its resends held back go out again and show the backend its number
 missing, a lost uplink it resynchronises with a birth.
@@ -22,10 +22,11 @@ TRIES = 64      # resends of one uplink at most (about 250·rto)
 
 
 class Delivery:
-    def __init__(self, size):
+    def __init__(self, size, budget=None):
         if size < 1:
             raise ValueError("a resend buffer holds at least 1 message")
         self.size = size
+        self.budget = budget    # bytes kept at most besides the newest (None: no byte bound)
         self.seq = 0            # the latest number used
         self.beat = 0           # B in clock units (0: no marks)
         self.rto = 0            # resend timeout in clock units (0: ack mode off)
@@ -40,9 +41,13 @@ class Delivery:
         payload = codec.encode(kind, fields)
         self.last = now
         if self.rto and keep:
-            self.held.append([self.seq, payload, now + self.rto, 0])
-            if len(self.held) > self.size:
-                self.held.pop(0)
+            held = self.held
+            held.append([self.seq, payload, now + self.rto, 0])
+            n = 0
+            for e in held:
+                n += len(e[1])
+            while len(held) > 1 and (len(held) > self.size or self.budget and n > self.budget):
+                n -= len(held.pop(0)[1])
                 self.stats["overflow"] += 1
         return payload
 

@@ -5,6 +5,7 @@ returns to ``send(channel, payload) -> bool`` (False: not delivered). Uplink mes
 delivered wait in a bounded ``Outbox``; births are never queued, since ``online`` sends a fresh one
 after every (re)connect. ``skew`` (clock units) emulates a device clock that far ahead of the host's
 (negative: behind): the agent reads the host clock plus it, the ground truth stays on the host clock.
+A MemoryError that reaches a runtime's loop goes to ``oom``: the agent runs on (DESIGN.md §9).
 Sans-IO and portable: both runtimes wrap this object.
 """
 
@@ -17,6 +18,7 @@ class Pump:
         self.send = send
         self.truth = truth       # optional writable file: every sample as "time,source,value"
         self.skew = skew
+        self.ooms = 0            # MemoryErrors survived
 
     def _emit(self, out):
         for channel, payload in out:
@@ -57,3 +59,16 @@ class Pump:
             if n is not None and (t is None or n < t):
                 t = n
         return t
+
+    def oom(self):
+        """The heap ran out mid-step: free the older half of what is kept (the outbox, ack mode's resend buffer)
+        and skip a sequence number. Whatever the step was sending (a report, segments already taken from their
+        segmenter) may be lost and the filter recentred on it: the skipped number shows the backend a gap, it
+        degrades the device's stretch and asks for a birth, which resynchronises every source; never a silent hole."""
+        self.ooms += 1
+        if len(self.outbox):
+            self.outbox.shed()
+        d = self.agent.delivery
+        for _ in range((len(d.held) + 1) // 2):
+            d.held.pop(0)
+        d.seq = (d.seq + 1) & 0xFFFFFFFF
