@@ -210,18 +210,19 @@ def _put(out, types, names, rec):
         if t == "*":
             if not isinstance(v, (list, tuple)) or len(v) > MAX_LIST:
                 raise CodecError("field %s: expected a list of at most %d records" % (name, MAX_LIST))
-            out.append(bytes((len(v),)))
+            out.append(len(v))
+            types, names = types[i + 1:], names[i + 1:]
             for sub in v:
                 if not isinstance(sub, dict):
                     raise CodecError("field %s: records must be dicts" % name)
-                _put(out, types[i + 1:], names[i + 1:], sub)
+                _put(out, types, names, sub)
             return
         if t == "s" or t == "y":
             ok = isinstance(v, str) if t == "s" else isinstance(v, (bytes, bytearray))
             if ok:
                 v = v.encode() if t == "s" else bytes(v)
                 ok = len(v) <= (MAX_STR if t == "s" else MAX_BLOB)
-                out.append(struct.pack("<B" if t == "s" else "<H", len(v)))
+                out.extend(struct.pack("<B" if t == "s" else "<H", len(v)))
                 t = "%ds" % len(v)
         elif t == "d":
             ok = isinstance(v, (int, float)) and v == v
@@ -237,7 +238,7 @@ def _put(out, types, names, rec):
             ok = isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 8 * struct.calcsize(t)
         if not ok:
             raise CodecError("field %s: bad value %r" % (name, v))
-        out.append(struct.pack("<" + t, v))
+        out.extend(struct.pack("<" + t, v))
 
 
 def encode(kind, fields):
@@ -248,9 +249,9 @@ def encode(kind, fields):
     plan = _fixed(kind, spec) if type(fields) is dict else False
     data = _pack(spec[0], plan, fields) if plan else None
     if data is None:
-        out = [bytes((VERSION, spec[0]))]
+        out = bytearray((VERSION, spec[0]))     # one buffer: a board's heap holds no piece per field
         _put(out, spec[2], spec[3].split(), fields)
-        data = b"".join(out)
+        data = bytes(out)
     if len(data) > MAX_PAYLOAD:
         raise CodecError("message of %d bytes exceeds %d" % (len(data), MAX_PAYLOAD))
     return data

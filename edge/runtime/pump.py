@@ -19,6 +19,7 @@ class Pump:
         self.truth = truth       # optional writable file: every sample as "time,source,value"
         self.skew = skew
         self.ooms = 0            # MemoryErrors survived
+        self.owed = False        # a birth is owed (the heap ran out): sent by the next ``poll``
 
     def _emit(self, out):
         for channel, payload in out:
@@ -40,6 +41,9 @@ class Pump:
 
     def poll(self, now):
         """Take every reading due by ``now`` and fire the agent's timer if it is due."""
+        if self.owed:
+            self._emit(self.agent.start(now + self.skew))
+            self.owed = False
         for inp in self.inputs:
             for source, value in inp.poll(now):
                 if self.truth is not None:
@@ -63,9 +67,11 @@ class Pump:
     def oom(self):
         """The heap ran out mid-step: free the older half of what is kept (the outbox, ack mode's resend buffer)
         and skip a sequence number. Whatever the step was sending (a report, segments already taken from their
-        segmenter) may be lost and the filter recentred on it: the skipped number shows the backend a gap, it
-        degrades the device's stretch and asks for a birth, which resynchronises every source; never a silent hole."""
+        segmenter, a birth after reconnecting) may be lost and a filter recentred on it: the skipped number shows the
+        backend a gap (it degrades the device's stretch), and the birth the next ``poll`` sends resynchronises every
+        source; never a silent hole."""
         self.ooms += 1
+        self.owed = True
         if len(self.outbox):
             self.outbox.shed()
         d = self.agent.delivery
