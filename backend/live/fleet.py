@@ -20,9 +20,10 @@ import time
 from firmware.build import MODULES, compile_modules
 
 # MicroPython heap of an emulated agent (-X heapsize). The 64-bit unix port needs about 53 KB live (a 32-bit
-# board about 36 KB, `python -m backend.bench.edge`); 96 KB ran out under load (MemoryError encoding a report
-# with its riding segments while a slow broker filled the outbox), so the emulated boards get 128 KB.
-HEAP = "128k"
+# board about 36 KB, `python -m backend.bench.edge`). 96 KB once ran out under load (MemoryError encoding a report
+# with its riding segments while a slow broker filled the outbox); the outbox is bounded in bytes now, the codec
+# encodes into one buffer and an agent survives a MemoryError (tests/live/test_live_stall.py).
+HEAP = "96k"
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)

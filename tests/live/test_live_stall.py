@@ -15,7 +15,7 @@ import fleetcheck as fc
 from test_live_mixed import LAG, _finals_checked
 
 N_MP, N_CPY = 3, 1
-HEAP = "96k"            # the heap an emulated agent died in (CI of 5f1a830); backend.live.fleet.HEAP is 128 KB
+HEAP = "96k"            # the heap an emulated agent died in (CI of 5f1a830), backend.live.fleet.HEAP
 STALL = 30.0
 
 
