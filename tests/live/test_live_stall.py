@@ -73,4 +73,6 @@ def test_heap_limited_agents_ride_out_a_stalled_broker_and_the_finals_hold(tmp_p
     assert checked["top"][0] == 0, checked
     fin = finals["mean"]
     assert fin["final_violations"] == 0 and finals["top"]["final_violations"] == 0, finals
-    assert fin["final_through"] >= max(resumed, end - LAG - 3.0), (fin, resumed, end)    # finals go on after it
+    assert fin["final_through"] >= max(resumed, end - LAG - 3.0), (fin, resumed, end)    # finals go on after it,
+    clean = [a for a in answers if a["query"] == "mean" and a.get("final") and not a["degraded"] and resumed < a["time"]]
+    assert len(clean) >= 3, fin                                                          # resynchronised
