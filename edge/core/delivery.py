@@ -9,9 +9,9 @@ gone quiet from the missing marks. On a lossy link the backend turns ack mode on
 timeout rto > 0): every numbered uplink is kept until an ``ack`` covers its number and is sent again
 unchanged (its original number and stamp) when unacknowledged for rto, then 2·rto and 4·rto, then every
 4·rto; so a loss costs a resend delay, not a resynchronisation. At most ``size`` are kept (a few on a
-board, and at most ``budget`` bytes): the oldest goes first, and the backend then sees its gap. A birth supersedes what is kept. One
-resent ``TRIES`` times is given up (the backend acknowledges what it refuses too, so only an uplink it
-never hears gets there): the marks its resends held back go out again and show the backend its number
+board), and ``budget`` bytes unless one alone is more: the oldest goes first, and the backend then sees its
+gap. A birth supersedes what is kept. One resent ``TRIES`` times is given up (the backend acknowledges what
+it refuses too, so only an uplink it never hears gets there): the marks its resends held back go out again and show the backend its number
 missing, a lost uplink it resynchronises with a birth.
 Sans-IO, portable, float32-safe: times are the caller's clock (integer ms on a board, ``unit`` 1000).
 """
@@ -26,7 +26,7 @@ class Delivery:
         if size < 1:
             raise ValueError("a resend buffer holds at least 1 message")
         self.size = size
-        self.budget = budget    # bytes kept at most besides the newest (None: no byte bound)
+        self.budget = budget    # bytes kept at most, unless the newest alone is more (None: no byte bound)
         self.seq = 0            # the latest number used
         self.beat = 0           # B in clock units (0: no marks)
         self.rto = 0            # resend timeout in clock units (0: ack mode off)
