@@ -11,8 +11,8 @@ unchanged (its original number and stamp) when unacknowledged for rto, then 2·r
 4·rto; so a loss costs a resend delay, not a resynchronisation. At most ``size`` are kept (a few on a
 board), and ``budget`` bytes unless one alone is more: the oldest goes first, and the backend then sees its
 gap. A birth supersedes what is kept. One resent ``TRIES`` times is given up (the backend acknowledges what
-it refuses too, so only an uplink it never hears gets there): the marks its resends held back go out again and show the backend its number
-missing, a lost uplink it resynchronises with a birth.
+it refuses too, so only an uplink it never hears gets there): the marks its resends held back go out again
+and show the backend its number missing, a lost uplink it resynchronises with a birth.
 Sans-IO, portable, float32-safe: times are the caller's clock (integer ms on a board, ``unit`` 1000).
 """
 from edge.core import codec
