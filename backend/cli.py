@@ -223,7 +223,7 @@ def _add_device_commands(sub):
     g.add_argument("--dir", default="fleet", help="folder for broker, configs, logs and ground truth")
     g.add_argument("--fleet", default="demo")
     g.add_argument("--port", type=int, default=None, help="broker port (default: free port)")
-    g.add_argument("--heap", default="128k", help="MicroPython heap per agent (-X heapsize, default 128k = backend.live.fleet.HEAP)")
+    g.add_argument("--heap", default="96k", help="MicroPython heap per agent (-X heapsize, default 96k = backend.live.fleet.HEAP)")
     g.add_argument("--period", type=float, default=1.0, help="sample period (s)")
     g.add_argument("--trace", help="CSV trace (time,source,value) with sources s_<device> instead of random walks")
     g.add_argument("--seed", type=int, default=1)

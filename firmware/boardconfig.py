@@ -12,7 +12,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_KINDS = ("adc", "walk", "csv")
 # what the board agent reads (edge/runtime/micropython/qfagent.py, link.py, firmware/qfboard.py)
 KEYS = ("board", "wifi", "fleet", "device", "password", "host", "port", "user", "client_id", "keepalive", "period",
-        "width", "outbox", "sources", "ground_truth", "boot", "run_for")
+        "width", "outbox", "outbox_bytes", "sources", "ground_truth", "boot", "run_for")
 
 
 class ConfigError(ValueError):

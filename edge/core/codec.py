@@ -144,7 +144,10 @@ def _time_bits(n):
     sign = 0
     if n < 0:
         sign, n = 1 << 63, -n
-    e = len(bin(n)) - 3          # floor(log2 n)
+    e = 0                        # floor(log2 n), allocating nothing (``bin`` made a string on a board's heap)
+    for k in (32, 16, 8, 4, 2, 1):
+        if n >> (e + k):
+            e += k
     return sign | (1023 + e) << 52 | ((n << (52 - e)) & _M52)
 
 
@@ -163,6 +166,8 @@ for _name in SCHEMAS:
 # format for every field, a T as a double; names; types; the payload's size), built on first use (a few
 # small entries on a device's heap), or False for the other kinds.
 _FIXED = {}
+_ROWS = {}              # the same for a list's records: record types -> format, or False
+_QFMT = {}              # such a format -> the same with its times (T) as integer ms, a double's bits
 _LIMIT = {"B": 1 << 8, "H": 1 << 16, "I": 1 << 32}
 
 
@@ -181,11 +186,27 @@ def _fixed(kind, spec):
 def _pack(code, plan, rec):
     """A fixed-size kind's payload in one ``struct.pack``, or None when a field is not plainly valid
     (``_put`` then says which, or packs what it accepts beyond these: a bool or an int as a double)."""
-    fmt, names, types, _ = plan
+    b = _row(plan[0], plan[1], plan[2], rec)
+    return None if b is None else bytes((VERSION, code)) + b
+
+
+def _records(types):
+    """The fast path of a list's records of fixed size: their struct format (a T as a double), or False."""
+    p = _ROWS.get(types)
+    if p is None:
+        p = "*" not in types and "s" not in types and "y" not in types and "<" + types.replace("T", "d")
+        _ROWS[types] = p
+    return p
+
+
+def _row(fmt, names, types, rec):
+    """The fields of ``rec`` (a dict, or a tuple in schema order) in one ``struct.pack``, or None when a field is
+    not plainly valid. A list's records go this way too: a board's heap gets one piece per record, not per field."""
     vals = []
-    i = 0
+    row = type(rec) is tuple
+    i = ms = floats = 0
     for t in types:
-        v = rec.get(names[i])
+        v = rec[i] if row else rec.get(names[i])
         i += 1
         if t == "d":
             if type(v) is not float or v != v:
@@ -193,37 +214,58 @@ def _pack(code, plan, rec):
         elif t == "T":
             if type(v) is int and -(1 << 53) < v < 1 << 53:     # integer ms: their exact double's bits
                 v = _time_bits(v)
-                fmt = fmt[:i] + "Q" + fmt[i + 1:]
+                ms += 1
             elif type(v) is not float or v != v:
                 return None
+            else:
+                floats += 1
         elif type(v) is not int or not (-(1 << 63) <= v < 1 << 63 if t == "q" else 0 <= v < _LIMIT[t]):
             return None
         vals.append(v)
-    return bytes((VERSION, code)) + struct.pack(fmt, *vals)
+    if ms:
+        if floats:
+            return None         # times of both kinds in one message (``_put`` packs each)
+        q = _QFMT.get(fmt)
+        if q is None:
+            q = _QFMT[fmt] = fmt[0] + "".join(["Q" if t == "T" else c for t, c in zip(types, fmt[1:])])
+        fmt = q
+    return struct.pack(fmt, *vals)
 
 
 def _put(out, types, names, rec):
+    row = type(rec) is tuple        # a list's record in schema order: a board builds no dict per record
+    if row and len(rec) != len(types):
+        raise CodecError("a record of %d fields, not %d" % (len(rec), len(types)))
     for i in range(len(types)):
         t = types[i]
         name = names[i]
-        if name not in rec:
+        if row:
+            v = rec[i]
+        elif name not in rec:
             raise CodecError("field %s missing" % name)
-        v = rec[name]
+        else:
+            v = rec[name]
         if t == "*":
             if not isinstance(v, (list, tuple)) or len(v) > MAX_LIST:
                 raise CodecError("field %s: expected a list of at most %d records" % (name, MAX_LIST))
-            out.append(bytes((len(v),)))
+            out.append(len(v))
+            types, names = types[i + 1:], names[i + 1:]
+            fast = _records(types)
             for sub in v:
-                if not isinstance(sub, dict):
-                    raise CodecError("field %s: records must be dicts" % name)
-                _put(out, types[i + 1:], names[i + 1:], sub)
+                if not isinstance(sub, dict) and type(sub) is not tuple:
+                    raise CodecError("field %s: records must be dicts or tuples" % name)
+                b = _row(fast, names, types, sub) if fast and len(sub) == len(types) else None
+                if b is None:
+                    _put(out, types, names, sub)    # says what is wrong, or packs what it accepts beyond
+                else:
+                    out.extend(b)
             return
         if t == "s" or t == "y":
             ok = isinstance(v, str) if t == "s" else isinstance(v, (bytes, bytearray))
             if ok:
                 v = v.encode() if t == "s" else bytes(v)
                 ok = len(v) <= (MAX_STR if t == "s" else MAX_BLOB)
-                out.append(struct.pack("<B" if t == "s" else "<H", len(v)))
+                out.extend(struct.pack("<B" if t == "s" else "<H", len(v)))
                 t = "%ds" % len(v)
         elif t == "d":
             ok = isinstance(v, (int, float)) and v == v
@@ -239,7 +281,7 @@ def _put(out, types, names, rec):
             ok = isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 8 * struct.calcsize(t)
         if not ok:
             raise CodecError("field %s: bad value %r" % (name, v))
-        out.append(struct.pack("<" + t, v))
+        out.extend(struct.pack("<" + t, v))
 
 
 def encode(kind, fields):
@@ -250,9 +292,9 @@ def encode(kind, fields):
     plan = _fixed(kind, spec) if type(fields) is dict else False
     data = _pack(spec[0], plan, fields) if plan else None
     if data is None:
-        out = [bytes((VERSION, spec[0]))]
+        out = bytearray((VERSION, spec[0]))     # one buffer: a board's heap holds no piece per field
         _put(out, spec[2], spec[3].split(), fields)
-        data = b"".join(out)
+        data = bytes(out)
     if len(data) > MAX_PAYLOAD:
         raise CodecError("message of %d bytes exceeds %d" % (len(data), MAX_PAYLOAD))
     return data

@@ -11,8 +11,8 @@ unchanged (its original number and stamp) when unacknowledged for rto, then 2·r
 4·rto; one followed by a later uplink first at 3·rto (the backend sees its gap from the later number and
 asks for it sooner with a ``nack``, which resends it at once; it acknowledges only once the device is
 quiet, ``backend.coordinator.core.acks``); so a loss costs a round trip or a resend delay, not a
-resynchronisation. At most ``size`` are kept (a few on a
-board): the oldest goes first, and the backend then sees its gap. A birth supersedes what is kept. One
+resynchronisation. At most ``size`` are kept (a few on a board), and ``budget`` bytes unless one alone is
+more: the oldest goes first, and the backend then sees its gap. A birth supersedes what is kept. One
 resent ``TRIES`` times is given up (the backend acknowledges what it refuses too, so only an uplink it
 never hears gets there): the marks its resends held back go out again and show the backend its number
 missing, a lost uplink it resynchronises with a birth.
@@ -25,10 +25,11 @@ TRIES = 64      # resends of one uplink at most (about 250·rto)
 
 
 class Delivery:
-    def __init__(self, size):
+    def __init__(self, size, budget=None):
         if size < 1:
             raise ValueError("a resend buffer holds at least 1 message")
         self.size = size
+        self.budget = budget    # bytes kept at most, unless the newest alone is more (None: no byte bound)
         self.seq = 0            # the latest number used
         self.beat = 0           # B in clock units (0: no marks)
         self.rto = 0            # resend timeout in clock units (0: ack mode off)
@@ -43,12 +44,16 @@ class Delivery:
         payload = codec.encode(kind, fields)
         self.last = now
         if self.rto and keep:
-            for e in self.held:         # followed by this one: its gap shows (a nack asks for it)
+            held = self.held
+            for e in held:              # followed by this one: its gap shows (a nack asks for it)
                 if e[3] == 0 and e[2] < e[4] + 3 * self.rto:
                     e[2] = e[4] + 3 * self.rto
-            self.held.append([self.seq, payload, now + self.rto, 0, now])
-            if len(self.held) > self.size:
-                self.held.pop(0)
+            held.append([self.seq, payload, now + self.rto, 0, now])
+            n = 0
+            for e in held:
+                n += len(e[1])
+            while len(held) > 1 and (len(held) > self.size or self.budget and n > self.budget):
+                n -= len(held.pop(0)[1])
                 self.stats["overflow"] += 1
         return payload
 

@@ -5,6 +5,7 @@ returns to ``send(channel, payload) -> bool`` (False: not delivered). Uplink mes
 delivered wait in a bounded ``Outbox``; births are never queued, since ``online`` sends a fresh one
 after every (re)connect. ``skew`` (clock units) emulates a device clock that far ahead of the host's
 (negative: behind): the agent reads the host clock plus it, the ground truth stays on the host clock.
+A MemoryError that reaches a runtime's loop goes to ``oom``: the agent runs on (DESIGN.md §9).
 Sans-IO and portable: both runtimes wrap this object.
 """
 
@@ -17,6 +18,8 @@ class Pump:
         self.send = send
         self.truth = truth       # optional writable file: every sample as "time,source,value"
         self.skew = skew
+        self.ooms = 0            # MemoryErrors survived
+        self.owed = False        # a birth is owed (the heap ran out): sent by the next ``poll``
 
     def _emit(self, out):
         for channel, payload in out:
@@ -38,6 +41,9 @@ class Pump:
 
     def poll(self, now):
         """Take every reading due by ``now`` and fire the agent's timer if it is due."""
+        if self.owed:
+            self._emit(self.agent.start(now + self.skew))
+            self.owed = False
         for inp in self.inputs:
             for source, value in inp.poll(now):
                 if self.truth is not None:
@@ -57,3 +63,18 @@ class Pump:
             if n is not None and (t is None or n < t):
                 t = n
         return t
+
+    def oom(self):
+        """The heap ran out mid-step: free the older half of what is kept (the outbox, ack mode's resend buffer)
+        and skip a sequence number. Whatever the step was sending (a report, segments already taken from their
+        segmenter, a birth after reconnecting) may be lost and a filter recentred on it: the skipped number shows the
+        backend a gap (it degrades the device's stretch), and the birth the next ``poll`` sends resynchronises every
+        source; never a silent hole."""
+        self.ooms += 1
+        self.owed = True
+        if len(self.outbox):
+            self.outbox.shed()
+        d = self.agent.delivery
+        for _ in range((len(d.held) + 1) // 2):
+            d.held.pop(0)
+        d.seq = (d.seq + 1) & 0xFFFFFFFF

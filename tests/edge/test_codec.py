@@ -187,3 +187,13 @@ def test_a_heartbeat_past_24_days_goes_in_whole_seconds_and_a_device_keeps_it():
         to = a.token
         a.handle_message(0, encode("config", dict(SAMPLES["config"], inc=1, to=to, beat=codec.beat_field(year))))
         assert a.delivery.beat == year * unit
+
+
+def test_a_list_record_may_be_a_tuple_in_schema_order():
+    rec = {"src": 1, "epoch": 2, "a": 1000, "e": 2500, "v": 0.5, "s": -0.25, "w": 1.0, "f": 1}
+    row = (1, 2, 1000, 2500, 0.5, -0.25, 1.0, 1)
+    assert codec.encode("segs", {"seq": 3, "t": 9, "segs": [row, rec]}) == \
+        codec.encode("segs", {"seq": 3, "t": 9, "segs": [rec, rec]})
+    assert codec.decode(codec.encode("segs", {"seq": 3, "t": 9, "segs": [row]}))[1]["segs"] == [rec]
+    raises(codec.CodecError, codec.encode, "segs", {"seq": 3, "t": 9, "segs": [row[:-1]]})
+    raises(codec.CodecError, codec.encode, "segs", {"seq": 3, "t": 9, "segs": [list(row)]})

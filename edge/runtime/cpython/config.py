@@ -8,6 +8,7 @@ Example::
     period = 1.0            # default sample period, seconds
     width = 1.0             # bound width until the backend assigns one
     outbox = 1024           # messages kept while disconnected
+    outbox_bytes = 1048576  # ... and their payload bytes at most
     ground_truth = "truth.csv"   # optional: every sample as time,source,value
     clock_skew = 0.0        # optional (s): emulate a device clock this far ahead of the host's (tests)
 
@@ -32,13 +33,14 @@ import math
 import os
 import tomllib
 
-DEFAULTS = {"period": 1.0, "width": 0.0, "outbox": 1024, "ground_truth": None, "boot": None, "clock_skew": 0.0}
+DEFAULTS = {"period": 1.0, "width": 0.0, "outbox": 1024, "outbox_bytes": 1048576, "ground_truth": None, "boot": None, "clock_skew": 0.0}
 BROKER_DEFAULTS = {"host": "127.0.0.1", "port": 1883, "tls": False, "ca": None, "cert": None, "key": None,
                    "keepalive": 30, "user": None, "client_id": None}
 REQUIRED = ("fleet", "device", "password", "sources")
 # what each key may hold: "str", "bool", "int" (with its least value), "num+" (> 0), "num0" (>= 0), "num"
 TOP = {"fleet": "str", "device": "str", "password": "str", "sources": "table", "broker": "table",
-       "period": "num+", "width": "num0", "outbox": ("int", 1), "ground_truth": "str", "boot": ("int", 0),
+       "period": "num+", "width": "num0", "outbox": ("int", 1), "outbox_bytes": ("int", 1),
+       "ground_truth": "str", "boot": ("int", 0),
        "clock_skew": "num"}
 BROKER = {"host": "str", "port": ("int", 1), "tls": "bool", "ca": "str", "cert": "str", "key": "str",
           "keepalive": ("int", 1), "user": "str", "client_id": "str"}

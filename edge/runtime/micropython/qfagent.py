@@ -4,11 +4,13 @@ Run on the unix port with ``MICROPYPATH=<repo>:<repo>/edge/runtime/micropython``
 ``micropython -X heapsize=32k -m qfagent device.json``; on a board, ``main.py`` calls ``main(path)``.
 The config is JSON: ``fleet``, ``device``, ``password``, ``host``, ``port``, ``keepalive``, ``user`` and
 ``client_id`` (optional: default the device id and ``qf-<fleet>-<device>``; no TLS: see README),
-``period``, ``width``, ``outbox``, ``ground_truth`` (optional path), ``boot`` (optional),
+``period``, ``width``, ``outbox`` (messages) and ``outbox_bytes`` (their payload bytes, default
+edge.runtime.outbox.BUDGET) kept while the broker is away, ``ground_truth`` (optional path), ``boot`` (optional),
 ``clock_skew_ms`` (optional: emulate a clock that far ahead of the host's, edge.runtime.pump),
 ``run_for`` (optional seconds, then stop as on Ctrl-C) and
 ``sources``: a list of ``{"name": ..., "kind": "walk" | "csv", ...}`` in source-index order.
-Ctrl-C (SIGINT) stops cleanly and prints the agent's counters as one JSON line.
+Ctrl-C (SIGINT) stops cleanly and prints the agent's counters as one JSON line. A MemoryError in the loop is
+survived (``Pump.oom``, counted as ``oom``).
 Time is integer milliseconds (edge.runtime.clock): the same code runs on a float32 board. Control
 messages are acknowledged only after the agent has handled them (link.py).
 """
@@ -21,7 +23,7 @@ import time
 
 from edge.agent import Agent
 from edge.runtime.clock import Clock
-from edge.runtime.outbox import Outbox
+from edge.runtime.outbox import BUDGET, Outbox
 from edge.runtime.pump import Pump
 from edge.runtime.sensors import make_inputs, span
 from link import Link
@@ -62,13 +64,14 @@ def main(path, hook=None, more_inputs=None, synced=None):
         raise ValueError("unsupported source kind: %r" % (rest[0][1].get("kind"),))
     truth = open(cfg["ground_truth"], "a") if cfg.get("ground_truth") else None
     link = Link(cfg, agent.will())
-    pump = Pump(agent, inputs, Outbox(cfg.get("outbox", 32)), link.send, truth, cfg.get("clock_skew_ms", 0))
+    box = Outbox(cfg.get("outbox", 32), cfg.get("outbox_bytes", BUDGET))
+    pump = Pump(agent, inputs, box, link.send, truth, cfg.get("clock_skew_ms", 0))
     gc.collect()
     peak = gc.mem_alloc()
     stop_at = now + span(cfg["run_for"], 1000) if cfg.get("run_for") else None
     n = 0
-    try:
-        while stop_at is None or now < stop_at:
+    while stop_at is None or now < stop_at:
+        try:
             if hook is not None:
                 hook()
             n += 1
@@ -88,12 +91,17 @@ def main(path, hook=None, more_inputs=None, synced=None):
             link.wait(min(max(ms, 0), MAX_WAIT_MS))
             if truth is not None:
                 truth.flush()
-    except KeyboardInterrupt:
-        pass
+        except KeyboardInterrupt:
+            break
+        except MemoryError:         # never a crash (or reset) loop: free what is kept, show the gap, go on
+            pump.oom()
+            gc.collect()
+            now = clock()
     if truth is not None:
         truth.close()
     gc.collect()
-    stats = {"outbox": len(pump.outbox), "outbox_dropped": pump.outbox.dropped, "inbox_overflows": link.overflows,
+    stats = {"outbox": len(pump.outbox), "outbox_dropped": pump.outbox.dropped, "oom": pump.ooms,
+             "inbox_overflows": link.overflows,
              "link_failures": link.failures, "heap_free": gc.mem_free(), "heap_used": gc.mem_alloc(), "heap_peak": peak}
     stats.update(agent.stats)
     stats.update(agent.delivery.stats)
