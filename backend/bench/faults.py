@@ -10,7 +10,10 @@ non-degraded answers wider than their precision (0), the share of checked instan
 answered degraded next to the share the faults forced (``backend.sim.forced``), the share of final answers
 (by record and by the time they stand) wider than the precision (and how many of those do not say their width:
 0), messages against the fault-free run, and ack mode's traffic (acks, nacks, the devices' resends). Writes
-``faults.csv`` and ``faults.md`` to ``--out``.
+``faults.csv`` and ``faults.md`` to ``--out``. ``--seeds 7,1001`` runs the issue's workload alone at its full
+1,200 s per seed, with the faults and with the skew alone, and prints adaptive against deadband per seed: all
+messages, and without ack mode's delivery traffic (acks, nacks, resends: which messages a lossy network drops is
+a different draw in each run), with the final answers' quality beside them.
 """
 import argparse
 import copy
@@ -85,11 +88,41 @@ def table(scale):
     return rows
 
 
+def seeds(which):
+    """The issue's workload per seed in ``which`` at full length, with the faults and with the skew alone."""
+    cols = ("seed", "network", "protocol", "messages", "delivery", "others", "violations", "precision_misses",
+            "final_wide", "final_wide_unsaid", "degraded_or_withdrawn", "withdraw_delay_max")
+    lines = ["| " + " | ".join(cols) + " | adaptive − deadband (all / others) |", "|" + "---|" * (len(cols) + 1)]
+    for seed in which:
+        for label, faults in (("faults", FAULTS), ("skew", {"skew": FAULTS["skew"]})):
+            got = {}
+            for protocol in ("adaptive", "deadband"):
+                r = run("final-%d" % seed, dict(FINAL, seed=seed), protocol, faults)
+                msgs = r["messages"]["up"] + r["messages"]["down"]
+                delivery = r["by_kind"].get("ack", 0) + r["by_kind"].get("nack", 0) + r["resent"]
+                f = r["faults"]
+                got[protocol] = row = {
+                    "seed": seed, "network": label, "protocol": protocol, "messages": msgs, "delivery": delivery,
+                    "others": msgs - delivery, "violations": r["violations"], "precision_misses": r["precision_misses"],
+                    "final_wide": round(r["final_wide"][0], 5), "final_wide_unsaid": r["final_wide_unsaid"],
+                    "degraded_or_withdrawn": round(f["degraded_or_withdrawn"] or 0.0, 4),
+                    "withdraw_delay_max": round(f["withdraw_delay_max"] or 0.0, 3)}
+                lines.append("| " + " | ".join(str(row[c]) for c in cols) + " | |")
+            a, d = got["adaptive"], got["deadband"]
+            lines[-1] = lines[-1][:-2] + " %+d / %+d |" % (a["messages"] - d["messages"], a["others"] - d["others"])
+            print(lines[-2] + "\n" + lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scale", type=float, default=0.1, help="duration scale of the bench workloads")
     p.add_argument("--out", default=os.path.join("results", "bench"))
+    p.add_argument("--seeds", help="comma-separated seeds: the issue's workload alone at full length per seed")
     args = p.parse_args(argv)
+    if args.seeds:
+        print(seeds([int(x) for x in args.seeds.split(",")]))
+        return 0
     rows = table(args.scale)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "faults.csv"), "w", newline="") as fh:
