@@ -46,7 +46,7 @@ import time
 
 from backend import host as hostmod
 from backend.answers import answer_json, error_record, guarantee, strict
-from backend.spark import state, zipcache
+from backend.spark import quickack, state, zipcache
 from backend.spark.answers import Table, read_answers  # noqa: F401 (read_answers: the job's reader)
 from backend.spark.publish import Publisher  # noqa: F401 (the job's publisher)
 from backend.spark.retention import Retention
@@ -128,6 +128,7 @@ def _processor_class():
 
         def init(self, handle):
             zipcache.install()      # this worker's later tasks skip re-reading PySpark's archives
+            quickack.install(handle)        # state calls' replies without delayed-ACK stalls
             self.state = state.GroupState(handle, self.settings, self.snapshot_dir, *self.snapshot)
 
         def handleInputRows(self, key, rows, timerValues):
