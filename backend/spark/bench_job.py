@@ -46,7 +46,7 @@ import time
 
 from backend import host
 from backend.live.broker import Broker
-from backend.spark import job
+from backend.spark import job, quickack, zipcache
 from backend.spark.state import SNAPSHOT_RECORDS
 from backend.spark.spool import Spool
 from edge.core import codec, topics
@@ -67,6 +67,8 @@ def floor_processor():
 
     class Floor(StatefulProcessor):
         def init(self, handle):
+            zipcache.install()      # as the job's processor does: the floor measures Spark, not Python 3.11's zipimport
+            quickack.install(handle)
             self.count = handle.getValueState("count", "n long")
 
         def handleInputRows(self, key, rows, timerValues):

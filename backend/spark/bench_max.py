@@ -10,6 +10,8 @@ window, the job drained it afterwards, and the feeder offered what was asked (el
 job, is the limit and the search stops there). The offered rate doubles from ``--start`` until a step
 fails, then ``--refine`` bisections narrow it. Spark's no-op floor (``bench_job.floor_processor``) is
 searched the same way on the same source, from the job's result, and the ratio of the two maxima printed.
+``--groups N`` runs both keyed by query group (``bench_job --groups``: N sum queries over blocks of the
+sources, 2 shuffle partitions), so independent groups run on parallel tasks.
 """
 import argparse
 import os
@@ -60,6 +62,9 @@ def main(argv=None):
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--trigger", type=float, default=0.25)
     ap.add_argument("--kafka-partitions", type=int, default=2)
+    ap.add_argument("--groups", type=int, default=0,
+                    help="key the job by query group: N sum queries over blocks of the sources (bench_job --groups)")
+    ap.add_argument("--partitions", type=int, default=None, help="shuffle partitions (default 1, 2 with --groups)")
     ap.add_argument("--job-only", action="store_true", help="search the job alone (no floor)")
     args = ap.parse_args(argv)
     found = {}
@@ -67,6 +72,7 @@ def main(argv=None):
         def run(rate, floor=floor):
             load = "%.1f" % os.getloadavg()[0]       # the bench shares its cores: the 1-minute load before the step
             f = bench_job.measure(rate, args.seconds, args.devices, args.trigger, floor=floor, warmup=args.warmup,
+                                  groups=args.groups, partitions=args.partitions or (2 if args.groups else 1),
                                   ingest="kafka", kafka_partitions=args.kafka_partitions,
                                   max_offsets=max(1, int(rate * args.batch_s)))
             print("%s at %d/s offered (%d/s fed): %s; backlog grew %d records (bound %d), %s; batches %d, median %d "
@@ -79,7 +85,7 @@ def main(argv=None):
         found[floor] = best
         print("%s: max sustained %d reports/s%s (maxOffsetsPerTrigger %g s of the rate, %d devices, %d steps)" % (
             "Spark floor" if floor else "job", best, " [the feeder could not offer more: a lower bound]" if bound else "",
-            args.batch_s, args.devices, len(steps)), flush=True)
+            args.batch_s, args.devices, len(steps)) + (", %d query groups" % args.groups if args.groups else ""), flush=True)
     if True in found:
         print("ratio to Spark's floor: max sustained %.2f" % (found[False] / max(found[True], 1e-9)))
     return 0

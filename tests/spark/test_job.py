@@ -301,3 +301,36 @@ def test_a_checkpoint_resumes_after_settings_gain_a_key_at_its_default(tmp_path)
         job.check_settings(out, {"protocol": "deadband", "period": 5.0, "rate": 50.0})  # not the default: refused
     with pytest.raises(ValueError, match="use a new --dir"):
         job.check_settings(out, {"protocol": "deadband", "period": 6.0})
+
+
+def test_a_checkpoint_made_by_sparks_default_file_manager_resumes_under_the_jobs(job_spark, tmp_path):
+    """The job writes its checkpoint through ``job.CHECKPOINT_FILE_MANAGER`` (renames without Hadoop's forked
+    ``readlink``); a checkpoint that Spark's default FileContext manager wrote (every earlier release of the
+    job) resumes under it, and back, with nothing lost or repeated: the plain reference's answers, downlinks
+    and state bit for bit."""
+    key = "spark.sql.streaming.checkpointFileManagerClass"
+    assert job_spark.conf.get(key) == job.CHECKPOINT_FILE_MANAGER
+    default = "org.apache.spark.sql.execution.streaming.FileContextBasedCheckpointFileManager"
+    settings = {"protocol": "deadband", "period": 5.0}
+    records, ref = record(settings, duration=30.0, seed=4)
+    spool, out = str(tmp_path / "spool"), str(tmp_path / "out")
+    pub = FakePublisher()
+    sink = job.Sink(out, FLEET, pub)
+    done = 0
+    with Spool(spool, fsync="never") as sp:
+        for manager, end in zip((default, job.CHECKPOINT_FILE_MANAGER, default),
+                                (len(records) // 3, 2 * len(records) // 3, len(records))):
+            job_spark.conf.set(key, manager)
+            try:
+                sp.append(records[done:end])
+                done = end
+                q = job.start(job_spark, spool, out, FLEET, settings, trigger=0.2, status_sources=True, sink=sink)
+                try:
+                    q.processAllAvailable()
+                finally:
+                    q.stop()
+                assert q.exception() is None
+            finally:
+                job_spark.conf.set(key, job.CHECKPOINT_FILE_MANAGER)
+    compare(out, ref, len(records))
+    assert downlinks(pub.sent) == ref["downs"]
