@@ -62,6 +62,13 @@ class Delivery:
         self.held = []
         self.last = now
 
+    def shed(self):
+        """The heap ran out: drop the older half of what is kept and skip a number, so whatever was being sent
+        shows the backend a gap."""
+        for _ in range((len(self.held) + 1) // 2):
+            self.held.pop(0)
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+
     def link(self, rto):
         """Ack mode with resend timeout ``rto`` (clock units); 0 turns it off."""
         self.rto = rto

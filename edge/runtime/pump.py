@@ -74,7 +74,4 @@ class Pump:
         self.owed = True
         if len(self.outbox):
             self.outbox.shed()
-        d = self.agent.delivery
-        for _ in range((len(d.held) + 1) // 2):
-            d.held.pop(0)
-        d.seq = (d.seq + 1) & 0xFFFFFFFF
+        self.agent.delivery.shed()

@@ -17,6 +17,7 @@ import math
 
 from backend.coordinator.core.aggregate import add_exact
 from backend.coordinator.core.envelope import Extreme
+from backend.coordinator.core.vouch import WIDER
 
 INF = math.inf
 SPLIT = 134217729.0         # 2**27 + 1, Veltkamp's splitter
@@ -275,7 +276,7 @@ class Lines:
         rec = {"lo": lo, "hi": hi, "dlo": dlo, "dhi": dhi, "degraded": False}
         w = hi - lo
         wide = w == INF or w > precision + self.slack * (abs(lo) + abs(hi))
-        said = "wider than precision: width %.6g, precision %.6g" % (w, precision) if wide else None
+        said = WIDER % (w, precision) if wide else None
         if self.why:        # (a source unknown: a COUNT's bound can still be finite, and says its width)
             if self.said is None:
                 self.said = reasons(self.why)

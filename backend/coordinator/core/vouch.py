@@ -17,6 +17,7 @@ import math
 WIDTH_TOL = 1e-9        # relative: a width over δ by float rounding only is within it
 F32_TOL = 2.0 ** -18    # the same for a query over a float32 board (its mirror pads one float32 step, 2**-20)
 NAMED = 5               # sources named in a reason at most
+WIDER = "wider than precision: width %.6g, precision %.6g"     # an answer's reason (final ones too: lines.py)
 SCAN = 64               # sources looked at for the cause of a wide answer at most
 
 
@@ -88,7 +89,7 @@ class Vouch:
         elif budgeted and hi - lo > q.precision + WIDTH_TOL * (1.0 + abs(lo) + abs(hi)) and not (
                 hi - lo <= q.precision + F32_TOL * (abs(lo) + abs(hi)) and self._single(q)):
             fields["degraded"] = True
-            fields["reason"] = "wider than precision: width %.6g, precision %.6g (%s)" % (hi - lo, q.precision, self._cause(q))
+            fields["reason"] = "%s (%s)" % (WIDER % (hi - lo, q.precision), self._cause(q))
 
     def _single(self, q):
         """Whether a source of ``q`` is on a float32 board (asked only of an answer a hair over δ)."""
