@@ -12,14 +12,32 @@ fails, then ``--refine`` bisections narrow it. Spark's no-op floor (``bench_job.
 searched the same way on the same source, from the job's result, and the ratio of the two maxima printed.
 ``--groups N`` runs both keyed by query group (``bench_job --groups``: N sum queries over blocks of the
 sources, 2 shuffle partitions), so independent groups run on parallel tasks.
+
+``--drain`` measures both without a feeder in the way (the rate search above stops where its feeder, one
+Python thread beside the job, cannot offer more: a floor it finds is the feeder's): the bench's workload
+(births, then ``--records`` reports stamped ``--rate`` per second of record time, ``backend.bench.host``)
+is produced into the topic first, then the job, and after it the no-op floor on a topic filled the same
+way, drain it from the start with every batch bounded to ``--drain-batch`` records. The Host's clock is its
+records' time, so the job applies exactly what it would live. A drain's rate is the records applied from
+the end of its ``SKIP``-th batch (the births and each worker's first batches behind) to its last, over the
+time between: the maximum sustained rate at that batch size, job and floor alike, and their ratio.
 """
 import argparse
 import os
+import shutil
 import sys
+import tempfile
+import time
 
-from backend.spark import bench_job
+from backend import host
+from backend.bench.host import reports
+from backend.live.broker import Broker
+from backend.spark import bench_job, job
+from backend.spark.state import SNAPSHOT_RECORDS
 
 KEEP_OFFERED = 0.95     # a step whose feeder offered less than this share of its rate is feeder-bound
+SKIP = 2                # drain: batches before the timed ones (the births, each worker's first batch)
+FILL = 20000            # drain: records produced per append while filling the topic
 
 
 def kept_up(f):
@@ -50,6 +68,77 @@ def search(run, start, refine, top):
     return lo, steps, False
 
 
+def drain(floor, devices=2000, records=320000, rate=8000, batch=16000, trigger=0.25, kafka_partitions=2, timeout=900.0):
+    """Fill a topic with the bench's births and ``records`` reports, then drain it with the job (or the no-op
+    floor), ``batch`` records a micro-batch at most; returns ``{"rate": records/s, "batches": timed batches,
+    "records": applied in them, "seconds": their time, "median_ms": median batch time}``."""
+    from backend.spark.kafkabroker import KafkaBroker
+    from backend.spark.kafkalog import KafkaLog, Topic
+    root = tempfile.mkdtemp(prefix="qf-bench-drain-")
+    kafka = KafkaBroker(os.path.join(root, "kafka"), partitions=kafka_partitions).start()
+    broker = Broker(os.path.join(root, "broker"), "bench", [], autosave=60).start()
+    pub = bench_job._Publisher(broker.host, broker.port, "backend", broker.credentials("backend")[1], "qf-bench-drain")
+    log = KafkaLog(kafka.bootstrap, "qf.bench", "bench", partitions=kafka_partitions)
+    spark, q, done = None, None, []
+    try:
+        t0 = float(int(time.time()))
+        log.append(bench_job.births(devices, t0))
+        chunk = []
+        for r in reports(devices, rate, records, t0):
+            chunk.append(r)
+            if len(chunk) == FILL:
+                log.append(chunk)
+                chunk = []
+        log.append(chunk)
+        total = log.latest_offset()
+        spark = job.session("local[*]", app="qf-bench-drain")
+
+        def on_batch(batch_id, status, answers, published_at):
+            last = [g["last_offset"] + 1 for g in status.values() if g.get("last_offset") is not None]
+            done.append((published_at, max(last + [done[-1][1] if done else 0])))
+
+        settings = host.settings(protocol="naive", period=10.0, latency=0.0)
+        processor = bench_job.floor_processor() if floor else job._processor_class()(settings, snapshot_records=SNAPSHOT_RECORDS)
+        q = job.start(spark, Topic(kafka.bootstrap, "qf.bench", maxOffsetsPerTrigger=batch), os.path.join(root, "out"),
+                      "bench", settings, publisher=pub, trigger=trigger, on_batch=on_batch, processor=processor)
+        end = time.time() + timeout
+        while (not done or done[-1][1] < total) and time.time() < end:
+            time.sleep(0.05)
+        if not done or done[-1][1] < total or len(done) < SKIP + 2:
+            raise RuntimeError("the drain did not finish: %d of %d records in %d batches" % (
+                done[-1][1] if done else 0, total, len(done)))
+        timed = done[SKIP:]
+        spans = sorted(b[0] - a[0] for a, b in zip(timed, timed[1:]))
+        seconds, applied = timed[-1][0] - timed[0][0], timed[-1][1] - timed[0][1]
+        return {"rate": applied / seconds, "batches": len(timed) - 1, "records": applied, "seconds": seconds,
+                "median_ms": 1000 * spans[len(spans) // 2]}
+    finally:
+        if q is not None:
+            q.stop()
+        if spark is not None:
+            spark.stop()
+        pub.close()
+        log.close()
+        broker.stop()
+        kafka.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def drains(args):
+    """``--drain``: the job's and the floor's drain rates (one after the other) and their ratio."""
+    found = {}
+    for floor in (False, True):
+        load = "%.1f" % os.getloadavg()[0]
+        f = drain(floor, args.devices, args.records, args.rate, args.drain_batch, args.trigger, args.kafka_partitions)
+        found[floor] = f["rate"]
+        print("%s drained %d records in %d batches of <= %d in %.1f s: %d records/s (median batch %d ms; %d devices, "
+              "reports at %d/s of record time); load %s before" % (
+                  "Spark floor" if floor else "job", f["records"], f["batches"], args.drain_batch, f["seconds"],
+                  f["rate"], f["median_ms"], args.devices, args.rate, load), flush=True)
+    print("ratio to Spark's floor (drain, batches of <= %d records): %.2f" % (args.drain_batch, found[False] / found[True]))
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", type=int, default=2000)
@@ -66,7 +155,13 @@ def main(argv=None):
                     help="key the job by query group: N sum queries over blocks of the sources (bench_job --groups)")
     ap.add_argument("--partitions", type=int, default=None, help="shuffle partitions (default 1, 2 with --groups)")
     ap.add_argument("--job-only", action="store_true", help="search the job alone (no floor)")
+    ap.add_argument("--drain", action="store_true", help="fill the topic first, then time the job and the floor draining it")
+    ap.add_argument("--records", type=int, default=320000, help="--drain: reports in the topic")
+    ap.add_argument("--rate", type=int, default=8000, help="--drain: reports per second of record time")
+    ap.add_argument("--drain-batch", type=int, default=16000, help="--drain: maxOffsetsPerTrigger")
     args = ap.parse_args(argv)
+    if args.drain:
+        return drains(args)
     found = {}
     for floor in (False,) if args.job_only else (False, True):
         def run(rate, floor=floor):
