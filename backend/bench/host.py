@@ -13,7 +13,9 @@ record, ``backend.spark.bench_max``).
 import argparse
 import cProfile
 import gc
+import hashlib
 import io
+import json
 import pstats
 import sys
 import time
@@ -46,8 +48,8 @@ def as_records(triples):
 
 
 def run(devices=2000, rate=2000, seconds=60.0, batch_s=0.5, profile=None):
-    """``(µs per report record, answer rows, digest of the host at the end)``; ``profile``: a cProfile.Profile
-    enabled over the reports."""
+    """``(µs per report record, answer rows, sha256 of every output row and the host's digest at the end)``;
+    ``profile``: a cProfile.Profile enabled over the reports (outputs are hashed after the timing)."""
     t0 = 1.7e9
     h = host.Host(host.settings(protocol="naive", period=10.0, latency=0.0))
     job.run_batch(h, as_records(births(devices, t0)))
@@ -55,18 +57,22 @@ def run(devices=2000, rate=2000, seconds=60.0, batch_s=0.5, profile=None):
     gc.freeze()             # as the job's worker does once its Hosts are held (state._freeze)
     recs = as_records(reports(devices, rate, int(rate * seconds), t0))
     per = max(1, int(rate * batch_s))
-    answers = 0
+    outs = []
     if profile is not None:
         profile.enable()
     start = time.process_time()
     for i in range(0, len(recs), per):
-        cols = job.run_batch(h, recs[i:i + per])
-        answers += cols["kind"].count("answer")
+        outs.append(job.run_batch(h, recs[i:i + per]))
     spent = time.process_time() - start
     if profile is not None:
         profile.disable()
     gc.unfreeze()
-    return 1e6 * spent / max(1, len(recs)), answers, host.digest(h)
+    sha = hashlib.sha256()
+    for cols in outs:
+        for kind, target, payload, body in zip(cols["kind"], cols["target"], cols["payload"], cols["body"]):
+            sha.update(repr((kind, target, payload, body if kind != "status" else None)).encode())
+    sha.update(json.dumps(host.digest(h), sort_keys=True).encode())
+    return 1e6 * spent / max(1, len(recs)), sum(c["kind"].count("answer") for c in outs), sha.hexdigest()
 
 
 def main(argv=None):
@@ -78,10 +84,10 @@ def main(argv=None):
     ap.add_argument("--profile", type=int, default=0, help="print cProfile's top N functions by own time")
     args = ap.parse_args(argv)
     prof = cProfile.Profile() if args.profile else None
-    us, answers, d = run(args.devices, args.rate, args.seconds, args.batch_s, prof)
+    us, answers, sha = run(args.devices, args.rate, args.seconds, args.batch_s, prof)
     print("host per report record: %.1f us CPU (%d reports, %d answer changes, %d devices, rate %d/s, batches of "
-          "%g s) = %d records/s on one core" % (us, int(args.rate * args.seconds), answers, args.devices, args.rate,
-                                                args.batch_s, 1e6 / us))
+          "%g s) = %d records/s on one core; outputs sha256 %s" % (us, int(args.rate * args.seconds), answers, args.devices,
+                                                                    args.rate, args.batch_s, 1e6 / us, sha[:16]))
     if prof is not None:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(args.profile)

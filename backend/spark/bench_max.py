@@ -95,7 +95,9 @@ def drain(floor, devices=2000, records=320000, rate=8000, batch=16000, trigger=0
 
         def on_batch(batch_id, status, answers, published_at):
             last = [g["last_offset"] + 1 for g in status.values() if g.get("last_offset") is not None]
-            done.append((published_at, max(last + [done[-1][1] if done else 0])))
+            done.append((published_at, max(last + [done[-1][1] if done else 0]),
+                         sum(g.get("host_s", 0.0) for g in status.values()), sum(g.get("store_s", 0.0) for g in status.values()),
+                         sum(g.get("host_cpu_s", 0.0) for g in status.values())))
 
         settings = host.settings(protocol="naive", period=10.0, latency=0.0)
         processor = bench_job.floor_processor() if floor else job._processor_class()(settings, snapshot_records=SNAPSHOT_RECORDS)
@@ -111,7 +113,9 @@ def drain(floor, devices=2000, records=320000, rate=8000, batch=16000, trigger=0
         spans = sorted(b[0] - a[0] for a, b in zip(timed, timed[1:]))
         seconds, applied = timed[-1][0] - timed[0][0], timed[-1][1] - timed[0][1]
         return {"rate": applied / seconds, "batches": len(timed) - 1, "records": applied, "seconds": seconds,
-                "median_ms": 1000 * spans[len(spans) // 2]}
+                "median_ms": 1000 * spans[len(spans) // 2],
+                "host_us": 1e6 * sum(b[2] for b in timed[1:]) / applied, "store_us": 1e6 * sum(b[3] for b in timed[1:]) / applied,
+                "host_cpu_us": 1e6 * sum(b[4] for b in timed[1:]) / applied}
     finally:
         if q is not None:
             q.stop()
@@ -131,10 +135,13 @@ def drains(args):
         load = "%.1f" % os.getloadavg()[0]
         f = drain(floor, args.devices, args.records, args.rate, args.drain_batch, args.trigger, args.kafka_partitions)
         found[floor] = f["rate"]
-        print("%s drained %d records in %d batches of <= %d in %.1f s: %d records/s (median batch %d ms; %d devices, "
-              "reports at %d/s of record time); load %s before" % (
+        print("%s drained %d records in %d batches of <= %d in %.1f s: %d records/s = %.1f us a record (median batch "
+              "%d ms%s; %d devices, reports at %d/s of record time); load %s before" % (
                   "Spark floor" if floor else "job", f["records"], f["batches"], args.drain_batch, f["seconds"],
-                  f["rate"], f["median_ms"], args.devices, args.rate, load), flush=True)
+                  f["rate"], 1e6 / f["rate"], f["median_ms"], "" if floor else
+                  "; Python worker host %.1f us (%.1f us CPU), state store %.1f us a record" % (
+                      f["host_us"], f["host_cpu_us"], f["store_us"]),
+                  args.devices, args.rate, load), flush=True)
     print("ratio to Spark's floor (drain, batches of <= %d records): %.2f" % (args.drain_batch, found[False] / found[True]))
     return 0
 
