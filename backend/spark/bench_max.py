@@ -68,18 +68,23 @@ def search(run, start, refine, top):
     return lo, steps, False
 
 
-def drain(floor, devices=2000, records=320000, rate=8000, batch=16000, trigger=0.25, kafka_partitions=2, timeout=900.0):
+def drain(floor, devices=2000, records=320000, rate=8000, batch=16000, trigger=0.25, kafka_partitions=2, timeout=900.0,
+          kafka=None, spark=None):
     """Fill a topic with the bench's births and ``records`` reports, then drain it with the job (or the no-op
     floor), ``batch`` records a micro-batch at most; returns ``{"rate": records/s, "batches": timed batches,
-    "records": applied in them, "seconds": their time, "median_ms": median batch time}``."""
+    "records": applied in them, "seconds": their time, "median_ms": median batch time, "total": records in
+    the topic, "sizes": every batch's records, "host_us", "host_cpu_us", "store_us": the worker's per record}``.
+    ``kafka``, ``spark``: a running broker and session to use (else started and stopped here)."""
     from backend.spark.kafkabroker import KafkaBroker
     from backend.spark.kafkalog import KafkaLog, Topic
     root = tempfile.mkdtemp(prefix="qf-bench-drain-")
-    kafka = KafkaBroker(os.path.join(root, "kafka"), partitions=kafka_partitions).start()
+    own = kafka is None, spark is None
+    kafka = kafka or KafkaBroker(os.path.join(root, "kafka"), partitions=kafka_partitions).start()
     broker = Broker(os.path.join(root, "broker"), "bench", [], autosave=60).start()
     pub = bench_job._Publisher(broker.host, broker.port, "backend", broker.credentials("backend")[1], "qf-bench-drain")
-    log = KafkaLog(kafka.bootstrap, "qf.bench", "bench", partitions=kafka_partitions)
-    spark, q, done = None, None, []
+    name = "qf.bench.%s" % os.path.basename(root)       # (a topic of its own on a shared broker)
+    log = KafkaLog(kafka.bootstrap, name, "bench", partitions=kafka_partitions)
+    q, done = None, []
     try:
         t0 = float(int(time.time()))
         log.append(bench_job.births(devices, t0))
@@ -91,7 +96,7 @@ def drain(floor, devices=2000, records=320000, rate=8000, batch=16000, trigger=0
                 chunk = []
         log.append(chunk)
         total = log.latest_offset()
-        spark = job.session("local[*]", app="qf-bench-drain")
+        spark = spark or job.session("local[*]", app="qf-bench-drain")
 
         def on_batch(batch_id, status, answers, published_at):
             last = [g["last_offset"] + 1 for g in status.values() if g.get("last_offset") is not None]
@@ -101,7 +106,7 @@ def drain(floor, devices=2000, records=320000, rate=8000, batch=16000, trigger=0
 
         settings = host.settings(protocol="naive", period=10.0, latency=0.0)
         processor = bench_job.floor_processor() if floor else job._processor_class()(settings, snapshot_records=SNAPSHOT_RECORDS)
-        q = job.start(spark, Topic(kafka.bootstrap, "qf.bench", maxOffsetsPerTrigger=batch), os.path.join(root, "out"),
+        q = job.start(spark, Topic(kafka.bootstrap, name, maxOffsetsPerTrigger=batch), os.path.join(root, "out"),
                       "bench", settings, publisher=pub, trigger=trigger, on_batch=on_batch, processor=processor)
         end = time.time() + timeout
         while (not done or done[-1][1] < total) and time.time() < end:
@@ -113,18 +118,20 @@ def drain(floor, devices=2000, records=320000, rate=8000, batch=16000, trigger=0
         spans = sorted(b[0] - a[0] for a, b in zip(timed, timed[1:]))
         seconds, applied = timed[-1][0] - timed[0][0], timed[-1][1] - timed[0][1]
         return {"rate": applied / seconds, "batches": len(timed) - 1, "records": applied, "seconds": seconds,
-                "median_ms": 1000 * spans[len(spans) // 2],
+                "median_ms": 1000 * spans[len(spans) // 2], "total": total,
+                "sizes": [b[1] - a[1] for a, b in zip([(0, 0)] + done, done)],
                 "host_us": 1e6 * sum(b[2] for b in timed[1:]) / applied, "store_us": 1e6 * sum(b[3] for b in timed[1:]) / applied,
                 "host_cpu_us": 1e6 * sum(b[4] for b in timed[1:]) / applied}
     finally:
         if q is not None:
             q.stop()
-        if spark is not None:
+        if spark is not None and own[1]:
             spark.stop()
         pub.close()
         log.close()
         broker.stop()
-        kafka.stop()
+        if own[0]:
+            kafka.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 

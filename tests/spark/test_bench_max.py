@@ -39,3 +39,19 @@ def test_kept_up_is_bounded_growth_and_drained():
 def test_a_feeder_that_cannot_offer_the_rate_stops_the_search():
     best, steps, bound = bench_max.search(fake(10 ** 6, feeder=20000), 2000, 2, 128000)
     assert bound and best == 16000 and steps[-1][0] == 32000
+
+
+def test_a_drain_applies_the_filled_topic_in_bounded_batches_job_and_floor_alike(kafka_broker, job_spark):
+    """``--drain``: the job and the no-op floor each read every record of a topic filled before they start, in
+    batches of at most ``batch`` records (Spark's ``maxOffsetsPerTrigger``), and the rate is the records of
+    the timed batches (after ``SKIP``) over their time; the job's worker reports its host time per record."""
+    got = {}
+    for floor in (False, True):
+        f = got[floor] = bench_max.drain(floor, devices=50, records=3000, rate=1000, batch=500,
+                                         kafka=kafka_broker, spark=job_spark)
+        assert f["total"] == 50 + 5 + 3000            # births, one sum query per 10 sources, the reports
+        assert sum(f["sizes"]) == f["total"] and max(f["sizes"]) <= 500
+        assert f["records"] == sum(f["sizes"][bench_max.SKIP + 1:]) and f["batches"] == len(f["sizes"]) - bench_max.SKIP - 1
+        assert f["rate"] == f["records"] / f["seconds"] > 0
+    assert got[False]["host_cpu_us"] > 0 and got[True]["host_cpu_us"] == 0     # (the floor runs no Host)
+    assert got[False]["total"] == got[True]["total"]
