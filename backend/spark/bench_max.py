@@ -20,7 +20,10 @@ is produced into the topic first, then the job, and after it the no-op floor on 
 way, drain it from the start with every batch bounded to ``--drain-batch`` records. The Host's clock is its
 records' time, so the job applies exactly what it would live. A drain's rate is the records applied from
 the end of its ``SKIP``-th batch (the births and each worker's first batches behind) to its last, over the
-time between: the maximum sustained rate at that batch size, job and floor alike, and their ratio.
+time between: the maximum sustained rate at that batch size, job and floor alike, and their ratio; for the job
+also its Python worker's ``Host`` time per record, wall and thread CPU (the cores are shared: CPU does not
+follow the load), to set beside ``python -m backend.bench.host`` (the same per record with no Spark).
+``--job-only`` / ``--floor-only`` drain one of the two.
 """
 import argparse
 import os
@@ -138,7 +141,7 @@ def drain(floor, devices=2000, records=320000, rate=8000, batch=16000, trigger=0
 def drains(args):
     """``--drain``: the job's and the floor's drain rates (one after the other) and their ratio."""
     found = {}
-    for floor in (False, True):
+    for floor in (False,) if args.job_only else (True,) if args.floor_only else (False, True):
         load = "%.1f" % os.getloadavg()[0]
         f = drain(floor, args.devices, args.records, args.rate, args.drain_batch, args.trigger, args.kafka_partitions)
         found[floor] = f["rate"]
@@ -149,7 +152,8 @@ def drains(args):
                   "; Python worker host %.1f us (%.1f us CPU), state store %.1f us a record" % (
                       f["host_us"], f["host_cpu_us"], f["store_us"]),
                   args.devices, args.rate, load), flush=True)
-    print("ratio to Spark's floor (drain, batches of <= %d records): %.2f" % (args.drain_batch, found[False] / found[True]))
+    if len(found) == 2:
+        print("ratio to Spark's floor (drain, batches of <= %d records): %.2f" % (args.drain_batch, found[False] / found[True]))
     return 0
 
 
@@ -168,10 +172,11 @@ def main(argv=None):
     ap.add_argument("--groups", type=int, default=0,
                     help="key the job by query group: N sum queries over blocks of the sources (bench_job --groups)")
     ap.add_argument("--partitions", type=int, default=None, help="shuffle partitions (default 1, 2 with --groups)")
-    ap.add_argument("--job-only", action="store_true", help="search the job alone (no floor)")
+    ap.add_argument("--job-only", action="store_true", help="the job alone (no floor)")
     ap.add_argument("--drain", action="store_true", help="fill the topic first, then time the job and the floor draining it")
     ap.add_argument("--records", type=int, default=320000, help="--drain: reports in the topic")
     ap.add_argument("--rate", type=int, default=8000, help="--drain: reports per second of record time")
+    ap.add_argument("--floor-only", action="store_true", help="--drain: the floor alone (no job)")
     ap.add_argument("--drain-batch", type=int, default=16000, help="--drain: maxOffsetsPerTrigger")
     args = ap.parse_args(argv)
     if args.drain:
