@@ -105,3 +105,15 @@ def test_by_default_a_duplicate_is_acknowledged_only_a_round_trip_after_the_last
             assert t in news or (t in dups and t - prev >= trip - 1e-9), (dev, t)
             prev = t
     assert res["by_kind"]["ack"] < res["messages"]["up"] - res["by_kind"].get("mark", 0)
+
+
+def test_the_live_drivers_take_the_ack_delay_as_the_simulator_does():
+    from backend import cli, host
+    for argv in (["coordinator", "--credentials", "c.json"], ["backend", "--broker-dir", "b"]):
+        args = cli.parser().parse_args(argv + ["--ack-delay", "2.5"])
+        h = host.Host(host.from_args(args), t0=0.0)
+        assert h.coord.acks.delay == 2.5 and h.coord.integrity.links.delay == 2.5, argv
+        default = host.Host(host.from_args(cli.parser().parse_args(argv)), t0=0.0)
+        assert default.coord.acks.delay == acks_mod.DELAY == 0.0
+    sim = engine.simulation(dict(copy.deepcopy(FINAL), params={"ack_delay": 2.5}))
+    assert sim.coord.acks.delay == sim.coord.integrity.links.delay == 2.5        # the same setting, the same place
