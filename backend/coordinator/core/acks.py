@@ -14,8 +14,8 @@ backend an earlier one missing, so only a device's *latest* uplink needs a timel
   that never pauses: an uplink followed by a later one is resent unprompted at 3·rto), and when ``BATCH``
   more numbers are in (a board keeps 8: its buffer never overflows while acks arrive).
 * **a birth** is not acknowledged: no device kind (the agents, a relay, the micro:bit gateway's bridge) keeps a birth
-  for resending, and each drops what it kept before it (``Delivery.born``); its numbers count as acknowledged
-  (``born``). A lost birth shows as a gap in the next uplink's number and is asked for again (``integrity``).
+  for resending, and each drops what it kept before it (``Delivery.born``); its numbers count as acknowledged (a
+  pending quiet ack is dropped). A lost birth shows as a gap in the next uplink's number and is asked for again.
 
 So a device sends n uplinks in s quiet spells (silences of D or more), f of its gaps are filled, u duplicates
 are heard, and it talks for T s: it gets at most s + f + u + n / BATCH + T / (HOLD·rto) + 1 acks, and one nack
@@ -39,16 +39,18 @@ class Acks:
     def __init__(self, delay=DELAY):
         self.delay = delay
         # device -> [upto last acknowledged, when the oldest uplink not acknowledged was heard (None: none),
-        #            the ack's due time (None: none), {missing seq: when nacked}, when the last ack went]
+        #            the ack's due time (None: none), {missing seq: when nacked}, when the last ack went (or a
+        #            birth came, which counts as acknowledged)]
         self.dev = {}
         self.heap = []
         self.stats = {"acks": 0, "nacks": 0}
 
-    def heard(self, now, device, upto, holes, trip, prompt=False, again=False):
+    def heard(self, now, device, upto, holes, trip, prompt=False, again=False, born=False):
         """An uplink of ``device`` (in ack mode) heard at ``now``; ``upto``: through which every one is in;
         ``holes``: the numbers missing (oldest first); ``trip``: its round trip R; ``prompt``: a resend filled a gap (ack
         now); ``again``: a duplicate (ack even if ``upto`` did not move). Returns (ack now?, [missing
-        numbers to nack now]); arms the quiet ack otherwise."""
+        numbers to nack now]); arms the quiet ack otherwise. ``born``: a birth, never acknowledged (what it covers counts
+        as acknowledged)."""
         d = self.dev.get(device)
         if d is None:
             d = self.dev[device] = [None, None, None, {}, None]
@@ -61,6 +63,9 @@ class Acks:
                 nacked[s] = now
                 miss.append(s)
         self.stats["nacks"] += len(miss)
+        if born:
+            d[0], d[1], d[2], d[4] = upto, None, None, now
+            return False, miss
         if upto == d[0] and not prompt and not (again and d[4] is not None and now - d[4] >= trip):
             return False, miss          # (a duplicate within a round trip of our ack: it may still be coming)
         if d[1] is None:
@@ -72,15 +77,6 @@ class Acks:
         d[2] = now + self.delay
         heapq.heappush(self.heap, (d[2], device))
         return False, miss
-
-    def born(self, device, upto):
-        """A birth of ``device`` heard, every uplink through ``upto`` in: what it covers counts as acknowledged (an ack
-        armed for an uplink heard before it still goes)."""
-        d = self.dev.get(device)
-        if d is None:
-            d = self.dev[device] = [None, None, None, {}, None]
-        if d[2] is None:
-            d[0], d[1] = upto, None
 
     def sent(self, now, device, upto):
         """An ack through ``upto`` goes to ``device`` at ``now``."""

@@ -251,14 +251,12 @@ class Resync:
         news["link"], news["beat"], news["moved"] = [], [], []
         if d is None or self.rx.get(device) is None:
             return
-        if ig.links.acking(device) and kind == "birth":      # nothing waits for a birth's ack: a device keeps no
-            self.acks.born(device, ig.upto(device))         # birth for resending, and drops what it kept before it
-        elif ig.links.acking(device):
+        if ig.links.acking(device):
             d0 = ig.dev[device]
             holes = sorted((s for s in d0["missing"] if s not in d0["refused"]),
                            key=lambda s: (s - d0["high"]) & 0xFFFFFFFF)
             ack, miss = self.acks.heard(now, device, ig.upto(device), holes, ig.links.trip(device),
-                                        prompt=filled, again=not new)
+                                        prompt=filled, again=not new, born=kind == "birth")
             for s in miss:
                 self.send(device, "nack", {"upto": ig.upto(device), "miss": s})
             if ack:
