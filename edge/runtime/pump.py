@@ -63,10 +63,14 @@ class Pump:
         return self.agent.delivery.beat or SPACING * self.agent.unit
 
     def wake(self):
-        """Host time of the next reading or timer; None when nothing is scheduled."""
+        """Host time of the next reading, timer or owed birth; None when nothing is scheduled."""
         t = self.agent.next_deadline()
         if t is not None:
             t -= self.skew
+        if self.owed:
+            b = 0 if self.born is None else self.born + self.spacing()     # (0: at once)
+            if t is None or b < t:
+                t = b
         for inp in self.inputs:
             n = inp.next_time()
             if n is not None and (t is None or n < t):

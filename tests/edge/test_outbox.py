@@ -180,6 +180,7 @@ def test_births_owed_to_memory_errors_go_at_most_one_a_heartbeat_and_as_soon_as_
         for t in range(100, 60001, 100):       # the heap runs out on every loop pass for a minute
             link.now = t
             pump.oom()
+            assert pump.wake() <= pump.born + gap          # the runtime's wait ends by the owed birth's time
             pump.poll(t)
         births = [t for t, kind in link.sent if kind == "birth"]
         # the oracle: a birth at 0 (online), then the owed one each time B has passed since the one before
