@@ -175,6 +175,9 @@ def _coordinator_options(p):
                         "degraded (default: per device, from λ and its uplink rate; 0: off)")
     p.add_argument("--skew", type=float, default=LIVE_SKEW,
                    help="device clock offset σ covered without an alarm, in seconds (default %(default)s)")
+    p.add_argument("--ack-delay", type=float, dest="ack_delay",
+                   help="ack mode: seconds a device is quiet before its uplinks are acknowledged (default %g: at "
+                        "once; longer sends fewer acks, resends later)" % SETTINGS["ack_delay"])
 
 
 def cmd_experiment(args):

@@ -50,7 +50,7 @@ LIVE_BEAT = None
 # placed without an alarm until their measured bounds say more (backend/coordinator/core/offsets.py);
 # NTP keeps real devices within tens of ms.
 LIVE_SKEW = 0.1
-LIVE_SETTINGS = ("protocol", "period", "shrink", "latency", "beat", "models", "skew")
+LIVE_SETTINGS = ("protocol", "period", "shrink", "latency", "beat", "models", "skew", "ack_delay")
 # How a spec's error begins while its sources are not born yet: a state (logged at INFO), not a refusal.
 WAITING = "waiting for sources"
 

@@ -61,10 +61,11 @@ def test_on_a_lossy_network_every_uplink_is_delivered_or_declared_lost_in_bounde
 
 def _bound(heard, delay, rto, end):
     """The acks ``acks`` allows a device whose uplinks the backend heard as ``heard``: quiet spells of ``delay``
-    after a numbered uplink, gaps filled, births, duplicates, one per BATCH numbers and one per HOLD·rto of talk."""
-    times = [t for t, kind, _, new, _ in heard if kind != "mark" and new]
+    after a numbered uplink (a birth's needs none), gaps filled, duplicates, one per BATCH numbers and one per
+    HOLD·rto of talk."""
+    times = [t for t, kind, _, new, _ in heard if kind != "mark" and kind != "birth" and new]
     spells = sum(1 for a, b in zip(times, times[1:] + [end + delay]) if b - a >= delay)
-    prompt = sum(1 for _, kind, _, new, filled in heard if filled or kind == "birth")
+    prompt = sum(1 for _, kind, _, new, filled in heard if filled)
     dups = sum(1 for _, kind, _, new, _ in heard if not new)
     talk = (times[-1] - times[0]) / (acks_mod.HOLD * rto) + 1 if times else 0
     return spells + prompt + dups + len(times) / acks_mod.BATCH + talk
@@ -105,3 +106,95 @@ def test_by_default_a_duplicate_is_acknowledged_only_a_round_trip_after_the_last
             assert t in news or (t in dups and t - prev >= trip - 1e-9), (dev, t)
             prev = t
     assert res["by_kind"]["ack"] < res["messages"]["up"] - res["by_kind"].get("mark", 0)
+
+
+def test_a_birth_is_not_acknowledged_nothing_on_a_device_waits_for_it():
+    sim, res, heard, sent = _run(None)
+    births = 0
+    for dev in sim.agents:
+        at = {}                     # instant -> kinds of what the backend heard from the device then
+        for t, kind, _, new, _ in heard.get(dev, []):
+            at.setdefault(t, []).append(kind)
+        births += sum(1 for kinds in at.values() if kinds == ["birth"])
+        for t, kind, _ in sent.get(dev, []):
+            assert kind != "ack" or at.get(t) != ["birth"], (dev, t)     # (an ack at once follows something else)
+    assert births >= 5 and res["violations"] == 0
+    assert res["faults"]["withdraw_delay_max"] <= 5.0
+
+
+def test_the_live_drivers_take_the_ack_delay_as_the_simulator_does():
+    from backend import cli, host
+    for argv in (["coordinator", "--credentials", "c.json"], ["backend", "--broker-dir", "b"]):
+        args = cli.parser().parse_args(argv + ["--ack-delay", "2.5"])
+        h = host.Host(host.from_args(args), t0=0.0)
+        assert h.coord.acks.delay == 2.5 and h.coord.integrity.links.delay == 2.5, argv
+        default = host.Host(host.from_args(cli.parser().parse_args(argv)), t0=0.0)
+        assert default.coord.acks.delay == acks_mod.DELAY == 0.0
+    sim = engine.simulation(dict(copy.deepcopy(FINAL), params={"ack_delay": 2.5}))
+    assert sim.coord.acks.delay == sim.coord.integrity.links.delay == 2.5        # the same setting, the same place
+
+
+def test_a_lost_birth_in_ack_mode_is_asked_for_again_and_the_answers_hold():
+    # through backend/host.py: a report lost at 2 s switches ack mode on; at 10 s a birth (a reconnect's) is lost. No
+    # ack of it was ever what resynchronised: the next uplink's number shows the gap, the backend asks for a birth
+    import math
+    import random
+    from backend.host import Host
+    from backend.sim import final_truth
+    from edge.agent import Agent
+    from edge.core import codec
+    from test_watchdog import wrong
+    h = Host(protocol="deadband", period=5.0, shrink=0.0, latency=2.0, beat=1.0, t0=0.0)
+    agent = Agent("d1", ["x"], boot=7, width=1.0)
+    answers, finals, heard, down = [], [], [], []
+
+    def handle(now, acts):
+        for a in acts:
+            if a[0] == "down":
+                down.append((now, codec.decode(a[2])[0]))
+                deliver(now, agent.handle_message(now, a[2]))
+            elif a[0] == "answer":
+                (finals if a[1].get("final") else answers).append(a[1])
+
+    def deliver(now, out):
+        for ch, payload in out:
+            kind = codec.decode(payload)[0]
+            heard.append((now, kind))
+            acts = h.record(now, "d1", ch, payload)
+            answered[kind] = answered.get(kind, 0) + len([a for a in acts if a[0] == "down" and
+                                                          codec.decode(a[2])[0] == "ack"])
+            handle(now, acts)
+    answered = {}               # uplink kind -> acks sent on hearing one
+    rng, v, truth, lost = random.Random(5), 0.0, [], []
+    handle(0.0, h.spec(0.0, "top", {"kind": "max", "sources": ["x"], "precision": 2.0}))
+    for k in range(300):
+        now = k / 10
+        v += rng.uniform(-0.6, 0.6)
+        truth.append((now, v))
+        if k == 0:
+            deliver(now, agent.start(now))
+        if k == 100:
+            assert agent.delivery.rto > 0                       # ack mode (the gap at 2 s)
+            lost.append(agent.start(now))                       # a reconnect's birth, lost
+        out = agent.handle_sample(now, 0, v)
+        dl = agent.next_deadline()
+        if dl is not None and dl <= now:
+            out += agent.handle_timer(now)
+        if now >= 2.0 and not lost and out:
+            lost.append(out)                                    # the first uplinks from 2 s: lost, a gap
+        else:
+            deliver(now, out)
+        while h.next_deadline() <= now:
+            handle(now, h.timer(now))
+    births = [t for t, kind in heard if kind == "birth"]
+    again = [t for t in births if t > 10.0]
+    assert again and "birth" in [codec.decode(p)[0] for _, p in lost[1]], births
+    assert "rebirth" in [kind for t, kind in down if 10.0 < t <= again[0]], down      # asked for again
+    assert answered["birth"] == 0 and answered["report"] > 0 and len(births) >= 3, (answered, births)   # (ack mode)
+    settled = [(t, x) for t, x in truth if t <= truth[-1][0] - 2.0]
+    assert wrong(answers, settled) == []
+    got = final_truth.check_final([(t, x, 0.0) for t, x in truth], [(a["time"], a["lo"], a["hi"], a["dlo"], a["dhi"],
+                                  a["degraded"], a["watermark"]) for a in finals], finals[-1]["watermark"],
+                                  [(-math.inf, 2.0)])
+    assert got["final_violations"] == 0 and got["final_revoked"] == 0, got
+    assert any(not a["degraded"] and a["time"] > again[0] for a in finals), got       # resynchronised

@@ -64,7 +64,9 @@ def test_count_in_range_answers_contain_the_truth_where_a_device_skipped_its_con
 
     monkeypatch.setattr(BoundCache, "report", spy)
     spec = copy.deepcopy(dict(workloads(0.1))["mixed-aggregates"])
-    spec.update(name="m", seed=1, protocol="deadband", network=dict(spec.get("network", faults.NETWORK), **faults.FAULTS))
+    # (a seed whose lossy network makes the scenario, which is rare: on main only seed 1 of 1-8 made it; with births
+    # no longer acknowledged the network's draws differ and 12 and 14 of 1-14 make it)
+    spec.update(name="m", seed=12, protocol="deadband", network=dict(spec.get("network", faults.NETWORK), **faults.FAULTS))
     sim = engine.simulation(spec)
     res = sim.run()
     assert skipped, "the scenario: a device that took a later epoch without its COUNT constraints"

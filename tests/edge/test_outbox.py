@@ -5,7 +5,7 @@ from edge.agent import Agent
 from edge.core import codec, segment
 from edge.core.delivery import Delivery
 from edge.runtime.outbox import Outbox
-from edge.runtime.pump import Pump
+from edge.runtime.pump import SPACING, Pump
 from portable import Rng, ctl, raises, session
 
 
@@ -128,7 +128,7 @@ def test_a_slow_broker_keeps_segment_batches_within_the_budget_and_every_loss_is
         if a.next_deadline() is not None and a.next_deadline() <= t:
             out += a.handle_timer(t)
         offered += [p for _, p in out]
-        pump._emit(out)
+        pump._emit(t, out)
         assert box.bytes <= 6000 and len(box) <= 32
     ups = offered
     assert box.dropped > 0 and max([len(p) for p in ups]) <= codec.MAX_PAYLOAD
@@ -148,10 +148,49 @@ def test_out_of_memory_frees_what_is_kept_and_skips_a_number():
     a.delivery.link(1000)
     rng = Rng(8)
     for k in range(1, 400):
-        pump._emit(a.handle_sample(10 * k, 0, rng.uniform(-5.0, 5.0)))
+        pump._emit(10 * k, a.handle_sample(10 * k, 0, rng.uniform(-5.0, 5.0)))
     kept, held, seq = len(pump.outbox), len(a.delivery.held), a.delivery.seq
     assert kept > 2 and held > 2
     pump.oom()
     assert len(pump.outbox) == kept // 2 and len(a.delivery.held) == held // 2 and pump.ooms == 1
     out = a.handle_sample(4000, 0, 100.0)                     # leaves the filter: reported
     assert [_seq(p) for _, p in out] == [seq + 2]            # seq + 1 is the gap the backend resynchronises
+
+
+class _Clocked:
+    """A link that takes everything and notes when (``now``, set by the test) each payload went."""
+    def __init__(self):
+        self.now = 0
+        self.sent = []
+
+    def send(self, channel, payload):
+        self.sent.append((self.now, codec.decode(payload)[0]))
+        return True
+
+
+def test_births_owed_to_memory_errors_go_at_most_one_a_heartbeat_and_as_soon_as_one_may():
+    for beat in (0, 3000):          # ms; 0: no heartbeat, SPACING seconds
+        a = Agent("d", ["x"], width=1.0, unit=1000)
+        link = _Clocked()
+        pump = Pump(a, [], Outbox(8), link.send)
+        pump.online(0)
+        a.handle_message(0, ctl(a, "config", seq=1, period=0, shrink=0.0, beat=beat, t0=0, now=0, tick=0))
+        gap = beat or SPACING * 1000
+        assert pump.spacing() == gap
+        for t in range(100, 60001, 100):       # the heap runs out on every loop pass for a minute
+            link.now = t
+            pump.oom()
+            assert pump.wake() <= pump.born + gap          # the runtime's wait ends by the owed birth's time
+            pump.poll(t)
+        births = [t for t, kind in link.sent if kind == "birth"]
+        # the oracle: a birth at 0 (online), then the owed one each time B has passed since the one before
+        want = list(range(0, 60001, gap))
+        assert births == want, (beat, births[:12], want[:12])
+        assert pump.ooms == 600
+    pump.oom()
+    link.now = 60050
+    pump.message(60050, ctl(a, "rebirth", seq=9))              # a birth the backend asked for settles the one owed
+    assert not pump.owed and link.sent[-1] == (60050, "birth") and pump.born == 60050
+    link.now = 63050
+    pump.poll(63050)                                            # (a mark: B silent) and no birth
+    assert [x for x in link.sent if x[1] == "birth"][-1] == (60050, "birth") and link.sent[-1] == (63050, "mark")

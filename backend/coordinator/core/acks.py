@@ -9,15 +9,17 @@ backend an earlier one missing, so only a device's *latest* uplink needs a timel
   after its nack, it is nacked again.
 * **ack**: one cumulative ``ack`` when the device has been quiet for the ack delay D (the setting
   ``ack_delay``, ``DELAY`` by default) since its latest uplink (its resend timeout rto is D + R, ``heartbeat``, so the ack of a received latest uplink arrives before
-  it would be resent); at once when a resend filled a gap or a birth came (the device resends what it
+  it would be resent); at once when a resend filled a gap (the device resends what it
   resent again after rto), when the oldest uplink not acknowledged was heard ``HOLD``·rto ago (a device
   that never pauses: an uplink followed by a later one is resent unprompted at 3·rto), and when ``BATCH``
   more numbers are in (a board keeps 8: its buffer never overflows while acks arrive).
+* **a birth** is not acknowledged: no device kind (the agents, a relay, the micro:bit gateway's bridge) keeps a birth
+  for resending, and each drops what it kept before it (``Delivery.born``); its numbers count as acknowledged (a
+  pending quiet ack is dropped). A lost birth shows as a gap in the next uplink's number and is asked for again.
 
-So a device sends n uplinks in s quiet spells (silences of D or more), f of its gaps are filled, b births
-and u duplicates are heard, and it talks for T s: it gets at most s + f + b + u + n / BATCH + T / (HOLD·rto)
-+ 1 acks, and one nack per gap and round trip. With D = 0 (the default) every instant with a new number
-gets its ack at once, a duplicate one only a round trip after the ack before it (that ack may still be
+So a device sends n uplinks in s quiet spells (silences of D or more), f of its gaps are filled, u duplicates
+are heard, and it talks for T s: it gets at most s + f + u + n / BATCH + T / (HOLD·rto) + 1 acks, and one nack
+per gap and round trip. With D = 0 (the default) every instant with a new number gets its ack at once, a duplicate one only a round trip after the ack before it (that ack may still be
 coming): acknowledging every duplicate too cost ~17 % more acks on FINAL. A longer D trades acks for
 withdrawn answers (a loss is resent later, so the report is late, and later than the bound of 5 s at times):
 FINAL, 1,200 s, seeds 7/1001/1002: D = 0, 1, 2, 3 s send 0.83, 0.61, 0.40, 0.33 acks per uplink, withdraw or
@@ -37,16 +39,18 @@ class Acks:
     def __init__(self, delay=DELAY):
         self.delay = delay
         # device -> [upto last acknowledged, when the oldest uplink not acknowledged was heard (None: none),
-        #            the ack's due time (None: none), {missing seq: when nacked}, when the last ack went]
+        #            the ack's due time (None: none), {missing seq: when nacked}, when the last ack went (or a
+        #            birth came, which counts as acknowledged)]
         self.dev = {}
         self.heap = []
         self.stats = {"acks": 0, "nacks": 0}
 
-    def heard(self, now, device, upto, holes, trip, prompt=False, again=False):
+    def heard(self, now, device, upto, holes, trip, prompt=False, again=False, born=False):
         """An uplink of ``device`` (in ack mode) heard at ``now``; ``upto``: through which every one is in;
-        ``holes``: the numbers missing (oldest first); ``trip``: its round trip R; ``prompt``: a resend filled a gap or a birth (ack
+        ``holes``: the numbers missing (oldest first); ``trip``: its round trip R; ``prompt``: a resend filled a gap (ack
         now); ``again``: a duplicate (ack even if ``upto`` did not move). Returns (ack now?, [missing
-        numbers to nack now]); arms the quiet ack otherwise."""
+        numbers to nack now]); arms the quiet ack otherwise. ``born``: a birth, never acknowledged (what it covers counts
+        as acknowledged)."""
         d = self.dev.get(device)
         if d is None:
             d = self.dev[device] = [None, None, None, {}, None]
@@ -59,6 +63,9 @@ class Acks:
                 nacked[s] = now
                 miss.append(s)
         self.stats["nacks"] += len(miss)
+        if born:
+            d[0], d[1], d[2], d[4] = upto, None, None, now
+            return False, miss
         if upto == d[0] and not prompt and not (again and d[4] is not None and now - d[4] >= trip):
             return False, miss          # (a duplicate within a round trip of our ack: it may still be coming)
         if d[1] is None:

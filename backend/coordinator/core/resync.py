@@ -256,7 +256,7 @@ class Resync:
             holes = sorted((s for s in d0["missing"] if s not in d0["refused"]),
                            key=lambda s: (s - d0["high"]) & 0xFFFFFFFF)
             ack, miss = self.acks.heard(now, device, ig.upto(device), holes, ig.links.trip(device),
-                                        prompt=filled or kind == "birth", again=not new)
+                                        prompt=filled, again=not new, born=kind == "birth")
             for s in miss:
                 self.send(device, "nack", {"upto": ig.upto(device), "miss": s})
             if ack:
