@@ -35,15 +35,14 @@ def test_faults_are_counted_and_seeded():
 
 def test_faults_apply_in_both_directions():
     net = Network({"up": {"delay": 0.1, "jitter": 0.0}, "down": {"delay": 0.1, "jitter": 0.0}},
-                  random.Random(1).uniform, faults={"loss": 0.5}, rng=random.Random(2))
+                  1, faults={"loss": 0.5})
     got = {h: sum(len(net.arrivals(0.0, h, "d0", b"\x01\x01")) for _ in range(400)) for h in ("up", "down")}
     assert all(120 < n < 280 for n in got.values()), got
 
 
 def test_a_partition_drops_everything_to_and_from_its_devices_only():
     net = Network({"up": {"delay": 0.1, "jitter": 0.0}, "down": {"delay": 0.1, "jitter": 0.0}},
-                  random.Random(1).uniform, faults={"partitions": [(10.0, 20.0, frozenset(["d0"]))]},
-                  rng=random.Random(2))
+                  1, faults={"partitions": [(10.0, 20.0, frozenset(["d0"]))]})
     assert net.arrivals(15.0, "up", "d0", b"\x01\x01") == [] and net.arrivals(15.0, "down", "d0", b"\x01\x01") == []
     assert net.arrivals(15.0, "up", "d1", b"\x01\x01") == [15.1]
     assert net.arrivals(20.0, "up", "d0", b"\x01\x01") == [20.1]
@@ -51,8 +50,7 @@ def test_a_partition_drops_everything_to_and_from_its_devices_only():
 
 
 def test_reordering_lets_later_messages_overtake_and_duplicates_arrive_twice():
-    net = Network({"up": {"delay": 1.0, "jitter": 0.5}}, random.Random(1).uniform,
-                  faults={"reorder": 0.3, "duplicate": 0.3}, rng=random.Random(2))
+    net = Network({"up": {"delay": 1.0, "jitter": 0.5}}, 1, faults={"reorder": 0.3, "duplicate": 0.3})
     times = [net.arrivals(i * 0.1, "up", "d0", b"\x01\x01") for i in range(300)]
     firsts = [t[0] for t in times]
     assert any(b < a for a, b in zip(firsts, firsts[1:]))         # overtaken
