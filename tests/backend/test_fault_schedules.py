@@ -115,3 +115,17 @@ def test_no_violation_outside_degraded_or_revoked_windows_over_1000_fault_schedu
     assert lost > 1000 and revoked > 1000 and resent > 100     # the faults happened and were detected
     assert finals > 10000 and finals_degraded > 100     # final answers everywhere, degraded where faults hid data
     assert degraded >= forced > 0                  # degraded where it had to be, and not only there
+
+
+def test_a_final_answer_at_a_shrink_tick_holds_a_reading_a_device_behind_reports_only_after_it():
+    # schedule 673 (rule shrink, period 2, S 0.2, skew 0.3): d0's clock is 0.28 s behind; its reading 108.92 at
+    # 20.0 lay inside its unshrunk bound, and only its shrink at its clock's 20.0 (20.28) made it report. The final
+    # mirror held its bound from before the tick until then but shrank that copy too: p = s0 − s1's final answer
+    # at 20.0 said [-1.7457, 0.1172], the exact value -1.7751 (replay.py, boundcache.shrink_source)
+    w = schedule(673)
+    assert w["params"].get("rule") == "shrink" and w["network"]["skew"] == 0.3
+    res = engine.simulation(w).run()
+    assert res["queries"]["p"]["finals"] > 100, res["queries"]["p"]
+    assert [(qid, x["final_violations"], x["final_revoked"], x["final_precision_misses"])
+            for qid, x in sorted(res["queries"].items()) if x["final_violations"] or x["final_revoked"]
+            or x["final_precision_misses"]] == [] and res["violations"] == 0
