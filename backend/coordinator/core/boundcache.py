@@ -61,15 +61,15 @@ class Source:
 
 
 def shrink_source(s, s_frac, until=None):
-    """Olston §3.1's periodic shrink of every mirror of source ``s``; ``until``: a device whose clock may be behind
-    shrinks as late as this, so its mirrors from before the shrink stay in force unshrunk until then too (the final
-    mirror shrank the copies it had just held: a final answer at a tick missed a reading the device was made to
-    report only by its own later shrink; issue #30)."""
+    """Olston §3.1's periodic shrink of the mirrors of source ``s`` the device may be in; ``until``: a device whose
+    clock may be behind shrinks as late as this, so they stay in force unshrunk until then too (the final mirror
+    shrank the copies it had just held: a final answer at a tick missed a reading the device was made to report
+    only by its own later shrink; issue #30). The states held from before a report (``prior``) are not shrunk:
+    the device leaves them by that report, which it sent before its clock reached the tick (else it shrinks
+    within them, and a shrunk mirror lies inside the unshrunk one)."""
     kept = [(until, f.copy()) for f in [s.filt] + s.old] if until is not None else ()
     s.filt.shrink(s_frac)
     for f in s.old:
-        f.shrink(s_frac)
-    for _, f in s.prior:
         f.shrink(s_frac)
     s.prior += kept
 
