@@ -42,8 +42,7 @@ class Simulation(Loop):
                               "params": w.protocol_params, "models": w.params.get("models")}, declared=w.source_ids)
         Loop.__init__(self, Network({UP: {"delay": w.delay_up, "jitter": w.jitter},
                                      DOWN: {"delay": w.delay_down, "jitter": w.jitter}},
-                                    random.Random(w.seed + 1).uniform, w.warmup,
-                                    w.faults, random.Random(w.seed + 2)), host)
+                                    w.seed, w.warmup, w.faults), host)
         self.protocol = self.coord.protocol
         self.handlers.update({OUTAGE: self.outage, EVENT_TRUTH: self.event_truth, EVENT_COORD: self.event_coord,
                               REBOOT: self.reboot})

@@ -138,11 +138,10 @@ class RelaySimulation(Loop):
             RelayWorkload(workload if isinstance(workload, dict) else read(workload))
         host = host_mod.Host({"protocol": w.protocol, "period": w.duration + 1.0, "shrink": 0.0,
                               "latency": w.delay + w.jitter, "t0": 0.0}, declared=w.relay_ids)
-        rng = np.random.default_rng(w.seed + 1)
         Loop.__init__(self, Network({HOP1: {"delay": w.hop1, "jitter": w.hop1_jitter},
                                      UP: {"delay": w.delay, "jitter": w.jitter},
                                      DOWN: {"delay": w.delay, "jitter": w.jitter}},
-                                    lambda a, b: float(rng.uniform(a, b))), host)
+                                    w.seed), host)
         self.protocol = self.coord.protocol
         self.handlers[HOP1] = self.deliver_hop1
         self.agents = {rid: RelayNode(rid, boot=1, **w.relay_params) for rid in w.relay_ids}

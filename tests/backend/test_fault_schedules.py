@@ -18,6 +18,8 @@ forced.
 """
 import random
 
+import pytest
+
 from backend.sim import engine
 
 SCHEDULES = 1000
@@ -115,3 +117,22 @@ def test_no_violation_outside_degraded_or_revoked_windows_over_1000_fault_schedu
     assert lost > 1000 and revoked > 1000 and resent > 100     # the faults happened and were detected
     assert finals > 10000 and finals_degraded > 100     # final answers everywhere, degraded where faults hid data
     assert degraded >= forced > 0                  # degraded where it had to be, and not only there
+
+
+
+@pytest.mark.parametrize("seed, change", [(673, None), (125, {"interval": 0.3, "skew": 0.3})])
+def test_a_final_answer_at_a_shrink_tick_holds_a_reading_a_device_behind_reports_only_after_it(seed, change):
+    # schedule 673 (rule shrink, period 2, S 0.2, skew 0.3): d0's clock is 0.28 s behind; its reading 108.92 at
+    # 20.0 lay inside its unshrunk bound, and only its shrink at its clock's 20.0 (20.28) made it report. The final
+    # mirror held its bound from before the tick until then but shrank that copy too: p = s0 − s1's final answer
+    # at 20.0 said [-1.7457, 0.1172], the exact value -1.7751 (replay.py, boundcache.shrink_source). Schedule 125
+    # (rule shrink, period 2, S 0.2) read every 0.3 s, off its ticks, under skew 0.3: 10 wrong final answers
+    w = schedule(seed)
+    if change:
+        w["sources"]["interval"], w["network"]["skew"] = change["interval"], change["skew"]
+    assert w["params"].get("rule") == "shrink" and w["network"]["skew"] == 0.3
+    res = engine.simulation(w).run()
+    assert res["queries"]["p"]["finals"] > 100, res["queries"]["p"]
+    assert [(qid, x["final_violations"], x["final_revoked"], x["final_precision_misses"])
+            for qid, x in sorted(res["queries"].items()) if x["final_violations"] or x["final_revoked"]
+            or x["final_precision_misses"]] == [] and res["violations"] == 0

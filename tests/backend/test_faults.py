@@ -35,15 +35,14 @@ def test_faults_are_counted_and_seeded():
 
 def test_faults_apply_in_both_directions():
     net = Network({"up": {"delay": 0.1, "jitter": 0.0}, "down": {"delay": 0.1, "jitter": 0.0}},
-                  random.Random(1).uniform, faults={"loss": 0.5}, rng=random.Random(2))
+                  1, faults={"loss": 0.5})
     got = {h: sum(len(net.arrivals(0.0, h, "d0", b"\x01\x01")) for _ in range(400)) for h in ("up", "down")}
     assert all(120 < n < 280 for n in got.values()), got
 
 
 def test_a_partition_drops_everything_to_and_from_its_devices_only():
     net = Network({"up": {"delay": 0.1, "jitter": 0.0}, "down": {"delay": 0.1, "jitter": 0.0}},
-                  random.Random(1).uniform, faults={"partitions": [(10.0, 20.0, frozenset(["d0"]))]},
-                  rng=random.Random(2))
+                  1, faults={"partitions": [(10.0, 20.0, frozenset(["d0"]))]})
     assert net.arrivals(15.0, "up", "d0", b"\x01\x01") == [] and net.arrivals(15.0, "down", "d0", b"\x01\x01") == []
     assert net.arrivals(15.0, "up", "d1", b"\x01\x01") == [15.1]
     assert net.arrivals(20.0, "up", "d0", b"\x01\x01") == [20.1]
@@ -51,8 +50,7 @@ def test_a_partition_drops_everything_to_and_from_its_devices_only():
 
 
 def test_reordering_lets_later_messages_overtake_and_duplicates_arrive_twice():
-    net = Network({"up": {"delay": 1.0, "jitter": 0.5}}, random.Random(1).uniform,
-                  faults={"reorder": 0.3, "duplicate": 0.3}, rng=random.Random(2))
+    net = Network({"up": {"delay": 1.0, "jitter": 0.5}}, 1, faults={"reorder": 0.3, "duplicate": 0.3})
     times = [net.arrivals(i * 0.1, "up", "d0", b"\x01\x01") for i in range(300)]
     firsts = [t[0] for t in times]
     assert any(b < a for a, b in zip(firsts, firsts[1:]))         # overtaken
@@ -123,3 +121,24 @@ def test_count_membership_holds_the_state_before_a_report_from_a_skewed_clock():
     assert c.member("x", (95.0, 105.0)) == (0, 1) and c.known("x") == (99.0, 107.0)
     c.release("x", 2.5)
     assert c.member("x", (95.0, 105.0)) == (0, 0)
+
+
+def test_a_periodic_shrink_leaves_the_state_before_a_skewed_report_unshrunk():
+    # a device whose clock is 0.25 s behind reads 11.5 at 20.1 (its clock 19.85), outside [9, 11], and reports;
+    # it shrinks at its clock's 20.0 (20.25), after that report. The backend (lead within ±0.3) places the report
+    # at 19.55 and keeps the bound before it until 20.15; its tick at 20.0 keeps the bounds before the shrink until
+    # 20.3. Until 20.1 the device still holds 9.2 (read before, inside its unshrunk [9, 11]): the mirror must
+    # state it. Shrinking the state held from before the report too (to [9.5, 10.5]) stated [9.5, 12.5]
+    from backend.coordinator.core.boundcache import BoundCache
+    c = BoundCache()
+    c.add("x", "d", 0, 2.0, 0, 10.0)
+    c.now = 19.55
+    c.hold("x", 20.15)
+    c.report("x", 0, 19.55, 11.5)
+    c.now = 20.0
+    c.shrink(0.5, {"x": 20.3})
+    assert c.known("x") == (9.0, 12.5)          # the device's states: [9, 11] until its report, then [10.5, 12.5]
+    c.release("x", 20.15)
+    assert c.known("x") == (10.5, 12.5)         # ... until it shrinks
+    c.release("x", 20.3)
+    assert c.known("x") == (11.0, 12.0)

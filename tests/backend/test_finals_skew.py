@@ -1,13 +1,16 @@
 """Final answers under clock skew (backend/coordinator/core/replay.py, DESIGN.md §4 precision under delay and skew):
 while a guarded report's instant is uncertain its source's final bound is the hull of its bound before the report
-and the reported value (as the live mirror's, boundcache.hold), never the whole new band; every final answer
+and the reported value (as the live mirror's, boundcache.hold), never the whole new band; after a periodic shrink
+(Olston's rule) its bound from before the tick stays while the device's clock may be behind; every final answer
 contains the simulator's ground truth."""
+import bisect
 import copy
+import math
 
 import pytest
 
 from backend.bench.faults import FAULTS, FINAL
-from backend.coordinator.core import replay
+from backend.coordinator.core import finals, replay
 from backend.sim import engine
 from backend.sim.final_truth import check_final
 
@@ -83,3 +86,59 @@ def test_every_final_answer_wider_than_its_precision_says_its_width_on_the_fault
     from backend.bench.report import workloads
     res = run("mixed-aggregates", dict(workloads(0.1))["mixed-aggregates"], "adaptive", FAULTS)
     assert res["final_wide"][0] > 0.01 and res["final_wide_unsaid"] == 0, (res["final_wide"], res["final_wide_unsaid"])
+
+
+def test_a_periodic_shrink_keeps_the_bound_from_before_it_while_a_clock_may_be_behind(monkeypatch):
+    # Olston's shrinking rule under skew: a device whose clock may be behind shrinks as late as its clock's lower
+    # bound allows, so each source's final bound right after a tick is still the whole bound from before it
+    # (oracle: the bound the mirror recorded before the tick, where nothing else changed the source since); and
+    # every final answer holds the ground truth. Before the fix the final mirror held copies of its mirrors and
+    # then shrank them too, and shrank the states held from before a report (the device leaves them by that report,
+    # unshrunk): bounds narrowed at the tick (first at 2.0), and final answers at ticks missed readings the device
+    # had not yet been made to report (schedule 673 of the fault schedules: p = s0 − s1 at 20.0)
+    ops, known, behind = {}, {}, {}
+    op, record, cover = replay.Replay._op, replay.Replay._record, finals.Finals.cover
+
+    def spy_cover(self, device, t):
+        until = cover(self, device, t)
+        behind[device, t] = until > t       # (asked at each tick: whether the device may shrink after it)
+        return until
+
+    def spy_op(self, key, s, t, n, kind, args, rec):
+        ops.setdefault(key, []).append(t)
+        return op(self, key, s, t, n, kind, args, rec)
+
+    def spy_record(self, key, s, t):
+        known.setdefault(key, []).append((t,) + self.cache.known(key))
+        return record(self, key, s, t)
+
+    monkeypatch.setattr(replay.Replay, "_op", spy_op)
+    monkeypatch.setattr(replay.Replay, "_record", spy_record)
+    monkeypatch.setattr(finals.Finals, "cover", spy_cover)
+    w = copy.deepcopy(dict(FINAL, seed=11, duration=200, protocol="adaptive",
+                           params={"rule": "shrink", "period": 2.0, "shrink": 0.2}))
+    w.update(name="shrink-skew", network=dict(w["network"], **FAULTS))
+    sim = engine.simulation(w)
+    res = sim.run()
+    ticks = [t for t, _, _ in sim.coord.finals.replay.shrinks]
+    checked = 0
+    for key, rows in known.items():
+        times, device = [r[0] for r in rows], sim.coord.finals.replay.src[key].device
+        for tick in ticks:
+            i = bisect.bisect_left(times, tick)
+            if i == 0 or i == len(rows) or times[i] != tick or rows[i - 1][1] == -math.inf \
+                    or not behind.get((device, tick)):
+                continue
+            if any(times[i - 1] < x <= tick for x in ops.get(key, ())):
+                continue        # (a report or control of the source meanwhile: not this oracle's)
+            _, lo, hi = rows[i - 1]
+            assert rows[i][1] <= lo and hi <= rows[i][2], (key, tick, rows[i - 1], rows[i])
+            checked += 1
+    assert len(ticks) > 50 and checked > 200, (len(ticks), checked)
+    for qid in ("total", "top"):
+        fin = [a for a in sim.answers if a.get("final") and a["query"] == qid]
+        got = check_final(sim.truth.tracks[qid].timeline,
+                          [(a["time"], a["lo"], a["hi"], a["dlo"], a["dhi"], False, a["watermark"]) for a in fin],
+                          sim.coord.finals.horizon(qid), sim.precisions[qid])
+        assert len(fin) > 50 and got["final_violations"] == 0 and got["final_revoked"] == 0, (qid, got)
+    assert res["violations"] == 0

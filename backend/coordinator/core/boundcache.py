@@ -60,13 +60,18 @@ class Source:
         self._n, self._period = n, self.clock[0]
 
 
-def shrink_source(s, s_frac):
-    """Olston §3.1's periodic shrink of every mirror of source ``s``."""
+def shrink_source(s, s_frac, until=None):
+    """Olston §3.1's periodic shrink of the mirrors of source ``s`` the device may be in; ``until``: a device whose
+    clock may be behind shrinks as late as this, so they stay in force unshrunk until then too (the final mirror
+    shrank the copies it had just held: a final answer at a tick missed a reading the device was made to report
+    only by its own later shrink; issue #30). The states held from before a report (``prior``) are not shrunk:
+    the device leaves them by that report, which it sent before its clock reached the tick (else it shrinks
+    within them, and a shrunk mirror lies inside the unshrunk one)."""
+    kept = [(until, f.copy()) for f in [s.filt] + s.old] if until is not None else ()
     s.filt.shrink(s_frac)
     for f in s.old:
         f.shrink(s_frac)
-    for _, f in s.prior:
-        f.shrink(s_frac)
+    s.prior += kept
 
 
 def _raw(f):
@@ -209,12 +214,9 @@ class BoundCache:
 
     def shrink(self, s_frac, hold=None):
         """A periodic shrink; ``hold``: {key: until} whose mirrors from before it stay in force until then."""
-        kept = {key: [(until, f.copy()) for f in [self.sources[key].filt] + self.sources[key].old]
-                for key, until in (hold or {}).items()}
-        for s in self.sources.values():
-            shrink_source(s, s_frac)
-        for key, prior in kept.items():
-            self.sources[key].prior += prior
+        hold = hold or {}
+        for key, s in self.sources.items():
+            shrink_source(s, s_frac, hold.get(key))
 
     def hold(self, key, until, tight=None):
         """Before a report that may have happened as late as ``until``: keep the current mirrors; ``tight``

@@ -174,9 +174,8 @@ class Replay(Sequence):
                     if f is not None:
                         until = self.sink.cover(s.device, t)    # a device whose clock may be behind shrinks
                         if until > t:                           # as late as this: the mirrors before it stay
-                            c.hold(key, until)                  # until then (as ``Resync._shrink_hold``)
-                            self._push(key, until, "release", ())
-                        shrink_source(f, b[2])
+                            self._push(key, until, "release", ())   # until then (as ``Resync._shrink_hold``)
+                        shrink_source(f, b[2], until if until > t else None)
             f = c.sources.get(key)
             if f is not None and f.due == t:
                 c.refresh(f, t)
