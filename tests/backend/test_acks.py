@@ -89,7 +89,7 @@ def test_quiet_acks_stay_within_their_bound_and_cost_a_fraction_of_the_uplinks()
                 assert t - last.get(m["miss"], -1e9) >= sim.coord.integrity.links.trip(dev) - 1e-9
                 last[m["miss"]] = t
     assert total_acks <= 0.5 * total_up             # (every uplink was acknowledged before)
-    assert res["violations"] == 0 and res["faults"]["withdraw_delay_max"] <= 5.0
+    assert res["violations"] == 0 and (res["faults"]["withdraw_delay_max"] or 0.0) <= 5.0
 
 
 def test_by_default_a_duplicate_is_acknowledged_only_a_round_trip_after_the_last_ack():
@@ -119,7 +119,7 @@ def test_a_birth_is_not_acknowledged_nothing_on_a_device_waits_for_it():
         for t, kind, _ in sent.get(dev, []):
             assert kind != "ack" or at.get(t) != ["birth"], (dev, t)     # (an ack at once follows something else)
     assert births >= 5 and res["violations"] == 0
-    assert res["faults"]["withdraw_delay_max"] <= 5.0
+    assert (res["faults"]["withdraw_delay_max"] or 0.0) <= 5.0
 
 
 def test_the_live_drivers_take_the_ack_delay_as_the_simulator_does():

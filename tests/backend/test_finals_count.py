@@ -63,12 +63,16 @@ def test_count_in_range_answers_contain_the_truth_where_a_device_skipped_its_con
         return report(self, key, epoch, t, v, line)
 
     monkeypatch.setattr(BoundCache, "report", spy)
-    spec = copy.deepcopy(dict(workloads(0.1))["mixed-aggregates"])
-    # (a seed whose lossy network makes the scenario, which is rare: on main only seed 1 of 1-8 made it; with births
-    # no longer acknowledged the network's draws differ and 12 and 14 of 1-14 make it)
-    spec.update(name="m", seed=12, protocol="deadband", network=dict(spec.get("network", faults.NETWORK), **faults.FAULTS))
-    sim = engine.simulation(spec)
-    res = sim.run()
+    # the first seed whose lossy network makes the scenario, which is rare (each change to what the network carries
+    # or how it draws moves it: with paired draws seeds 1, 3, 5 and 6 of 1-20 make it)
+    for seed in range(1, 21):
+        spec = copy.deepcopy(dict(workloads(0.1))["mixed-aggregates"])
+        spec.update(name="m", seed=seed, protocol="deadband",
+                    network=dict(spec.get("network", faults.NETWORK), **faults.FAULTS))
+        sim = engine.simulation(spec)
+        res = sim.run()
+        if skipped:
+            break
     assert skipped, "the scenario: a device that took a later epoch without its COUNT constraints"
     # sent again, every device holds the constraints its mirror states in the end
     assert all(f.cons == sim.coord.cache.sources[a.names[i]].filt.cons
