@@ -44,10 +44,10 @@ learns from its first uncertain reports.
   within it). A drop measured over DROPS epochs (~2 min of finals) stops most of that sawtooth: both runs'
   reserves moved alike on 28 of the 31 seeds (the 3 others: adaptive −180 to −2,488), adaptive − deadband ≤ +18
   on all 31, for +1.6-1.7 % messages (R stays up after a burst), both protocols alike. A rise still takes two
-  epochs: a final answer wider than δ is what R is for. Not solved: with loss the runs' answers differ, and
-  adaptive's finals' excess was heavier (dev 1014: 99th percentile 8.6 against 7.9, not from unconfirmed
-  narrowings), so its R rose where deadband's did not and now stays up longer (adaptive − deadband +605 →
-  +2,021 there); an R both runs share needs an excess measured on the deadband shadow's would-be answers.
+  epochs: a final answer wider than δ is what R is for. Not solved: the runs' answers still differ (adaptive's
+  finals' excess was heavier with loss: dev 1014, 99th percentile 8.6 against 7.9), so one run's R can rise
+  where the other's does not (with the simulator's paired draws, held-out 2001 with skew alone +142); an R both
+  runs share needs an excess measured on the deadband shadow's would-be answers.
 Where clocks are exact (σ = 0) nothing reaches past δ − R and no prior is kept, so R stays 0 and widths are the
 protocols' own.
 """
