@@ -15,7 +15,9 @@ from backend.sim import engine
 from backend.sim.final_truth import check_final
 
 
-def _run(protocol, monkeypatch, duration=300):
+def _run(protocol, monkeypatch, duration=300, **spec):
+    """FINAL at seed 11 with the faults (``spec``: more of the workload), the final mirror's ops and recorded bounds
+    spied per source."""
     ops, known = {}, {}
     op, record = replay.Replay._op, replay.Replay._record
 
@@ -29,7 +31,7 @@ def _run(protocol, monkeypatch, duration=300):
 
     monkeypatch.setattr(replay.Replay, "_op", spy_op)
     monkeypatch.setattr(replay.Replay, "_record", spy_record)
-    w = copy.deepcopy(dict(FINAL, seed=11, duration=duration))
+    w = copy.deepcopy(dict(FINAL, seed=11, duration=duration, **spec))
     w.update(name="skew", protocol=protocol, network=dict(w["network"], **FAULTS))
     sim = engine.simulation(w)
     return sim, sim.run(), ops, known
@@ -96,30 +98,15 @@ def test_a_periodic_shrink_keeps_the_bound_from_before_it_while_a_clock_may_be_b
     # then shrank them too, and shrank the states held from before a report (the device leaves them by that report,
     # unshrunk): bounds narrowed at the tick (first at 2.0), and final answers at ticks missed readings the device
     # had not yet been made to report (schedule 673 of the fault schedules: p = s0 − s1 at 20.0)
-    ops, known, behind = {}, {}, {}
-    op, record, cover = replay.Replay._op, replay.Replay._record, finals.Finals.cover
+    behind, cover = {}, finals.Finals.cover
 
     def spy_cover(self, device, t):
         until = cover(self, device, t)
         behind[device, t] = until > t       # (asked at each tick: whether the device may shrink after it)
         return until
 
-    def spy_op(self, key, s, t, n, kind, args, rec):
-        ops.setdefault(key, []).append(t)
-        return op(self, key, s, t, n, kind, args, rec)
-
-    def spy_record(self, key, s, t):
-        known.setdefault(key, []).append((t,) + self.cache.known(key))
-        return record(self, key, s, t)
-
-    monkeypatch.setattr(replay.Replay, "_op", spy_op)
-    monkeypatch.setattr(replay.Replay, "_record", spy_record)
     monkeypatch.setattr(finals.Finals, "cover", spy_cover)
-    w = copy.deepcopy(dict(FINAL, seed=11, duration=200, protocol="adaptive",
-                           params={"rule": "shrink", "period": 2.0, "shrink": 0.2}))
-    w.update(name="shrink-skew", network=dict(w["network"], **FAULTS))
-    sim = engine.simulation(w)
-    res = sim.run()
+    sim, res, ops, known = _run("adaptive", monkeypatch, 200, params={"rule": "shrink", "period": 2.0, "shrink": 0.2})
     ticks = [t for t, _, _ in sim.coord.finals.replay.shrinks]
     checked = 0
     for key, rows in known.items():
@@ -129,7 +116,7 @@ def test_a_periodic_shrink_keeps_the_bound_from_before_it_while_a_clock_may_be_b
             if i == 0 or i == len(rows) or times[i] != tick or rows[i - 1][1] == -math.inf \
                     or not behind.get((device, tick)):
                 continue
-            if any(times[i - 1] < x <= tick for x in ops.get(key, ())):
+            if any(times[i - 1] < x[0] <= tick for x in ops.get(key, ())):
                 continue        # (a report or control of the source meanwhile: not this oracle's)
             _, lo, hi = rows[i - 1]
             assert rows[i][1] <= lo and hi <= rows[i][2], (key, tick, rows[i - 1], rows[i])
