@@ -18,7 +18,6 @@ one seed then differ by what they send, not by which of their messages the netwo
 """
 import random
 
-
 from edge.core import codec
 
 
