@@ -22,8 +22,8 @@ import time
 
 from backend import host
 from backend.spark import job
-from backend.spark.bench_job import births
-from edge.core import codec, topics
+from backend.spark.bench_job import births, fleet_report
+from edge.core import topics
 
 
 def reports(devices, rate, count, t0):
@@ -31,11 +31,7 @@ def reports(devices, rate, count, t0):
     stamped ``rate`` per second of record time from ``t0``: device ``k % devices`` reports ``k``-th, ±0.5."""
     seq, value = [1] * devices, [100.0] * devices
     for k in range(count):
-        d, now = k % devices, t0 + (k + 1) / rate
-        seq[d] += 1
-        value[d] += 0.5 if ((k + 1) * 2654435761) & 1024 else -0.5
-        yield now, topics.device("bench", "d%d" % d, "up"), codec.encode("report", {
-            "src": 0, "epoch": 0, "seq": seq[d], "t": now, "v": value[d], "why": 0})
+        yield fleet_report(k, seq, value, t0 + (k + 1) / rate)[1]
 
 
 def as_records(triples):

@@ -114,6 +114,16 @@ def births(devices, now, register=0, groups=0):
     return out
 
 
+def fleet_report(k, seq, value, now):
+    """The ``k``-th report of the bench fleet (0-based; ``seq``, ``value``: every device's latest, updated here),
+    round robin over the devices, each ±0.5 from its last: ``(device, (now, topic, payload))``."""
+    d = k % len(seq)
+    seq[d] += 1
+    value[d] += 0.5 if ((k + 1) * 2654435761) & 1024 else -0.5
+    return d, (now, topics.device("bench", "d%d" % d, "up"), codec.encode("report", {
+        "src": 0, "epoch": 0, "seq": seq[d], "t": now, "v": value[d], "why": 0}))
+
+
 def percentile(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
@@ -211,12 +221,9 @@ def measure(rate=TARGET_RATE, seconds=30.0, devices=2000, trigger=0.25, master="
                 now = time.time()
                 recs = []
                 for _ in range(per):
-                    d = k[0] % devices
+                    d, rec = fleet_report(k[0], seq, value, now)
                     k[0] += 1
-                    seq[d] += 1
-                    value[d] += 0.5 if (k[0] * 2654435761) & 1024 else -0.5
-                    recs.append((now, topics.device("bench", "d%d" % d, "up"), codec.encode("report", {
-                        "src": 0, "epoch": 0, "seq": seq[d], "t": now, "v": value[d], "why": 0})))
+                    recs.append(rec)
                     last[d] = now
                     silent.append((now, d))
                 # a device silent for its heartbeat sends a mark (edge.core.delivery), as an agent would: the
