@@ -275,5 +275,5 @@ class Resync:
                     self.unclocked.pop(key, None)
                 self._touch(key)
         if ig.offsets.sigma > 0 and d["keys"] and not ig.offsets.highs.get(device) \
-                and ("probe", d["keys"][0]) not in ig.left:
-            self.probe(d["keys"][0], ECHO)
+                and ("probe", d["keys"][0]) not in ig.left and ("probe", d["keys"][0]) not in d["unsent"]:
+            self.probe(d["keys"][0], ECHO)      # (once: in echo mode it is ``unsent`` until the bridge sees it)
