@@ -36,6 +36,7 @@ ROOMS = [("office-north", 20.5, 0.03, 45.0, 0.15), ("office-south", 22.5, 0.09, 
          ("workshop", 15.0, 0.06, 60.0, 0.3)]
 QUIET = 1.5         # s without a control message after which the filters count as installed
 SETTLE_MAX = 60.0   # s after registration at which counting starts regardless
+STALL = 180         # s without a new batch or a newly known source after which the fleet did not come up
 OFFICES = 6         # the first six rooms are where people work
 
 
@@ -205,7 +206,9 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         out("fleet: %d CPython agents (paho) + %d MicroPython agents (umqtt, %s heap) + %d micro:bits (QEMU, "
             "behind a gateway), %d sources at 10 Hz" % (cpython, micropython, HEAP, len(bits), 2 * len(plan) + len(bits)))
         n_sources = 2 * len(plan) + len(bits)
-        deadline = time.monotonic() + 90
+        # wait for every source's birth; a loaded machine's first batches (Python workers starting) can take
+        # minutes, so give up only after STALL s without a new batch or a newly known source
+        seen, moved, told = None, time.monotonic(), time.monotonic()
         while True:
             st = backend.status()
             g = st and st["groups"].get(FLEET)
@@ -215,8 +218,17 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
             dead = [d for d in fleet.devices.values() if d.proc.poll() is not None]
             if dead:
                 raise RuntimeError("agent %s exited (log in %s)" % (dead[0].name, fleet.folder))
-            if time.monotonic() > deadline:
-                raise RuntimeError("agents did not come up within 90s")
+            now = time.monotonic()
+            mark = (st and st.get("batch"), g and g["sources_known"])
+            if mark != seen:
+                seen, moved = mark, now
+            elif now - moved > STALL:
+                raise RuntimeError("agents did not come up: %s of %d sources known, no progress for %ds"
+                                   % (mark[1] or 0, n_sources, STALL))
+            if now - told >= 15:
+                told = now
+                out("waiting for the agents' births: %s of %d sources known, batch %s"
+                    % (mark[1] or 0, n_sources, mark[0]))
             time.sleep(0.2)
         queries = example_queries(len(plan), bits)
         for q in queries:
