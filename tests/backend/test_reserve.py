@@ -7,7 +7,7 @@ import pytest
 
 from backend.coordinator.core import aggregate
 from backend.coordinator.core.queries import parse_query
-from backend.coordinator.core.reserve import BINS, COUNT, FINAL_QUANTILE, FIRST, MARGIN, PRIOR, QUANTILE, Reserve
+from backend.coordinator.core.reserve import BINS, CAP, COUNT, FINAL_QUANTILE, FIRST, MARGIN, PRIOR, QUANTILE, Reserve
 from backend.coordinator.precision.rows import Rows
 
 
@@ -35,6 +35,22 @@ def test_the_reserve_is_the_quantile_of_the_excess_over_the_epochs():
     assert aggregate.uniform_width(q) == (10.0 - q.reserve) / 2
     rows = Rows({"q": q})
     assert rows.budget == [10.0 - q.reserve]
+
+
+
+def test_it_never_keeps_more_than_cap_of_the_precision():
+    # answers wider than δ whatever the widths (clocks known worse than the signals need): both streams' R stop at
+    # CAP·δ instead of reaching δ (widths 0: every reading reported, the answers no narrower)
+    r, q = Reserve(), query(10.0)
+    r.begin(q, True)
+    t = 0.0
+    for _ in range(4 * COUNT):
+        t += 0.1
+        r.observe(q, t, 20.0)
+        r.observe(q, t, 20.0, final=True)
+    assert r.value[("q", False)] <= CAP * 10.0 and r.get("q") == CAP * 10.0      # main before: R 10.625
+    q.reserve = r.get("q")
+    assert aggregate.uniform_width(q) == 2.5
 
 
 def test_it_follows_the_excess_down_when_clocks_are_known_better():

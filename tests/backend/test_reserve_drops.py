@@ -7,7 +7,7 @@ import random
 
 from backend.coordinator.core import reserve
 from backend.coordinator.core.queries import parse_query
-from backend.coordinator.core.reserve import BINS, COUNT, DROPS, EPOCH, FIRST, MARGIN, PRIOR, STEP, Reserve
+from backend.coordinator.core.reserve import BINS, CAP, COUNT, DROPS, EPOCH, FIRST, MARGIN, PRIOR, STEP, Reserve
 
 
 def query(precision=10.0):
@@ -24,7 +24,7 @@ def batch(log, d, prior):
         share = (1.0 if final else reserve.QUANTILE) * len(got)
         v = got[max(0, math.ceil(share) - 1)]
         k = 0 if v <= 0 else min(BINS, 1 + int(v / d * BINS))
-        return k * d / BINS + (MARGIN * d if final else 0.0)
+        return min(CAP * d, k * d / BINS + (MARGIN * d if final else 0.0))
 
     out, value = [], {False: 0.0, True: prior}
     epochs, cur, end = {False: [], True: []}, {False: [], True: []}, {}

@@ -48,6 +48,12 @@ learns from its first uncertain reports.
   finals' excess was heavier with loss: dev 1014, 99th percentile 8.6 against 7.9), so one run's R can rise
   where the other's does not (with the simulator's paired draws, held-out 2001 with skew alone +142); an R both
   runs share needs an excess measured on the deadband shadow's would-be answers.
+- **At most CAP·δ.** The excess is what sources move within their reports' uncertain windows, which narrower
+  widths do not shrink: they add reports, so more windows overlap. Where the clocks are known worse than the
+  signals need (the live demo's QEMU micro:bits behind a serial gateway on a loaded 2-core machine: their AVG's
+  finals 0.4-1.36 wide at any width, δ = 1) R rose to δ and the widths to 0, every reading reported, for answers
+  no narrower; the live deadband demo sent 4.3x its offline replay. Past δ/2 the rest is stated (``Lines.line``:
+  wider than precision, with its width), not bought.
 Where clocks are exact (σ = 0) nothing reaches past δ − R and no prior is kept, so R stays 0 and widths are the
 protocols' own.
 """
@@ -62,6 +68,7 @@ PRIOR = 1.0 / 4         # of δ the finals keep before their first epoch ends, w
 MARGIN = 1.0 / 16       # of δ the finals' R keeps above the largest excess they measured
 DROPS = 8               # epochs a drop of R is measured over (a rise: the last two)
 SETTLE = 10.0           # s after a rise at most until the widths are taken as narrowed (their narrowings confirmed)
+CAP = 0.5               # of δ at most: past it the excess is the clocks', which narrower widths do not reduce
 
 
 class Reserve:
@@ -126,7 +133,7 @@ class Reserve:
         while k < BINS and acc + hist[k] < share:
             acc += hist[k]
             k += 1
-        return k * d / BINS + (MARGIN * d if final else 0.0)
+        return min(CAP * d, k * d / BINS + (MARGIN * d if final else 0.0))
 
     def widths(self, qid, t):
         """The R the widths in force at event time ``t`` leave of δ (a final answer is for a time in the past:
