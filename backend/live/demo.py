@@ -21,7 +21,7 @@ from backend import host
 from backend.live.broker import Broker, BrokerError, find_mosquitto
 from backend.live.checker import deadband_reports, explain, time_of, violations
 from backend.live.fleet import HEAP, Fleet, micropython_available
-from edge.core import topics
+from edge.core import codec, topics
 
 FLEET = "demo"
 
@@ -98,6 +98,7 @@ class Observer:
     def __init__(self, broker):
         import paho.mqtt.client as mqtt
         self.counts = {"up": 0, "ctl": 0, "state": 0, "answer": 0}
+        self.kinds = {}         # control messages by kind (width, ack, probe, ...)
         self.answers = {}
         self.last_ctl = time.monotonic()        # when the latest control message was seen
         self.inbox = queue.Queue()
@@ -121,6 +122,11 @@ class Observer:
                 self.counts[kind] += 1
             if kind == "ctl":
                 self.last_ctl = time.monotonic()
+                try:
+                    what = codec.decode(payload)[0]
+                except codec.CodecError:
+                    what = "malformed"
+                self.kinds[what] = self.kinds.get(what, 0) + 1
             if kind == "answer" and payload:
                 self.answers[t[2]] = json.loads(payload)
 
@@ -251,6 +257,7 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         if dash is not None:                    # --ui: totals from here on, as the closing table counts
             dash.provider.start(t_reg, queries)     # --ui
         observer.counts = dict.fromkeys(observer.counts, 0)   # compare from the installed filters on
+        observer.kinds = {}
         start = time.monotonic()
         next_show = start + show_every
         while time.monotonic() - start < duration:
@@ -279,7 +286,7 @@ def run(duration=90.0, cpython=6, micropython=3, microbit=2, protocol=None, late
         checked = violations(queries, readings, answers, end, wrong, finals)
         explain(queries, readings, answers, wrong, out)
         result = {"protocol": protocol, "dir": workdir, "samples": len(window), "uplink": observer.counts["up"],
-                  "ctl": observer.counts["ctl"], "deadband": deadband_reports(queries, readings, t_reg),
+                  "ctl": observer.counts["ctl"], "ctl_kinds": observer.kinds, "deadband": deadband_reports(queries, readings, t_reg),
                   "violations": sum(v for v, _, _ in checked.values()) + sum(f["final_violations"] for f in finals.values()),
                   "per_query": checked, "finals": finals,
                   "late": status["stats"]["late"], "settle": settle, "answers": len(answers), "queries": queries,
@@ -318,8 +325,9 @@ def _table(r, out):
     out("| QuietFleet %s, live over MQTT | %d | %.2f | %d | %.2f |" % (
         r["protocol"], ours, ours / max(dead, 1), ours_total, ours_total / max(dead_total, 1)))
     out("")
-    out("control messages sent by the backend %d, answer changes %d, late reports %d"
-        % (r["ctl"], r["answers"], r["late"]))
+    out("control messages sent by the backend %d (%s), answer changes %d, late reports %d"
+        % (r["ctl"], ", ".join("%s %d" % kv for kv in sorted(r["ctl_kinds"].items(), key=lambda kv: -kv[1])) or "none",
+           r["answers"], r["late"]))
     out("| query | violations | violation s | degraded s | final answers (degraded) | final violations |")
     out("|---|---:|---:|---:|---:|---:|")
     for qid, (v, vt, dt) in r["per_query"].items():
