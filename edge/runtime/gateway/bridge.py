@@ -178,7 +178,11 @@ class Bridge:
             ep, h = int(a[0]), int(a[1])
             v = NO_VALUE if a[2] == "-" else int(a[2]) / SCALE
             rec = {"name": self.source, "epoch": ep, "width": math.inf if h < 0 else 2 * h / SCALE, "v": v}
-            out.append(self._up(now, "state", "birth", {"t": now, "boot": self.boot, "fw": FIRMWARE, "caps": CAP_MS,
+            # stamped as of the latest frame it follows (the state it carries is the board's after that sample):
+            # an uplink right behind it, of a sample taken before the birth frame arrived, is mapped earlier
+            # than ``now``, and a stamp before its birth's reads as sent before it (the backend drops it)
+            t = now if self.offset is None or self.last_t is None else min(now, self.last_t)
+            out.append(self._up(now, "state", "birth", {"t": t, "boot": self.boot, "fw": FIRMWARE, "caps": CAP_MS,
                                                         "first": 0, "sources": [rec]}))
             self.token = (self.boot ^ self.delivery.seq) & 0xFFFFFFFF
             self.delivery.born(now)
