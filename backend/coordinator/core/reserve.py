@@ -45,9 +45,19 @@ learns from its first uncertain reports.
   reserves moved alike on 28 of the 31 seeds (the 3 others: adaptive −180 to −2,488), adaptive − deadband ≤ +18
   on all 31, for +1.6-1.7 % messages (R stays up after a burst), both protocols alike. A rise still takes two
   epochs: a final answer wider than δ is what R is for. Not solved: the runs' answers still differ (adaptive's
-  finals' excess was heavier with loss: dev 1014, 99th percentile 8.6 against 7.9), so one run's R can rise
-  where the other's does not (with the simulator's paired draws, held-out 2001 with skew alone +142); an R both
-  runs share needs an excess measured on the deadband shadow's would-be answers.
+  finals' excess was heavier with loss: dev 1014, 99th percentile 8.6 against 7.9), so one run's R can rise where
+  the other's does not (with the simulator's paired draws, held-out 2001 with skew alone +142), and R keeps a state:
+  it moves only by more than STEP·δ from where it is, so where it is depends on the run's past. Dev 1011, skew
+  alone: one burst at t ≈ 100 s (excess 15 in adaptive's finals, 24 in deadband's) left deadband's R at 12.19 from
+  248 s on, every later measure (11.25-14.06) within its ±δ/32, and adaptive's at 11.25 from 370 s, from which the
+  same measures moved it six times between 11.25 and 14.06: +716 messages; adaptive replaying deadband's moves: −21
+  (test_reserve_drops), so a shared R is all the promise needs. A rule without that state (R the larger of the two-
+  and the DROPS-epoch measure, on a δ/32 lattice) made 1011 −1 but chattered between lattice levels at different
+  times in each run (dev 1006 with the faults −6 → +199) and let a rise feed on itself (a higher R narrows the
+  widths, more walks step past half their width each reading and the overshoots they sum grow: 1018 adaptive 15 → 28
+  of δ = 60, +453 at 900 s): not kept. An R both runs share needs an excess measured on something both share: the
+  deadband shadow's would-be answers (each metered device knows its shadow's overshoot at each would-be report, but
+  not which other sources' windows overlap it).
 - **At most CAP·δ.** The excess is what sources move within their reports' uncertain windows, which narrower
   widths do not shrink: they add reports, so more windows overlap. Where the clocks are known worse than the
   signals need (the live demo's QEMU micro:bits behind a serial gateway on a loaded 2-core machine: their AVG's
