@@ -62,7 +62,7 @@ class Agent:
         self.synced = synced
         self.offset = 0         # device time = caller's clock + offset
         # numbering, heartbeat marks and ack mode's resend buffer (a few messages on a board's heap)
-        self.delivery = Delivery(resend or (8 if BOARD else 16), 8192 if BOARD else None)
+        self.delivery = Delivery(resend or (8 if BOARD else 16), 8192 if BOARD else None, boot)
         self.token = None       # boot ^ seq of the latest birth: every downlink must carry it
         self.inc = None         # incarnation of the backend run that configured us after that birth
         self.top = None         # highest downlink sequence number accepted in this session

@@ -16,21 +16,25 @@ more: the oldest goes first, and the backend then sees its gap. A birth supersed
 resent ``TRIES`` times is given up (the backend acknowledges what it refuses too, so only an uplink it
 never hears gets there): the marks its resends held back go out again and show the backend its number
 missing, a lost uplink it resynchronises with a birth.
+Each boot numbers from its own start, boot·SPREAD mod 2**30 (boot 0 from 0; below 2**30, a 32-bit board's numbers
+stay small ints): boot ids differ, so a reboot's numbers lie far from the last boot's (uplinks carry no boot), and a
+reboot whose birth the backend missed shows as numbers far outside its window, never as the old boot's next ones.
 Sans-IO, portable, float32-safe: times are the caller's clock (integer ms on a board, ``unit`` 1000).
 """
 from edge.core import codec
 
 CAP = 4         # the longest resend wait, in rto
 TRIES = 64      # resends of one uplink at most (about 250·rto)
+SPREAD = 0x278DDE6D     # 2**30 / golden ratio (odd): consecutive boots start about 0.38·2**30 apart
 
 
 class Delivery:
-    def __init__(self, size, budget=None):
+    def __init__(self, size, budget=None, boot=0):
         if size < 1:
             raise ValueError("a resend buffer holds at least 1 message")
         self.size = size
         self.budget = budget    # bytes kept at most, unless the newest alone is more (None: no byte bound)
-        self.seq = 0            # the latest number used
+        self.seq = (boot * SPREAD) & 0x3FFFFFFF     # the latest number used
         self.beat = 0           # B in clock units (0: no marks)
         self.rto = 0            # resend timeout in clock units (0: ack mode off)
         self.last = None        # clock time of the latest uplink sent (a mark or a resend too)

@@ -126,7 +126,7 @@ class RelayNode:
             raise ValueError("relay sum_rule must be 'derived' (η·S_r/S_f) or 'paper' (η·S_f/S_r)")
         self.sum_rule = sum_rule
         self.boot = boot
-        self.delivery = Delivery(16)    # numbers, heartbeat marks (config.beat), ack mode (edge.core.delivery)
+        self.delivery = Delivery(16, None, boot)    # numbers, heartbeat marks (config.beat), ack mode (edge.core.delivery)
         self.queries = {}               # querying-metadata: qid -> (tb, te, agg, η)
         self.fdi = {}                   # k -> [f_e, f_r]
         self.t0 = self.tb = self.te = None

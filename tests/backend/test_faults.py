@@ -1,4 +1,5 @@
 """The hostile network of the simulator (issue #20): loss, duplicates, reordering, skew, reboots, partitions."""
+import math
 import random
 
 import pytest
@@ -142,3 +143,65 @@ def test_a_periodic_shrink_leaves_the_state_before_a_skewed_report_unshrunk():
     assert c.known("x") == (10.5, 12.5)         # ... until it shrinks
     c.release("x", 20.3)
     assert c.known("x") == (11.0, 12.0)
+
+
+def test_a_reboot_whose_birth_and_next_report_are_lost_is_never_read_as_the_old_boot():
+    """Boot 2 of d1 (epoch 0 like boot 1, which never took a control) loses its birth and first report; its next
+    report carries no boot. Its number lies far from boot 1's (edge.core.delivery: each boot numbers from its own
+    start), so the backend drops it, says the device rebooted and asks for a birth; the final answers until that
+    birth can have been sent are unknown, never the old boot's bound. Oracle: the device's readings."""
+    from backend.host import Host
+    from backend.sim.final_truth import check_final
+    from edge.agent import Agent
+    from edge.core import codec
+
+    h = Host(protocol="deadband", period=5.0, shrink=0.0, latency=0.0, t0=0.0)
+    truth, finals, provisional = [], [], []
+
+    def deliver(now, agent, acts):
+        """Host actions: answers kept, downlinks to ``agent`` (None: lost), its uplinks back to the host."""
+        while acts:
+            nxt = []
+            for a in acts:
+                if a[0] == "answer" and a[1].get("query") == "q" and "lo" in a[1]:
+                    (finals if a[1].get("final") else provisional).append(a[1])
+                elif a[0] == "down" and agent is not None:
+                    for _, p in agent.handle_message(now, a[2]):
+                        nxt += h.uplink(now, "d1", p)
+            acts = nxt
+
+    def read(now, agent, v, up=True):
+        truth.append((now, v, abs(v)))
+        out = agent.handle_sample(now, 0, v)
+        for _, p in out:
+            if up:
+                deliver(now, agent, h.uplink(now, "d1", p))
+        return out
+
+    old = Agent("d1", ["x"], boot=1, width=2.0)
+    read(0.0, old, 10.0, up=False)
+    deliver(0.0, None, h.uplink(0.0, "d1", old.start(0.0)[0][1]))    # (controls to boot 1 lost: epoch 0)
+    deliver(0.0, None, h.spec(0.0, "q", {"kind": "sum", "sources": ["x"], "precision": 40.0}))
+    assert read(1.0, old, 13.0)                                  # a report of boot 1
+    new = Agent("d1", ["x"], boot=2, width=2.0)                  # rebooted at 2.0: its birth lost
+    read(2.0, new, 30.0, up=False)
+    assert new.start(2.0) and read(3.0, new, 40.0, up=False)      # and its first report
+    assert new.filters[0].epoch == old.filters[0].epoch == 0
+    deliver(4.0, new, h.timer(4.0))
+    reports = read(4.0, new, 45.0, up=False)
+    seq = codec.decode(reports[0][1])[1]["seq"]
+    before = new.delivery.seq
+    deliver(4.0, new, h.uplink(4.0, "d1", reports[0][1]))        # dropped; a birth asked for and sent
+    asked = new.delivery.seq - before      # (the birth asked for at once)
+    for k in range(5, 12):
+        read(float(k), new, 45.0 + 3 * k)
+        deliver(float(k), new, h.timer(float(k)))
+    assert any("rebooted: d1" in (a.get("reason") or "") for a in provisional)
+    rows = [(a["time"], a["lo"], a["hi"], a.get("dlo", 0.0), a.get("dhi", 0.0), a["degraded"], 0) for a in finals]
+    horizon = h.coord.finals.horizon("q")
+    assert horizon is not None and horizon >= 6.0, horizon
+    res = check_final(truth, rows, horizon, [(0.0, 40.0)])
+    assert res["final_violations"] == 0 and res["final_precision_misses"] == 0, (res, rows)
+    assert any(a["degraded"] and a["hi"] - a["lo"] == math.inf and a["time"] <= 3.0 for a in finals), rows
+    assert any(not a["degraded"] and a["time"] >= 4.0 for a in finals), rows
+    assert asked == 1 and 256 < (seq - old.delivery.seq) & 0xFFFFFFFF < 0xFFFFFF00     # (numbered far from boot 1)

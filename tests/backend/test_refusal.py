@@ -11,11 +11,13 @@ from backend.coordinator.core import admission
 from backend.host import Host
 from backend.sim import engine
 from edge.core import codec
+from edge.core.delivery import Delivery
 
 from hostkit import answers, born
 
 SUM = {"id": "q", "kind": "sum", "sources": ["t1"], "precision": 1.0}
-NUMBER = 5              # the number of the device's first report after it is in ack mode (birth 1, reports 2-4)
+NUMBER = Delivery(1, None, 1).seq + 5    # the number of boot 1's first report after it is in ack mode (birth the
+#                                          first number, reports the next 3)
 
 
 def _never_takes(monkeypatch, device, refuse):

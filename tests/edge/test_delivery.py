@@ -164,3 +164,17 @@ def test_an_agent_resends_what_a_nack_names_and_ignores_a_stale_one():
     s1 = codec.decode(first[0][1])[1]["seq"]
     assert a.handle_message(2.1, ctl(a, "nack", seq=3, upto=s1 - 1, miss=s1)) == first
     assert a.handle_message(2.2, ctl(a, "nack", seq=3, upto=s1 - 1, miss=s1)) == []     # a duplicate downlink
+
+
+def test_each_boot_numbers_from_its_own_start_far_from_other_boots():
+    # uplinks carry no boot: a reboot whose birth is lost must not read as the old boot going on (the backend finds
+    # a number far outside its window: backend.coordinator.core.integrity)
+    assert Delivery(1).seq == 0
+    starts = [Delivery(1, None, b).seq for b in range(1, 65)] + [Delivery(1, None, 0xFFFFFFFF).seq]
+    for i, a in enumerate(starts):
+        assert 0 <= a < 1 << 30         # (a 32-bit board's numbers stay small ints)
+        for b in starts[:i]:
+            assert min((a - b) & 0xFFFFFFFF, (b - a) & 0xFFFFFFFF) > 1 << 16, (a, b)
+    old, new = Agent("d", ["x"], boot=1), Agent("d", ["x"], boot=2)
+    s1, s2 = [codec.decode(a.start(0.0)[0][1])[1]["seq"] for a in (old, new)]
+    assert s1 == starts[0] + 1 and s2 == starts[1] + 1

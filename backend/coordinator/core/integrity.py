@@ -9,7 +9,9 @@ due deadline (a heap, one entry per device and kind), never per device per call.
   the latest number used, for its own number too); one inside a gap fills it (reordering, a resend);
   anything else is a duplicate. A gap still open after its wait (λ; λ + 3·rto for an uplink the device
   keeps in ack mode, ``heartbeat``) is a lost uplink; one admission refused, after λ (``refused``: the ack
-  passes it, so the device does not resend it for ever). The first gap seen turns ack mode on.
+  passes it, so the device does not resend it for ever). The first gap seen turns ack mode on. A report or
+  mark numbered more than WINDOW ahead, or as far behind and before the boot's latest birth, is of a boot
+  whose birth is lost (each boot numbers from its own start, ``edge.core.delivery``): the device rebooted.
 * **Silence.** With a heartbeat (B per device, ``heartbeat``), a device that sends nothing for
   B + λ + margin is silent (a lost last report whose mark was lost too, a partition, a lost birth).
 * **Event time.** A report stamped ``t`` happened at a true time in [t − hi, t − lo], the bounds of the
@@ -118,11 +120,14 @@ class Integrity(Waits):
                 reason = REBOOTED
             d = self._state(device, boot, seq, t)
             for s in self.unknown.pop(device, ()):  # dropped before this birth, but sent after it
-                if newer(s, seq) and birth:
+                if 0 < (s - seq) & 0xFFFFFFFF <= WINDOW and birth:
                     d["missing"][s] = (now + self.latency, self.event(device, t))
                     self._arm(device, "gap", now + self.latency)
         else:
             ahead = (seq - d["high"]) & 0xFFFFFFFF
+            if not birth and (WINDOW < ahead < _HALF or ahead >= _HALF and (d["high"] - seq) & 0xFFFFFFFF > WINDOW
+                              and not newer(seq, d["birth"])):
+                return self._restarted(d, device, now, seq)
             if 0 < ahead < _HALF:
                 if ahead > 1 or mark:
                     self._gap(d, device, now, 1, ahead + mark)
@@ -176,6 +181,21 @@ class Integrity(Waits):
         if device in self.suspect and d["asked"] is not None and now >= d["asked"] + self.retry:
             self._arm(device, "ask", now)       # heard again (a partition ended): ask at once
         return True
+
+    def _restarted(self, d, device, now, seq):
+        """A report or mark numbered ``seq`` far outside ``device``'s window: a boot numbers from its own start
+        (``edge.core.delivery``), so the device rebooted and its birth is lost (or a past boot's uplink came very
+        late). It is dropped (missing if the next birth numbered it after itself, ``dropped``); the device's state
+        is unknown since its last trusted uplink until a birth after ``seq``. False (not accepted)."""
+        self.dropped(device, seq)
+        if self.suspect.get(device, CONTROL) in (CONTROL, LOST):
+            self.suspect[device] = REBOOTED
+            self.revokes[device] = self.event(device, d["last_t"])
+            self.need[device] = seq
+            self.awaiting.pop(device, None)
+            self._arm(device, "ask", now)
+        self._heard(d, device, now, -math.inf, True)    # (heard: not silent)
+        return False
 
     def _heard(self, d, device, now, t, again):
         """``device`` was heard (``again``: a mark or a duplicate, not a new numbered uplink)."""

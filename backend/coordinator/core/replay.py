@@ -111,8 +111,12 @@ class Replay(Sequence):
         """A gap-lost source speaks again (by an uplink taken after the gap): known from the latest instant it
         can have spoken (``hull``), never before a final answer went."""
         if s.lost is not None and s.gap and n > s.gap:
-            s.lost, s.gap = None, 0
-            s.floor = max(s.floor, hull, self.sink.floor(key))
+            self._known(key, s, hull)
+
+    def _known(self, key, s, hull):
+        """A lost source is known again from ``hull`` on (what it was before is unknown)."""
+        s.lost, s.gap = None, 0
+        s.floor = max(s.floor, hull, self.sink.floor(key))
 
     # -- replay -----------------------------------------------------------------------------------------
     def _push(self, key, t, op, args):
@@ -194,9 +198,7 @@ class Replay(Sequence):
                     c.hold(key, hull)
                     self._push(key, hull, "release", ())
                 c.rebirth(key, width, epoch, t, v, single, unit)
-            if s.lost is not None and (not s.gap or n > s.gap):     # what it was before is unknown: the birth
-                s.lost, s.gap = None, 0                             # speaks from its latest instant
-                s.floor = max(s.floor, hull, self.sink.floor(key))
+            self._resume(key, s, n, hull)       # (a birth taken before a loss, replayed after it, says nothing)
         elif key not in c.sources:
             return
         elif op == "report":

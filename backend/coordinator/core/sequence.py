@@ -188,14 +188,16 @@ class Sequence:
             v = None if rec["v"] == NO_VALUE else rec["v"]
             s.ep = rec["epoch"]
             args = (i, rec["width"], rec["epoch"], v, d.single, d.unit, hull)
-            if s.lost is not None and not s.gap:    # what came before is unknown: replayed without pieces, then the birth
-                self._replay(key, t, record=False)
-                self._op(key, s, t, self.n, "birth", args, True)
+            if s.lost is not None and not s.gap:    # what came before is unknown: replayed without pieces (a birth
+                self._replay(key, t, record=False)  # among them is older than the loss: still lost), then the
+                self._op(key, s, t, self.n, "birth", args, True)    # birth, which speaks from its latest instant
+                self._known(key, s, hull)
                 if fresh:       # a new boot reports until told its segment mode again
                     s.mode, s.pend, s.cover, s.taken = REPORT, None, INF, None
                 if s.mode == REPORT:
                     self._record(key, s, t)
                 s.limit = -INF
+                self.sink.moved(key)    # (its final queries wait for it again: it holds nowhere until its watermark)
             else:
                 self._push(key, t, "birth", args)
 

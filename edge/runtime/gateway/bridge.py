@@ -84,7 +84,7 @@ class Bridge:
     def __init__(self, source, boot):
         self.source = source
         self.boot = boot & 0xFFFFFFFF
-        self.delivery = Delivery(16)    # uplink numbers on MQTT (the sensor's identity), marks, resends
+        self.delivery = Delivery(16, None, self.boot)    # uplink numbers on MQTT (the sensor's identity), marks, resends
         self.g = 0                  # downlink frame number on the UART
         self.queue = []             # frames waiting for the device's acknowledgement
         self.sent_at = None
