@@ -88,7 +88,8 @@ class Uplink:
             m["why"] = codec.WHY_ASSIGN     # a report a control asked for, as protocols see it
         elif kind in ("report", "line", "rsegs"):
             m["guarded"] = bool(m["why"] & codec.GUARDED)      # (resync.py: the hull while its time is unsure)
-            m["why"] &= ~codec.GUARDED
+            m["lead"] = 1 if m["why"] & codec.LEAD_UP else -1 if m["why"] & codec.LEAD_DOWN else 0   # (predict.py)
+            m["why"] &= ~(codec.GUARDED | codec.LEAD_UP | codec.LEAD_DOWN)
         ms = self.unit.get(device) == 1000
         td = m.get("o", m["t"])     # a line's origin in device units (a metered line carries its own: a SYNC's
         if ms:                      # acknowledgement takes a line begun earlier)
@@ -253,7 +254,7 @@ class Uplink:
                 self.segments.reported(self, key, m["t"])
             if m["v"] != NO_VALUE:
                 line = (m["td"], m["slope"], m["gap"]) if kind == "line" and m["gap"] > 0 else None
-                self.cache.report(key, m["epoch"], m["t"], m["v"], line)
+                self.cache.report(key, m["epoch"], m["t"], m["v"], line, m.get("lead", 0))
                 self.models.observe(key, m["t"], m["v"])
                 self._touch(key)
             self.protocol.reported(self, key, m)
