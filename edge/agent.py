@@ -116,10 +116,8 @@ class Agent:
         if self.alt is None:
             f.recenter(v)
         else:
-            lead = self.alt[i].report(f, now, v, self.allow, constant)
-            if lead:
-                fields["why"] |= codec.LEAD_UP if lead > 0 else codec.LEAD_DOWN
-            elif f.slope:
+            fields["why"] |= self.alt[i].report(f, now, v, self.allow, constant)     # (a lead's flag)
+            if f.slope:
                 fields["slope"], fields["gap"] = f.slope, f.gap
                 kind = "line"
         if mt is not None and mt.shadows[i] is None:

@@ -37,6 +37,8 @@ MARGIN = 4          # linear is chosen when its shadow reports, plus a quarter, 
 WINDOW = 32         # shadow costs are halved when they sum to this: a window of recent reports
 LEAD = 0.4375       # a lead's centre moves LEAD·W past its report (7/16: exact in float32)
 LEAD_WINDOW = 256   # the lead's and the constant's shadow reports are halved when they sum to this
+LEAD_UP = 0x40      # flags on a report's ``why`` (beside codec.GUARDED): its bound's centre moved up / down past
+LEAD_DOWN = 0x20    # the value (``LineFilter.lead``; the backend strips them)
 LEAD_MARGIN = 2     # the lead is chosen when its shadow reports, plus a sixteenth, plus LEAD_MARGIN, are at most constant's
 GAPS = (0.001, 4.0e8)   # s: the gap bounds a backend accepts (coordinator admission); a source sampled
                         # more sparsely (gap > ~12.7 years) keeps the constant model
@@ -237,8 +239,8 @@ class Chooser:
             cost[3] >>= 1
 
     def report(self, f, t, v, allow, constant=False):
-        """A real report of ``v`` at ``t`` on filter ``f``: start the cheapest model there; the sign of its
-        lead (0: none; a filter with constraints never leads: its membership is the reading's)."""
+        """A real report of ``v`` at ``t`` on filter ``f``: start the cheapest model there; the ``why`` flag of
+        its lead (LEAD_UP, LEAD_DOWN; 0: none; a filter with constraints never leads: its membership is the reading's)."""
         gap = self.gap()
         s = 0.0
         c, l, m, k = self.cost
@@ -248,7 +250,8 @@ class Chooser:
                 s = 0.0
         sign = side(f, v) if not (constant or s or f.cons) and allow & MOMENTUM and m + (m >> 4) + LEAD_MARGIN <= k else 0
         f.line(t, v, s, gap)
-        return f.lead(sign)
+        sign = f.lead(sign)
+        return LEAD_UP if sign > 0 else LEAD_DOWN if sign else 0
 
 
 def _due(agent, i, f):

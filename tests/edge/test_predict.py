@@ -63,7 +63,7 @@ def _apply(m, out):
             m.line(int(f["t"]), f["v"], f["slope"], int(f["gap"]))     # integer ms, as the backend reads them
         elif kind in ("line", "report"):
             m.recenter(f["v"])
-            sign = 1 if f["why"] & codec.LEAD_UP else -1 if f["why"] & codec.LEAD_DOWN else 0
+            sign = 1 if f["why"] & predict.LEAD_UP else -1 if f["why"] & predict.LEAD_DOWN else 0
             if sign:
                 LEADS[0] += 1
                 assert m.lead(sign) == sign         # (the device moved its centre only where it contains v)
@@ -226,7 +226,7 @@ def test_a_lead_keeps_its_report_inside_and_constraints_never_lead():
     assert c.report(g, 1000, 7.0, CONSTANT | LINEAR | MOMENTUM) == 0 and g.center == 7.0
     g = LineFilter(W, (), 0)
     g.recenter(5.0)
-    assert c.report(g, 1000, 7.0, CONSTANT | LINEAR | MOMENTUM) == 1 and g.center == 7.875
+    assert c.report(g, 1000, 7.0, CONSTANT | LINEAR | MOMENTUM) == predict.LEAD_UP and g.center == 7.875
     assert c.report(g, 2000, 2.0, CONSTANT | LINEAR) == 0 and g.center == 2.0     # not allowed: constant
 
 

@@ -8,6 +8,7 @@ import heapq
 
 from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, CAP_LINE, CAP_METER, PLAIN
 from edge.core import codec
+from edge.core.predict import LEAD_DOWN, LEAD_UP
 from backend.coordinator.core.admission import BAD
 from backend.coordinator.core.resync import UP
 
@@ -88,8 +89,8 @@ class Uplink:
             m["why"] = codec.WHY_ASSIGN     # a report a control asked for, as protocols see it
         elif kind in ("report", "line", "rsegs"):
             m["guarded"] = bool(m["why"] & codec.GUARDED)      # (resync.py: the hull while its time is unsure)
-            m["lead"] = 1 if m["why"] & codec.LEAD_UP else -1 if m["why"] & codec.LEAD_DOWN else 0   # (predict.py)
-            m["why"] &= ~(codec.GUARDED | codec.LEAD_UP | codec.LEAD_DOWN)
+            m["lead"] = 1 if m["why"] & LEAD_UP else -1 if m["why"] & LEAD_DOWN else 0     # (edge.core.predict)
+            m["why"] &= ~(codec.GUARDED | LEAD_UP | LEAD_DOWN)
         ms = self.unit.get(device) == 1000
         td = m.get("o", m["t"])     # a line's origin in device units (a metered line carries its own: a SYNC's
         if ms:                      # acknowledgement takes a line begun earlier)
