@@ -178,7 +178,7 @@ class Uplink:
             d["meter"] = bool(m["caps"] & CAP_METER)
             d["online"], d["gone"] = False, False
             self._set_online(device, True)
-            self.send_config(device)
+            self.send_config(device, [rec["name"] for rec in m["sources"]])
             self.integrity.links.born(device)
             if self.integrity.links.acking(device) or self.integrity.offsets.sigma > 0:    # (a reboot forgets it)
                 self._link(device)
@@ -218,6 +218,7 @@ class Uplink:
                 self.protocol.resync(self, key, want)
                 self.segments.resync(self, key)
             self._touch(key)
+        self.restate(device)        # (a birth in parts: its config knew the first part's sources only)
 
     def _apply(self, device, kind, m):
         if kind in codec.SCHEMAS:       # an uplink (not an event queued here): the final mirror's too
