@@ -33,6 +33,7 @@ effect are ``waits.py``.
 import heapq
 import math
 
+from backend.coordinator.core.clocks import Clocks
 from backend.coordinator.core.heartbeat import Heartbeats, TRIES
 from backend.coordinator.core.offsets import Offsets
 from backend.coordinator.core.waits import BACKOFF, CHECK, CONTROL, FILTER, LOST_STATE, RETRY, Waits  # noqa: F401
@@ -51,7 +52,7 @@ def newer(a, b):
     return 0 < (a - b) & 0xFFFFFFFF < _HALF
 
 
-class Integrity(Waits):
+class Integrity(Waits, Clocks):
     def __init__(self, latency, beat=None, skew=0.0, margin=None, net=None, delay=0.0):
         self.latency = latency          # λ as the coordinator waits it (λ + 2σ)
         self.margin = max(0.5, latency) if margin is None else margin
@@ -306,24 +307,6 @@ class Integrity(Waits):
         done = self.applied[device][2].get(src)
         return done is None or not newer(done, seq)
 
-    # -- device clocks (offsets.py) ---------------------------------------------------------------
-    @property
-    def sigma(self):
-        """The clock offset σ covered (the prior of ``offsets``)."""
-        return self.offsets.sigma
-
-    def event(self, device, t):
-        """The earliest true time of something ``device`` stamped ``t`` (its event time)."""
-        return t - self.offsets.bounds(device, self.now)[1]
-
-    def cover(self, device, t):
-        """Until when (event time) the bound from before a report stamped ``t`` stays in the hull."""
-        return t - self.offsets.bounds(device, self.now)[0]
-
-    def trusted(self, device, clock):
-        """Whether ``device``'s sources may be answered from (not suspect, not settling)."""
-        return device not in self.suspect and clock >= self.settle.get(device, -math.inf)
-
     def resynced(self, device, settle, seq):
         """A birth was applied: the device's state is the backend's again, once event time reaches
         ``settle`` (the latest instant the birth can have been sent), unless the birth (numbered ``seq``)
@@ -398,10 +381,6 @@ class Integrity(Waits):
 
     def next_deadline(self):
         return self.heap[0][0] if self.heap else math.inf
-
-    def clocked(self, device, now):
-        """Whether ``device``'s clock is known as well as the prior's ±σ (else its answers are degraded)."""
-        return not self.offsets.uncertain(device, now)
 
     def why(self, q, sources, unclocked):
         """The integrity reasons among ``q``'s sources' devices, as a prefix of the degraded reason."""
