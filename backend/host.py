@@ -171,7 +171,7 @@ class Host:
         """One broker message or spool record: ``channel`` is ``up``/``state`` (``name`` a device),
         ``ctl`` (a downlink to device ``name`` as the broker passed it on: echo mode), ``spec`` (``name`` a query id), or one of the spool's own records (``edge.core.topics``):
         ``tick`` (time only), ``link`` (``lost``/``restored``: the bridge's broker link), ``inc`` (a new
-        backend run, its incarnation in decimal), ``adopt`` (``name`` a device another group's Host owned
+        backend run, its incarnation in decimal), ``sent`` (the driver publishes the controls it has now: echo mode), ``adopt`` (``name`` a device another group's Host owned
         until query groups merged, ``backend.spark.groups``); anything else is counted and ignored."""
         self.records += 1
         if (channel == "up" or channel == "state") and name:
@@ -188,6 +188,8 @@ class Host:
             return self.link_lost(now) if payload == b"lost" else self.link_restored(now)
         if channel == "inc" and payload and bytes(payload).isdigit() and int(payload) <= 0xFFFFFFFF:
             return self.incarnation(now, int(payload))
+        if channel == "sent":
+            return self._step(self.coord.published, self._clock(now))
         self._clock(now)
         self.stats["foreign"] += 1
         return []

@@ -71,6 +71,7 @@ class Bridge:
         self.tick_seconds = tick_seconds
         self.tick_topic = topics.tick(fleet)
         self.link_topic = topics.spool(fleet, "link")
+        self.sent_topic = topics.spool(fleet, "sent")
         self.lost = False        # the link dropped while subscribed and is not restored yet
         self.subscribed = threading.Event()
         self.stats = {"received": 0, "spooled": 0, "acked": 0, "oversized": 0, "batches": 0,
@@ -193,6 +194,14 @@ class Bridge:
                 return
             if self._stopping and not batch:
                 return
+
+    def sent(self):
+        """The driver is about to publish a batch's controls: a ``sent`` record now, ordered before their echoes
+        (the job's clock bounds, ``Coordinator.published``)."""
+        with self._cv:
+            self._enqueue(self.sent_topic, b"")
+            if len(self._pending) == 1:
+                self._cv.notify()
 
     def _tick(self):
         """Queue a tick record (``_cv`` held, so it is ordered after every message before it); it is written

@@ -275,10 +275,11 @@ def source(spark, spool, fleet, options=None, groups=None):
 class Sink:
     """foreachBatch target: publish a batch's actions and append its answers, once per batch id."""
 
-    def __init__(self, out_dir, fleet, publisher=None, on_batch=None, spool=None):
+    def __init__(self, out_dir, fleet, publisher=None, on_batch=None, spool=None, on_publish=None):
         self.out_dir = out_dir
         self.fleet = fleet
         self.publisher = publisher
+        self.on_publish = on_publish      # called before a batch's controls are published (``Bridge.sent``)
         self.on_batch = on_batch          # callback(batch_id, status, answers (Arrow table), published_at)
         self.table = Table(os.path.join(out_dir, "answers"))
         self.marker = os.path.join(out_dir, "sink.committed")
@@ -317,6 +318,8 @@ class Sink:
         self.write_answers(batch_id, answers)
         if self.publisher is not None:
             payloads = table.column("payload")
+            if self.on_publish is not None and "down" in kinds:
+                self.on_publish()
             for i, kind in enumerate(kinds):
                 if kind == "down":
                     self.publisher.publish(topics.device(self.fleet, targets[i], "ctl"), payloads[i].as_py(), qos=1)
@@ -377,16 +380,16 @@ def check_settings(out_dir, settings, groups=False, ingest=None):
 
 def start(spark, spool, out_dir, fleet, settings, publisher=None, trigger=0.25, available_now=False,
           status_sources=False, on_batch=None, sink=None, source_options=None, processor=None, writer=None,
-          groups=False):
+          groups=False, on_publish=None):
     """Start the streaming query over ``spool`` (a spool directory, or a ``kafkalog.Topic``); checkpoint and
     answer table live under ``out_dir``; ``writer``: the spool's writer (a ``Spool``), trimmed behind
     Spark's commits; ``groups``: one state key per query group (``backend.spark.groups``; the spool
     source's routing journal in ``out_dir/groups``, the Kafka bridge's wherever it runs) instead of one
-    per fleet."""
+    per fleet; ``on_publish``: called before each batch's controls are published (the bridge's ``sent``)."""
     from backend.spark import kafkalog
     kafka = isinstance(spool, kafkalog.Topic)
     check_settings(out_dir, settings, groups, "kafka" if kafka else None)
-    sink = sink or Sink(out_dir, fleet, publisher, on_batch, spool=None if kafka else writer)
+    sink = sink or Sink(out_dir, fleet, publisher, on_batch, spool=None if kafka else writer, on_publish=on_publish)
     # the spool source routes on the driver (journal in out_dir/groups); on Kafka the bridge routed already
     routing = os.path.join(out_dir, "groups") if groups and not kafka else None
     if processor is None and groups:

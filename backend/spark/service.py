@@ -111,7 +111,7 @@ class Backend:
         self.query = job.start(self.spark, source, self.directory, self.fleet, self.settings,
                                publisher=self.publisher, trigger=self.trigger,
                                status_sources=self.status_sources, on_batch=self.on_batch, writer=self.spool,
-                               groups=self.groups)
+                               groups=self.groups, on_publish=self.bridge.sent)
         return self
 
     def _incarnation(self):

@@ -9,7 +9,7 @@ online/offline state (its Last Will; ``backend.live.presence``). Portable: runs 
 ROOT = "qf"
 DEVICE_CHANNELS = ("up", "ctl", "state")
 QUERY_CHANNELS = ("spec", "answer", "final")
-SPOOL_CHANNELS = ("tick", "link", "inc")
+SPOOL_CHANNELS = ("tick", "link", "inc", "sent")
 
 
 def device(fleet, dev, channel):

@@ -89,7 +89,7 @@ class Downlink:
         ``Integrity.expect``'s arguments), timed from when it left: by the event time reached plus λ, or,
         in echo mode, when it is seen leaving."""
         if self.echo:
-            self.devices[device]["unsent"][what] = (self.devices[device]["down"], token, unsafe, wait, self.wall)
+            self.devices[device]["unsent"][what] = (self.devices[device]["down"], token, unsafe, wait, self.wall, False)
         else:
             self._left(device, what, token, unsafe, wait, self._event_now() + self.latency, self.wall)
 
@@ -117,13 +117,33 @@ class Downlink:
         seq = m["seq"]
         if seq == d["rebirth"]:         # the birth request has left: wait for its answer from now
             d["rebirth"], d["asked"] = None, now
-        for what, (at, token, unsafe, wait, made) in list(d["unsent"].items()):
+        for what, (at, token, unsafe, wait, made, _) in list(d["unsent"].items()):
             if not newer(at, seq):
                 del d["unsent"][what]
                 # the waits start at the echo; the clock bound takes when it was made: the device may have it
                 # before the echo reaches the bridge (two subscribers, either first), never before it was made
                 self._left(device, what, token, unsafe, wait, now, made)
         return self._advance(now)
+
+    def published(self, now):
+        """Echo mode: the driver is about to publish the controls it has (``now`` on the adapter's clock): each one
+        made since the last such mark leaves after ``now``, so a device's reply to it bounds the device's clock
+        from above by its stamp − ``now`` (``offsets``), not − when it was made, a batch earlier: the Spark
+        job's batch latency (0.3-3 s) made every such bound looser than the prior ±σ (0.1 s live), so every
+        live report's instant was uncertain by σ and the reserve R took up to half of each query's precision."""
+        self._catch_up(now)
+        for d in self.devices.values():
+            for what, u in d["unsent"].items():
+                if not u[5]:
+                    d["unsent"][what] = u[:4] + (max(u[4], now), True)
+        return self._advance(now)
+
+    def sent_by(self, device, what, token):
+        """Echo mode: when the control ``what`` carrying ``token`` that the device answers left at the earliest
+        (None: not waiting for its echo). A device answers at once what it received, often before the bridge
+        spools the control's echo (two subscribers, either first): its reply bounds the clock all the same."""
+        u = self.devices[device]["unsent"].get(what)
+        return u[4] if u is not None and u[1] == token and u[5] else None
 
     def send_config(self, device):
         """Tell ``device`` the adjustment schedule: ticks at t0 + k·T (integer ms), the shrink S, the

@@ -43,6 +43,10 @@ class Resync:
         d = self.devices.get(device)
         key = self.key_of(device, m["src"]) if kind in ("report", "reply", "line", "rsegs") else None
         if stamped and key is not None:
+            what, token = (key, m["epoch"]) if "probe" not in m else (("probe", key), m["probe"])
+            sent = self.sent_by(device, what, token) if self.echo else None
+            if sent is not None:
+                ig.offsets.echoed(device, m["t"], sent)
             ig.echo(device, key, m["epoch"], m["t"], now, m.get("probe"), m.get("why") == WHY_ASSIGN)
         if kind in ("report", "reply", "line", "rsegs", "birth"):
             m["hull"] = ig.cover(device, m["t"]) if stamped else now

@@ -3,10 +3,10 @@
 The sensor (firmware/microbit) speaks framed lines ``BODY|FLETCHER16`` of integers: values in 1/1024
 units, time in 30-bit ``ticks_ms``. ``Bridge`` gives it an MQTT identity of its own: births, reports and
 probe replies become ``edge.core.codec`` messages (version 2) with the sensor's sequence numbers, wall-clock
-stamps in integer ms (ticks unwrapped and mapped by the least-delayed recent frame; birth capability CAP_MS) and
-values ``k/1024`` (exact in double: no CAP_F32, the backend mirrors the board in double, which contains the
-board's integer filter); downlinks (width, bound, filter, probe, config, rebirth) become device frames, sent
-one at a time until acknowledged. As in ``edge.agent``, a control whose ``to`` is not the token of the latest
+stamps in integer ms (ticks unwrapped and mapped by the recent least-delayed frames, detrended by the board's
+rate: ``wall``; birth capability CAP_MS) and values ``k/1024`` (exact in double: no CAP_F32, the backend
+mirrors the board in double, which contains the board's integer filter); downlinks (width, bound, filter,
+probe, config, rebirth) become device frames, sent one at a time until acknowledged. As in ``edge.agent``, a control whose ``to`` is not the token of the latest
 birth, or whose ``inc`` is not that of the backend run that configured the sensor since (a config of a
 later run is adopted: ``edge.core.window.current``), is dropped, and duplicates by the same anti-replay window. A config's integer-ms schedule and its ``tick`` (periods the
 backend has applied) set the board's shrink count and next shrink tick; a config repeating the schedule the
@@ -30,7 +30,9 @@ FIRMWARE = "qf-microbit-0.2"
 SCALE = 1024
 BIG = 1 << 29               # the device's ±infinity
 WRAP = 1 << 30              # ticks_ms period on the board
-WINDOW = 10.0               # s over which the least-delayed frame sets the tick-to-wall offset
+BLOCK = 0.25                # s of arrivals whose least-delayed frame is a point of the tick-to-wall envelope
+SPAN = 3                    # blocks before the current one: the envelope's points, and the rate's baseline
+RATE = 0.03                 # the most a board's clock is taken to run slow or fast (QEMU: 0.3-1 % slow)
 RESEND = 0.3                # s without an acknowledgement before a frame is sent again
 _MAX_FRAME = 110
 
@@ -92,8 +94,10 @@ class Bridge:
         self.inc = None             # incarnation of the backend run that configured us after that birth
         self.top = None             # anti-replay window over downlink sequence numbers (edge.core.window.fresh)
         self.seen = 0
-        self.offset = None          # wall seconds at tick 0 (this boot)
-        self.lows = []              # (arrival, arrival - tick) candidates, increasing: the sliding minimum
+        self.offset = None          # wall seconds at tick 0 (this boot), at the latest tick mapped (``ref``)
+        self.ref = 0.0              # the latest tick mapped (s, unwrapped)
+        self.rate = 0.0             # d(arrival - tick)/d(tick): how much slower than the host the board's clock runs
+        self.lows = []              # (block, tick s, arrival - tick) of each block's least-delayed frame, oldest first
         self.last_t = None
         self.dseq = None            # last device frame number
         self.last_rx = None
@@ -106,30 +110,50 @@ class Bridge:
 
     # -- time ------------------------------------------------------------------------
     def wall(self, now, tick):
-        """Wall time of device tick ``tick`` (30-bit, unwrapped near the expected value). The offset is the
-        least-delayed ``arrival - tick`` over the last ``WINDOW`` s (a sliding minimum), so it follows the
-        board's clock drift; mapped times never go backwards."""
+        """Wall time of device tick ``tick`` (30-bit, unwrapped near the expected value): the lower envelope of
+        the frames' ``arrival - tick`` offsets, detrended by the board's rate. Each ``BLOCK`` of arrivals keeps
+        its least-delayed frame; the rate is the median slope between the successive complete blocks of the last
+        ``SPAN`` (a QEMU board's ``ticks_ms`` runs 0.3-1 % slow and changes with the host's load: an undetrended
+        minimum over 10 s lagged real time by up to 0.2 s, and the backend follows a clock's drift at 20 ppm
+        only); the stamp is the least of every kept frame's offset carried to ``tick`` at that rate, and never
+        after ``now`` (a sample precedes its frame). Mapped times never go backwards; frames of one tick share
+        one stamp."""
         if self.offset is None:
             self.offset = now - tick / 1000.0
             self.lows = []
+            self.rate = 0.0
             self.last_t = None
         ext = tick + WRAP * round(((now - self.offset) * 1000.0 - tick) / WRAP)
-        cand = now - ext / 1000.0
-        while self.lows and self.lows[-1][1] >= cand:
-            self.lows.pop()
-        self.lows.append((now, cand))
-        while self.lows[0][0] < now - WINDOW:
-            self.lows.pop(0)
-        self.offset = self.lows[0][1]
+        x = ext / 1000.0
+        if x == self.ref and self.last_t is not None:
+            return self.last_t          # a sample's frames (V, then R) carry its tick: one stamp for all of them
+        o = now - x
+        lows, b = self.lows, int(now // BLOCK)
+        if lows and lows[-1][0] == b:
+            if o < lows[-1][2]:
+                lows[-1] = (b, x, o)
+        else:
+            lows.append((b, x, o))
+            while lows[0][0] < b - SPAN:
+                lows.pop(0)
+        if len(lows) > 2:       # the median of the complete blocks' successive slopes: a step is one of them
+            k = sorted((q[2] - p[2]) / (q[1] - p[1]) for p, q in zip(lows[:-2], lows[1:-1]) if q[1] > p[1])
+            self.rate = max(-RATE, min(RATE, k[len(k) // 2])) if k else 0.0
+        off = o
+        for _, xj, oj in lows:
+            off = min(off, oj + self.rate * (x - xj))
+        self.offset, self.ref = off, x
         # whole milliseconds, as the report carries it (CAP_MS), so ground truth and report agree exactly
-        t = round((self.offset + ext / 1000.0) * 1000) / 1000
+        t = round((off + x) * 1000) / 1000
         if self.last_t is not None and t < self.last_t:
             t = self.last_t
         self.last_t = t
         return t
 
     def tick_of(self, t):
-        return int(round((t - self.offset) * 1000.0)) % WRAP
+        """The device tick at wall time ``t`` (the inverse of ``wall`` at the board's current rate)."""
+        x = self.ref + (t - self.offset - self.ref) / (1 + self.rate)
+        return int(round(x * 1000.0)) % WRAP
 
     # -- device -> backend --------------------------------------------------------------
     def _up(self, now, channel, kind, fields):
