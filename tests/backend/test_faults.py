@@ -104,9 +104,21 @@ def test_a_birth_older_than_what_a_suspicion_waits_for_asks_again_instead_of_wai
     for now, seq, t in ((0.1, 2, 0.1), (0.3, 4, 0.3), (0.35, 6, 0.35)):    # 3 and 5 missing
         ig.accept(now, "d", 1, seq, t)
     ig.accept(0.4, "d", 1, 5, 0.34, birth=True)      # the birth, overtaken by 6: 3 is gone, 6 awaited
-    assert ig.suspect.get("d") == "lost uplink" and not ig.resynced("d", 0.4, 5)
+    assert ig.suspect.get("d") == "lost uplink" and not ig.resynced("d", 0.4, 5, 1)
     assert "d" in ig.due(1.0)[1]                     # asked for a newer birth (it used to wait forever)
 
+
+def test_a_birth_of_the_old_boot_applied_after_a_reboot_was_heard_does_not_resync_the_device():
+    # boot 2's birth came first (a report of boot 1 sent before the reboot may follow it, superseded): boot 1's
+    # birth, released later at its earlier event time, must not clear the suspicion (numbers of two boots are not
+    # comparable), and the final mirror's watermark waits at boot 1's latest uplink until boot 2's birth is taken
+    from backend.coordinator.core.integrity import Integrity, REBOOTED
+    ig = Integrity(latency=0.5)
+    ig.accept(0.0, "d", 1, 663608980, 0.0, birth=True)
+    ig.accept(0.3, "d", 2, 253476059, 0.2, birth=True)
+    assert ig.suspect.get("d") == REBOOTED and ig.skipped["d"] == (2, 253476059)
+    assert not ig.resynced("d", 0.1, 663608980, 1) and ig.suspect.get("d") == REBOOTED
+    assert ig.resynced("d", 0.3, 253476059, 2) and "d" not in ig.suspect
 
 def test_count_membership_holds_the_state_before_a_report_from_a_skewed_clock():
     # a report stamped by a clock within ±σ is applied at t − σ; until t − lo the source may still have

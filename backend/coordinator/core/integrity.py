@@ -1,34 +1,33 @@
 """Delivery integrity per device (DESIGN.md §3 sequence numbers, heartbeat and event time; §4 bounded withdrawal).
 
-Sans-IO: every call takes ``now`` (the adapter's arrival clock); the coordinator asks ``due(now)`` for
-what has become suspect and ``next_deadline()`` for when to ask again. Work is per uplink and per
-due deadline (a heap, one entry per device and kind), never per device per call.
+Sans-IO: every call takes ``now`` (the adapter's arrival clock); the coordinator asks ``due(now)`` for what has
+become suspect and ``next_deadline()`` for when to ask again. Work is per uplink and per due deadline (a heap, one
+entry per device and kind), never per device per call.
 
-* **Gaps.** Uplink sequence numbers are tracked per device and boot (serial order mod 2**32). A number
-  above the highest seen opens a gap for every number skipped (and a heartbeat ``mark``, which repeats
-  the latest number used, for its own number too); one inside a gap fills it (reordering, a resend);
-  anything else is a duplicate. A gap still open after its wait (λ; λ + 3·rto for an uplink the device
-  keeps in ack mode, ``heartbeat``) is a lost uplink; one admission refused, after λ (``refused``: the ack
-  passes it, so the device does not resend it for ever). The first gap seen turns ack mode on. A report or
-  mark numbered more than WINDOW ahead, or as far behind and before the boot's latest birth, is of a boot
-  whose birth is lost (each boot numbers from its own start, ``edge.core.delivery``): the device rebooted.
-* **Silence.** With a heartbeat (B per device, ``heartbeat``), a device that sends nothing for
-  B + λ + margin is silent (a lost last report whose mark was lost too, a partition, a lost birth).
-* **Event time.** A report stamped ``t`` happened at a true time in [t − hi, t − lo], the bounds of the
-  device clock's lead (``offsets``): the coordinator applies it at ``event`` t − hi and keeps the bound
-  from before it in the hull until ``cover`` t − lo. A stamp the clock cannot have made is dropped for
-  that message (it is placed by its arrival); a clock known less well than ±σ degrades its device as
-  "clock skew" (never "offline") until a downlink's echo bounds it.
-* **Watermark.** ``watermark(device)``: the event time through which every uplink of the device is in
-  (the latest stamp, a mark's included, with no number missing before it); ``marked(device)``: the latest
-  mark's stamp with no number missing before it (a mark also proves the device's segment data complete
-  through its stamp). The final mirror (``replay.py``) reads both; it keeps no sequence tracking of its own.
+* **Gaps.** Uplink sequence numbers are tracked per device and boot (serial order mod 2**32). A number above the
+  highest seen opens a gap for every number skipped (and a heartbeat ``mark``, which repeats the latest number used,
+  for its own number too); one inside a gap fills it (reordering, a resend); anything else is a duplicate. A gap
+  still open after its wait (λ; λ + 3·rto for an uplink the device keeps in ack mode, ``heartbeat``) is a lost
+  uplink; one admission refused, after λ (``refused``: the ack passes it, so the device does not resend it for
+  ever). The first gap seen turns ack mode on. A report or mark numbered more than WINDOW ahead, or as far behind
+  and before the boot's latest birth, is of a boot whose birth is lost (each boot numbers from its own start,
+  ``edge.core.delivery``): the device rebooted.
+* **Silence.** With a heartbeat (B per device, ``heartbeat``), a device that sends nothing for B + λ + margin is
+  silent (a lost last report whose mark was lost too, a partition, a lost birth).
+* **Event time.** A report stamped ``t`` happened at a true time in [t − hi, t − lo], the bounds of the device
+  clock's lead (``offsets``): the coordinator applies it at ``event`` t − hi and keeps the bound from before it in
+  the hull until ``cover`` t − lo. A stamp the clock cannot have made is dropped for that message (it is placed by
+  its arrival); a clock known less well than ±σ degrades its device as "clock skew" (never "offline") until a
+  downlink's echo bounds it.
+* **Watermark.** ``watermark(device)``: the event time through which every uplink of the device is in (the latest
+  stamp, a mark's included, with no number missing before it); ``marked(device)``: the latest mark's stamp with no
+  number missing before it (a mark also proves the device's segment data complete through its stamp). The final
+  mirror (``replay.py``) reads both; it keeps no sequence tracking of its own.
 
-A lost uplink or silence makes the device *suspect*: the coordinator revokes the answers over its
-sources since its last trusted uplink (``since``, event time) and degrades them with the reason until a
-birth resynchronises it; a suspect device is asked for a birth at once, again on its first uplink
-heard, and then with a backoff (``retry`` doubling up to an hour). Controls and probes awaiting their
-effect are ``waits.py``.
+A lost uplink or silence makes the device *suspect*: the coordinator revokes the answers over its sources since its
+last trusted uplink (``since``, event time) and degrades them with the reason until a birth resynchronises it; a
+suspect device is asked for a birth at once, again on its first uplink heard, and then with a backoff (``retry``
+doubling up to an hour). Controls and probes awaiting their effect are ``waits.py``.
 """
 import heapq
 import math
@@ -68,7 +67,7 @@ class Integrity(Waits, Clocks):
         self.left = {}          # source key or ("probe", key) -> (epoch or probe id, adapter time it left)
         self.need = {}          # device -> the highest uplink seq when it became suspect
         self.awaiting = {}      # devices suspect until the birth just accepted is applied
-        self.skipped = {}       # device -> (boot, seq) of the latest birth that made missing numbers no longer missing
+        self.skipped = {}       # device -> (boot, seq) of the latest birth that made missing numbers no longer missing, or a reboot's
         self.settle = {}        # device -> event time its latest birth has surely happened by
         self.applied = {}       # device -> [boot, latest birth seq, {src: latest report seq}, {src: epoch}] applied
         self.waits = {}         # device -> {key or ("probe", key): (epoch or probe id, sent, since, stage, tries, unsafe)}
@@ -118,8 +117,8 @@ class Integrity(Waits, Clocks):
                 # the new boot's, numbered like the old one's), what it sent may be lost
                 since = min([self.event(device, d["last_t"] if d["birth_t"] == -math.inf else d["birth_t"])]
                             + [at[1] for at in d["missing"].values()])
-                reason = REBOOTED
-            d = self._state(device, boot, seq, t)
+                reason, self.skipped[device] = REBOOTED, (boot, seq)    # (the old boot's tail may be lost: the final
+            d = self._state(device, boot, seq, t)       # mirror's watermark waits at its latest uplink until it takes this)
             for s in self.unknown.pop(device, ()):  # dropped before this birth, but sent after it
                 if 0 < (s - seq) & 0xFFFFFFFF <= WINDOW and birth:
                     d["missing"][s] = (now + self.latency, self.event(device, t))
@@ -307,10 +306,13 @@ class Integrity(Waits, Clocks):
         done = self.applied[device][2].get(src)
         return done is None or not newer(done, seq)
 
-    def resynced(self, device, settle, seq):
-        """A birth was applied: the device's state is the backend's again, once event time reaches
-        ``settle`` (the latest instant the birth can have been sent), unless the birth (numbered ``seq``)
-        is older than the uplink that made it suspect."""
+    def resynced(self, device, settle, seq, boot):
+        """A birth was applied: the device's state is the backend's again, once event time reaches ``settle`` (the
+        latest instant the birth can have been sent), unless the birth (``seq``) is older than the uplink that made
+        it suspect, or of an earlier ``boot`` than the one heard last (what that boot sent after it may be lost)."""
+        d = self.dev.get(device)
+        if d is not None and d["boot"] != boot:
+            return False
         need = self.need.get(device)
         if need is not None and newer(need, seq):     # older than what the suspicion waits for (a reordered
             self.awaiting.pop(device, None)             # birth): ask for a newer one, no longer awaited
@@ -320,7 +322,6 @@ class Integrity(Waits, Clocks):
         self.awaiting.pop(device, None)
         self.need.pop(device, None)
         self.settle[device] = settle
-        d = self.dev.get(device)
         if d is not None:
             d["asked"], d["wait"] = None, 0.0
         return True

@@ -227,7 +227,7 @@ class Uplink:
             if not self.integrity.fresh_birth(device, m["boot"], m["seq"]):
                 return          # reordered behind a newer birth: its state and token are stale
             self._birth(device, m)
-            self.integrity.resynced(device, m["hull"], m["seq"])
+            self.integrity.resynced(device, m["hull"], m["seq"], m["boot"])
             self._trust(device, m["hull"])
             return
         if device not in self.devices:
