@@ -168,11 +168,9 @@ class Host:
 
     # -- inputs ---------------------------------------------------------------------------------
     def record(self, now, name, channel, payload, retained=False):
-        """One broker message or spool record: ``channel`` is ``up``/``state`` (``name`` a device),
-        ``ctl`` (a downlink to device ``name`` as the broker passed it on: echo mode), ``spec`` (``name`` a query id), or one of the spool's own records (``edge.core.topics``):
-        ``tick`` (time only), ``link`` (``lost``/``restored``: the bridge's broker link), ``inc`` (a new
-        backend run, its incarnation in decimal), ``sent`` (the driver publishes the controls it has now: echo mode), ``adopt`` (``name`` a device another group's Host owned
-        until query groups merged, ``backend.spark.groups``); anything else is counted and ignored."""
+        """One broker message or spool record: ``channel`` is ``up``/``state`` (``name`` a device), ``ctl`` (a downlink to device ``name``: echo mode), ``spec`` (``name`` a query id), or one of the spool's
+        own records: ``tick`` (time only), ``link`` (``lost``/``restored``: the bridge's broker link), ``inc`` (a new backend run, its incarnation in decimal), ``sent`` (the controls made so far leave
+        now: echo mode), ``adopt`` (``name`` a device another group's Host owned until query groups merged); anything else is counted and ignored."""
         self.records += 1
         if (channel == "up" or channel == "state") and name:
             return self.uplink(now, name, payload, retained)

@@ -379,13 +379,10 @@ def check_settings(out_dir, settings, groups=False, ingest=None):
 
 
 def start(spark, spool, out_dir, fleet, settings, publisher=None, trigger=0.25, available_now=False,
-          status_sources=False, on_batch=None, sink=None, source_options=None, processor=None, writer=None,
-          groups=False, on_publish=None):
-    """Start the streaming query over ``spool`` (a spool directory, or a ``kafkalog.Topic``); checkpoint and
-    answer table live under ``out_dir``; ``writer``: the spool's writer (a ``Spool``), trimmed behind
-    Spark's commits; ``groups``: one state key per query group (``backend.spark.groups``; the spool
-    source's routing journal in ``out_dir/groups``, the Kafka bridge's wherever it runs) instead of one
-    per fleet; ``on_publish``: called before each batch's controls are published (the bridge's ``sent``)."""
+          status_sources=False, on_batch=None, sink=None, source_options=None, processor=None, writer=None, groups=False, on_publish=None):
+    """Start the streaming query over ``spool`` (a spool directory, or a ``kafkalog.Topic``); checkpoint and answer table live under ``out_dir``; ``writer``: the spool's writer (a ``Spool``),
+    trimmed behind Spark's commits; ``groups``: one state key per query group (``backend.spark.groups``; the spool source's routing journal in ``out_dir/groups``, the Kafka bridge's wherever
+    it runs) instead of one per fleet; ``on_publish``: called before each batch's controls are published (the bridge's ``sent``)."""
     from backend.spark import kafkalog
     kafka = isinstance(spool, kafkalog.Topic)
     check_settings(out_dir, settings, groups, "kafka" if kafka else None)
