@@ -168,9 +168,10 @@ class BoundCache:
                                 math.nextafter(math.nextafter(now + h, math.inf), math.inf))
         return f.known_over(math.floor(now + 1e-6) - g, math.ceil(now - 1e-6) + h)
 
-    def report(self, key, epoch, t, v, line=None):
+    def report(self, key, epoch, t, v, line=None, lead=0):
         """Apply a report (or probe reply) of value ``v`` stamped ``t`` under ``epoch``; ``line``:
-        (device time, slope, gap) of a line report."""
+        (device time, slope, gap) of a line report; ``lead``: the side (±1) a constant's centre moved to
+        (edge.core.predict ``LineFilter.lead``, each mirror at its own width, as its device would)."""
         s = self.sources[key]
         if epoch == s.unsure:               # the device holds the constraints of that epoch (a later one may
             s.unsure, s.skipped = None, False   # have reached it without them: issue #30)
@@ -181,6 +182,8 @@ class BoundCache:
         for f in [s.filt] + s.old if s.old else (s.filt,):
             if line is None:
                 f.recenter(v)
+                if lead:
+                    f.lead(lead)
             else:
                 f.line(line[0], v, line[1], line[2])
         s.due = None
