@@ -53,6 +53,7 @@ class LineFilter(IntervalFilter):
         self.v0 = 0.0
         self.slope = 0.0
         self.gap = 0
+        self.led = 0        # a lead's side (±1; 0: none): its centre is placed from v0 at the width in force
 
     def pred(self, t):
         """The line at device time ``t``."""
@@ -65,6 +66,8 @@ class LineFilter(IntervalFilter):
 
     def _place(self):
         c = self.center
+        if c is not None and self.led:      # (any width change re-places a lead: device and mirror alike
+            c = self.center = self._lead()  # whichever of a report and a width reaches them first)
         if c is None or self.width == INF:
             self.lo, self.hi = -INF, INF
         else:
@@ -89,11 +92,13 @@ class LineFilter(IntervalFilter):
     def recenter(self, v):
         """A constant report of ``v`` (births, probe replies, plain reports)."""
         self.slope = 0.0
+        self.led = 0
         self.v0 = self._r(v)
         IntervalFilter.recenter(self, v)
 
     def line(self, t, v, slope, gap):
         """A report of ``v`` at ``t`` that starts the line of ``slope`` with sampling gap bound ``gap``."""
+        self.led = 0
         IntervalFilter.recenter(self, v)
         self.t0 = t
         self.v0 = self.center
@@ -102,23 +107,29 @@ class LineFilter(IntervalFilter):
         self._place()
 
     def lead(self, sign):
-        """Move the centre of the constant just reported LEAD·W towards ``sign`` (±1); the sign applied:
-        0 when the moved bound would not contain the report (rounding at a tiny width), which stays."""
-        v = self.center
-        if not sign or self.slope or v is None or self.width == INF:
-            return 0
-        r = self._r
-        self.center = r(v + sign * r(self.width * LEAD))
+        """Make the constant just reported a lead towards ``sign`` (±1; 0: none); returns the side set."""
+        if self.slope or self.center is None:
+            sign = 0
+        self.led = sign
         self._place()
-        if self.lo <= v <= self.hi:
-            return sign
-        self.center = v
-        self._place()
-        return 0
+        return sign
+
+    def _lead(self):
+        """A lead's centre at the width in force: LEAD·W past its report v0 towards ``led``; v0 itself under
+        constraints (their membership is the report's) or where the moved bound would leave v0 out (rounding
+        at a tiny width). A function of the report, the side and the width only, so a width assigned or shrunk
+        before or after the report on either side gives the same bound (issue #29)."""
+        v, w, r = self.v0, self.width, self._r
+        if self.cons or w == INF:
+            return v
+        c = r(v + self.led * r(w * LEAD))
+        h = w / 2
+        return c if r(c - h) <= v <= r(c + h) else v
 
     def set_bound(self, lo, hi, epoch):
         """An explicit bound is constant."""
         self.slope = 0.0
+        self.led = 0
         IntervalFilter.set_bound(self, lo, hi, epoch)
         if self.center is not None:
             self.v0 = self.center
@@ -140,7 +151,7 @@ class LineFilter(IntervalFilter):
     def copy(self):
         c = LineFilter(self.width, self.cons, self.epoch, self.rnd, self.pad)
         c.center, c.mask, c.lo, c.hi = self.center, self.mask, self.lo, self.hi
-        c.t0, c.v0, c.slope, c.gap = self.t0, self.v0, self.slope, self.gap
+        c.t0, c.v0, c.slope, c.gap, c.led = self.t0, self.v0, self.slope, self.gap, self.led
         return c
 
 

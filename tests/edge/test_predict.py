@@ -215,7 +215,7 @@ def test_choice_leads_on_trends_and_does_not_lose_on_noise():
 def test_a_lead_keeps_its_report_inside_and_constraints_never_lead():
     f = LineFilter(5.0, (), 0, f32)     # just below 2**24, where float32 steps go from 1 to 2: the centre moved by
     f.recenter(16777215.0)              # 7/16·5 rounds to 2**24 + 2 and its low end to 2**24, past the value
-    assert f.lead(1) == 0 and (f.center, f.lo, f.hi) == (16777215.0, 16777212.0, 16777218.0)
+    assert f.lead(1) == 1 and (f.center, f.lo, f.hi) == (16777215.0, 16777212.0, 16777218.0)
     f = LineFilter(W, (), 0)
     f.recenter(5.0)
     assert f.lead(-1) == -1 and (f.center, f.lo, f.hi) == (4.125, 3.125, 5.125)
@@ -256,3 +256,30 @@ def test_a_line_gap_is_one_the_backend_accepts_else_the_source_stays_constant():
             ok = GAPS[0] * unit <= g <= GAPS[1] * unit
             assert c.gap() == (g if ok else 0) and c.copy().gap() == c.gap(), (unit, dt)
             assert ok == (dt not in (266666666668, 0.0006, 2.7e8))     # both sides of each bound
+
+
+def test_a_lead_and_a_width_change_give_one_bound_in_either_order():
+    """Issue #29, schedule 163: the backend widened a source 4 -> 7.79 while the device's lead report under width 4
+    was on its way. The mirror moved its centre 7/16 of 7.79 past 115.39, the device 7/16 of 4 and then took 7.79
+    about that centre: 113.83 was inside the device's bound [113.24, 121.04], outside the mirror's [114.90, 122.70]
+    (a wrong final answer). A shrink tick at the report's instant parted them the same way (test_latency, t = 590).
+    A lead is placed from its report at the width in force: both orders give the same bound, bit for bit."""
+    v = 115.3889
+    changes = [("widen", lambda f: f.set_width(7.794398342739626, 3)), ("narrow", lambda f: f.set_width(1.5, 3)),
+               ("shrink", lambda f: f.shrink(0.05)), ("cons", lambda f: f.set_filter(3.0, [(110.0, 116.0)], 3)),
+               ("plain", lambda f: f.set_filter(6.0, [], 3))]
+    for rnd in (None, f32):
+        for name, change in changes:
+            for sign in (1, -1):
+                a, b = LineFilter(4.0, (), 2, rnd), LineFilter(4.0, (), 2, rnd)
+                a.recenter(100.0)
+                b.recenter(100.0)
+                a.recenter(v)               # the device: its lead report, then the change
+                a.lead(sign)
+                change(a)
+                change(b)                   # the mirror: the change, then the report
+                b.recenter(v)
+                b.lead(sign)
+                assert (a.center, a.lo, a.hi, a.mask, a.width) == (b.center, b.lo, b.hi, b.mask, b.width), (name, sign, rnd)
+                assert a.lo <= a.v0 <= a.hi and not a.check(a.v0), (name, sign)
+                assert (a.center == a.v0) == (name == "cons"), (name, a.center)   # constraints: no lead
