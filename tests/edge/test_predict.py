@@ -192,9 +192,8 @@ def _lead_reference(vs, ws):
 def test_lead_and_constant_shadow_counts_equal_brute_force():
     # also under widths that change between reports (as an adaptive protocol's and Olston's shrinks do): the
     # lead's shadow is placed at the width in force, as the real filter is (issue #29: on the momentum branch a
-    # shadow lead kept the centre of the width it led at, and on test_refinements' low-rate walk it counted 2
-    # reports against the constant's 4 for 165 s, while the leads the chooser made on that count, placed afresh,
-    # were 30 reports more)
+    # lead kept the centre of the width it led at, in shadow too; on test_refinements' low-rate walk one source's
+    # shadows counted lead 2, constant 4 for 400 s and the chooser led 30 times on that, 30 reports more)
     keep = predict.LEAD_WINDOW
     predict.LEAD_WINDOW = 1 << 30       # no halving: the raw counts
     try:
