@@ -214,3 +214,21 @@ def test_a_source_of_a_min_or_max_over_several_sources_may_not_lead(sources, lea
     setups = [[m for k, m in (codec.decode(a[2]) for a in o if a[0] == "down") if k == "setup"] for o in (first, out)]
     assert setups[0] and setups[0][-1]["allow"] & MOMENTUM, setups      # before the query: leads allowed
     assert bool(setups[1]) != leads and all(not m["allow"] & MOMENTUM for m in setups[1]), setups     # sent at once
+
+
+def test_a_superseded_lead_report_is_held_with_its_lead_band():
+    """A lead report that a newer one overtook (a skewed clock's hold in force) may still be the device's state
+    until the newer one's instant is known: the cache holds its band as the device placed it (past the value),
+    not a band centred on the value (``BoundCache.widen``)."""
+    from edge.core.predict import LineFilter
+    c = BoundCache()
+    c.add("x", "d", 0, 4.0, 0, value=10.0)
+    c.now = 5.0
+    c.hold("x", 6.0)                    # a report that may have happened as late as 6.0
+    c.report("x", 0, 5.0, 9.0)
+    c.widen("x", 12.0, 1)               # the device's lead report of 12.0 before it, arrived late
+    dev = LineFilter(4.0, (), 0)
+    dev.recenter(12.0)
+    dev.lead(1)
+    lo, hi = c.known("x")
+    assert dev.hi > 14.0 and lo <= dev.lo and dev.hi <= hi, ((lo, hi), (dev.lo, dev.hi))

@@ -240,12 +240,14 @@ class BoundCache:
             return
         s.tight = (max(until, t[0]) if t else until, min(lo, tight), max(hi, tight))
 
-    def widen(self, key, v):
+    def widen(self, key, v, lead=0):
         """A report of ``v`` that a newer one superseded arrived late: while that newer one's instant is
-        uncertain the value may still have been in ``v``'s band (its bound before did not know it)."""
+        uncertain the value may still have been in ``v``'s band (its bound before did not know it); ``lead``:
+        that report's (its band lies past ``v``: edge.core.predict ``LineFilter.lead``)."""
         s = self.sources[key]
         f = max([s.filt] + s.old, key=lambda g: g.width).copy()
         f.recenter(v)
+        f.lead(lead)
         lo, hi = f.known()
         if s.tight is not None and s.tight[0] > self.now:
             s.tight = (s.tight[0], min(s.tight[1], lo), max(s.tight[2], hi))
