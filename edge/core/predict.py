@@ -14,7 +14,9 @@ A third model, the *lead*, is a constant bound whose centre is moved ``LEAD``·W
 reading towards the side the reading left the previous bound by (momentum: a signal that just crossed
 a bound tends to go on): its report is a plain one whose ``why`` carries ``LEAD_UP`` or ``LEAD_DOWN``,
 and the backend moves its mirror's centre by the same rounded amount (``LineFilter.lead``). The bound
-still has width W and contains the reading (else the centre stays: both sides test it alike).
+still has width W and contains the reading (else the centre stays: both sides test it alike). The centre is
+placed from the reading at the width in force, again at every width change (an assignment, Olston's shrink),
+so the order in which a report and a width reach device and mirror does not matter (issue #29).
 
 The model is chosen per source online by measured cost: the device runs the models in shadow over
 its readings, counts the reports each would have sent over a recent window, and picks the cheaper at
