@@ -167,11 +167,12 @@ class Estimated(Guard, Adaptive):
         if meter:
             st = self._source(coord, key)
             st.accrue(t)
-            if m["why"] == codec.WHY_EXIT and not silent:
+            if m["why"] == codec.WHY_EXIT and not silent and not st.led:
                 st.exited(v, st.eff(st.w), dk == 1, self.decay, self.memory)
             st.w = self._width(s)
             if v is not None and not silent:
                 st.observe(v)
+            st.led = bool(s.filt.led)
         if m["why"] == codec.WHY_ASSIGN and key in self.narrowing and not s.old:
             self.narrowing.discard(key)
             if not self.narrowing:
