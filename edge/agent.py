@@ -116,7 +116,7 @@ class Agent:
         if self.alt is None:
             f.recenter(v)
         else:
-            self.alt[i].report(f, now, v, self.allow, constant)
+            fields["why"] |= self.alt[i].report(f, now, v, self.allow, constant)     # (a lead's flag)
             if f.slope:
                 fields["slope"], fields["gap"] = f.slope, f.gap
                 kind = "line"

@@ -12,6 +12,7 @@ from backend.coordinator.core.queries import parse_query
 from backend.coordinator.precision import estimate, optimal, rates, regret
 from backend.coordinator.precision.rows import Rows, _per_key
 from backend.sim import engine
+from edge.core.predict import LineFilter, side
 
 
 def _rows(specs, ids):
@@ -62,6 +63,35 @@ def test_quantum_of_lattice_values_and_none_for_continuous_ones():
     for k in range(50):
         lone.observe(3.3 * (k % 2))
     assert lone.quantum() == 0.0 and lone.eff(5.0) == 5.0
+
+
+def test_a_leads_bound_is_not_measured():
+    # a lead's bound (edge.core.predict) lies W/16 back and 15W/16 forward of its report: on a binary walk of
+    # step 0.27 at width 0.87 its exits lie 1 and 4 steps away (a centred bound's all lie 2 away), two multiples
+    # that would prove a lattice whose centred cells (``eff``) it does not have (#29: test_slack's weighted
+    # difference made no move); the lead's exits and time are not counted, the centred bound's are
+    rng = np.random.default_rng(2)
+    f, st, plain = LineFilter(0.87), rates.Source(0.0, 0.87), rates.Source(0.0, 0.87)
+    v, steps, centred, span, last = 100.0, {}, 0, 0.0, 0
+    for t in range(1, 400):
+        v += 0.27 if rng.random() < 0.5 else -0.27
+        if f.center is not None and not f.check(v):
+            continue
+        if f.center is not None:
+            steps.setdefault(bool(f.led), set()).add(round(abs(v - f.v0) / 0.27))
+            centred += not f.led
+        span, last = span + (0 if f.led else t - last), t
+        st.accrue(float(t))
+        if f.center is not None and not st.led:
+            st.exited(v, st.eff(st.w), False, 1.0, 32)
+        sign = side(f, v)
+        f.recenter(v)
+        f.lead(sign)
+        st.observe(v)
+        plain.observe(v)
+        st.led = bool(f.led)
+    assert steps == {False: {2}, True: {1, 4}} and plain.quantum() == pytest.approx(0.27)
+    assert st.quantum() == 0.0 and st.n == centred and st.e[0] == pytest.approx(span / 0.87 ** 2)
 
 
 def _hetero(seed, duration, n=24):
