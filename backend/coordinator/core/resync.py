@@ -16,6 +16,7 @@ import heapq
 import math
 
 from backend.coordinator.core.integrity import CHECK, CONTROL, FILTER, LOST_STATE, RETRY
+from backend.coordinator.core.waits import asked
 from edge.core.codec import NO_VALUE, WHY_ASSIGN, newer
 
 UP = -1         # the coordinator's event order of uplinks within one timestamp
@@ -43,8 +44,7 @@ class Resync:
         d = self.devices.get(device)
         key = self.key_of(device, m["src"]) if kind in ("report", "reply", "line", "rsegs") else None
         if stamped and key is not None:
-            what, token = (key, m["epoch"]) if "probe" not in m else (("probe", key), m["probe"])
-            sent = self.sent_by(device, what, token) if self.echo else None
+            sent = self.sent_by(device, *asked(key, m["epoch"], m.get("probe"))) if self.echo else None
             if sent is not None:
                 ig.offsets.echoed(device, m["t"], sent)
             ig.echo(device, key, m["epoch"], m["t"], now, m.get("probe"), m.get("why") == WHY_ASSIGN)

@@ -21,6 +21,11 @@ LOST_STATE = "lost state"
 RETRY, FILTER, CHECK = 0, 1, 2
 
 
+def asked(key, epoch, probe=None):
+    """What a report of ``key`` carrying ``epoch``, or a reply to ``probe``, answers: (the wait's key, its token)."""
+    return (key, epoch) if probe is None else (("probe", key), probe)
+
+
 class Waits:
     def sent(self, key, epoch, clock, unsafe=False, wall=None):
         """A control carrying ``epoch`` left for ``key``'s device once event time reached ``clock`` (the
@@ -34,8 +39,9 @@ class Waits:
         """A report of ``key`` stamped ``t`` (device s) carrying ``epoch`` (or a reply to ``probe``) heard at
         ``now``: if a downlink assigned that epoch (asked that probe), the device sent it after that left;
         if it answered at once (a reply, or ``prompt``: a report acknowledging it), it timed a round trip."""
-        at = self.left.pop(("probe", key) if probe is not None else key, None)
-        if at is not None and at[0] == (epoch if probe is None else probe):
+        what, token = asked(key, epoch, probe)
+        at = self.left.pop(what, None)
+        if at is not None and at[0] == token:
             self.offsets.echoed(device, t, at[1])
             if (probe is not None or prompt) and self.links.timed(device, now - at[1]):
                 self.news["link"].append(device)
