@@ -113,8 +113,8 @@ class Agent:
             # while the backend does not know when this reading came (clock skew), it states the hull of the
             # bound before it and this value: a reading outside that hull within the guard is reported too
             self.guards[i] = (now + self.guard, min(f.lo, v), max(f.hi, v))
-        if self.alt is None:
-            f.recenter(v)
+        if self.alt is None or mt is not None and mt.shadows[i] is None:
+            f.recenter(v)       # (a metered source deadband's twin stays constant: edge.core.meter)
         else:
             fields["why"] |= self.alt[i].report(f, now, v, self.allow, constant)     # (a lead's flag)
             if f.slope:
@@ -332,8 +332,7 @@ class Agent:
         return self._ms(self.t0_ms + (self.period + 1) * self.period_ms)
 
     def next_deadline(self):
-        """The caller's time of the next shrink, resend, heartbeat mark, line gap (also a meter shadow's) or data
-        due, or None."""
+        """The caller's time of the next shrink, resend, heartbeat mark, line gap or data due, or None."""
         ts = [self.delivery.deadline()]
         if self.period_ms > 0 and self.shrink > 0:
             ts.append(self._shrink_at())
@@ -343,18 +342,12 @@ class Agent:
         if self.segs:
             from edge.core import segment
             ts.append(segment.deadline(self))
-        if self.meter is not None:
-            from edge.core import meter
-            ts.append(meter.deadline(self))
         ts = [t for t in ts if t is not None]
         return min(ts) - self.offset if ts else None
 
     def handle_timer(self, now):
         now += self.offset
         out = []
-        if self.meter is not None:      # (first: a report now carries deadband's gap reports of now)
-            from edge.core import meter
-            meter.gaps(self, now)
         if self.alt is not None:
             from edge.core import predict
             out += predict.gaps(self, now)

@@ -1,17 +1,19 @@
 """Device-side meter of plain deadband (Olston et al. 2003 §1.2 uniform allocation, our no-regret guard): a shadow per moved source.
 
-A metered device (birth capability CAP_METER) counts, per source, the reports the ``deadband`` protocol
-would have made it send on the same readings (its uniform width and range constraints, the same filter
-models: constant, or chosen per source by ``edge.core.predict``). The backend flags METER exactly the
-controls that install deadband's filter. While a source's real filter is deadband's (a *twin*: it
-never got anything else since the meter began, or was synced back), its own reports are deadband's and
-count as they go. A control without METER that changes its filter (a move: a width from the adaptive
-rule, a MIN/MAX cut) forks a *shadow* first: a copy of the filter (and of its model chooser) that goes
-on as deadband would: every reading, every METER control (deadband's acknowledgement rule: a narrowing or
-a constraint change is acknowledged with the reading; else the reading is checked again), the line gaps
-of its own timer, the recentring of a birth; each report it would send is counted. A SYNC control
-(METER | SYNC) makes the shadow the real filter again, and the device acknowledges with the state taken
-(the centre, or the line and its origin ``o``): a twin from then on, so the two counts can never part.
+A metered device (birth capability CAP_METER) counts, per source, the reports the plain ``deadband``
+protocol would have made it send on the same readings: its uniform width and range constraints, a
+constant filter (the baseline users compare with: no model chooser). The backend flags METER exactly the
+controls that install deadband's filter. While a source's real filter is deadband's (a *twin*: it never
+got anything else since the meter began, or was synced back), it stays a constant filter (the device's
+model chooser, ``edge.core.predict``, is not asked), so its reports are deadband's and count as they go. A
+control without METER that changes its filter (a move: a width from the adaptive rule, a MIN/MAX cut)
+forks a *shadow* first: a constant copy of the filter that goes on as deadband would: every reading,
+every METER control (deadband's acknowledgement rule: a narrowing or a constraint change is acknowledged
+with the reading; else the reading is checked again), the recentring of a birth; each report it would
+send is counted. Only a moved source's real filter may take the chooser's models (lines, leads): so every
+loss of theirs is on the backend's ledger too. A SYNC control (METER | SYNC) makes the shadow the real
+filter again, and the device acknowledges with the centre taken: a twin from then on, so the two counts
+can never part.
 
 The count ``n`` and the source's reading count ``k`` ride in every report (codec kinds ``mreport`` /
 ``mline``, modulo 2^16): the backend weighs real messages against deadband's exactly (precision.regret).
@@ -31,7 +33,7 @@ MOST = 1 << 14      # twice as many after each such report (up to this: far from
 
 class Meter:
     def __init__(self, n):
-        self.shadows = [None] * n       # per source: None (a twin), or [filter, chooser or None]
+        self.shadows = [None] * n       # per source: None (a twin), or deadband's constant filter
         self.n = [0] * n                # reports deadband would have sent, modulo 2^16
         self.k = [0] * n                # readings, modulo 2^16
         self.sent = [0] * n             # n as the source's latest report carried it
@@ -42,34 +44,29 @@ class Meter:
         self.n[i] = (self.n[i] + 1) & _M16
 
     def fork(self, agent, i):
-        """Source ``i``'s real filter is about to leave deadband's: a shadow carries on from here."""
-        ch = agent.alt[i].copy() if agent.alt is not None else None
-        self.shadows[i] = [agent.filters[i].copy(), ch]
+        """Source ``i``'s real filter is about to leave deadband's: a shadow carries on from here (constant at
+        its latest report, should the real filter be a model the chooser took before the meter began)."""
+        g = agent.filters[i].copy()
+        if getattr(g, "slope", 0.0) or getattr(g, "led", 0):
+            g.recenter(g.v0)
+        self.shadows[i] = g
         self.every[i] = EVERY
         if i in agent.guards:
             self.guards[i] = agent.guards[i]
 
-    def _report(self, agent, i, g, ch, t, constant=False):
+    def _report(self, agent, i, g, t):
         self.count(i)
         v = agent.values[i]
         if agent.guard and g.center is not None and g.lo != -INF:      # (as ``Agent._report``)
             self.guards[i] = (t + agent.guard, min(g.lo, v), max(g.hi, v))
-        if ch is None:
-            g.recenter(v)
-        else:
-            ch.report(g, t, v, agent.allow, constant)
+        g.recenter(v)
 
     def sample(self, agent, i, t, v):
         """A reading of source ``i`` at device time ``t`` (before the real filter's report)."""
         self.k[i] = (self.k[i] + 1) & _M16
-        sh = self.shadows[i]
-        if sh is not None:
-            g, ch = sh
-            if ch is not None:
-                ch.sample(t, v, g.width)
-                g.at(t)
-            if g.center is None or g.check(v) or (i in self.guards and guarded(self.guards, i, t, v)):
-                self._report(agent, i, g, ch, t)
+        g = self.shadows[i]
+        if g is not None and (g.center is None or g.check(v) or (i in self.guards and guarded(self.guards, i, t, v))):
+            self._report(agent, i, g, t)
 
     def due(self, i):
         """Whether moved source ``i`` should report for its count alone: its shadow counted ``every`` reports
@@ -84,7 +81,7 @@ class Meter:
 
     def take(self, agent, i, t, kind, m):
         """Deadband's control ``m`` (a ``width`` or ``filter``) for the shadow of source ``i``."""
-        g, ch = self.shadows[i]
+        g = self.shadows[i]
         if kind == "filter":
             cons = [(c["l"], c["u"]) for c in m["cons"]]
             ack = g._cons(cons) != g.cons or g._r(m["width"]) < g.width
@@ -93,14 +90,14 @@ class Meter:
             ack = g._r(m["width"]) < g.width
             g.set_width(m["width"], g.epoch)
         if agent.values[i] is not None and (ack or g.check(agent.values[i])):
-            self._report(agent, i, g, ch, t)
+            self._report(agent, i, g, t)
 
     def birth(self, values):
         """A birth recentres every filter on its source's latest reading (``Agent.start``): shadows too."""
         self.guards = {}
-        for i, sh in enumerate(self.shadows):
-            if sh is not None and values[i] is not None:
-                sh[0].recenter(values[i])
+        for i, g in enumerate(self.shadows):
+            if g is not None and values[i] is not None:
+                g.recenter(values[i])
 
     def stamp(self, i, fields, kind):
         """Add the counts to a report's ``fields``; the metered kind of ``kind`` (report or line)."""
@@ -118,12 +115,14 @@ def control(agent, now, i, kind, m):
     """A ``width``/``filter``/``bound`` control for source ``i`` of a metered device, or one flagged METER
     (which starts the meter). Returns the acknowledgement of a SYNC, else None (the real filter then applies
     the control as usual)."""
-    if agent.meter is None:
-        agent.meter = Meter(len(agent.filters))
     mt = agent.meter
-    sh = mt.shadows[i]
+    if mt is None:
+        mt = agent.meter = Meter(len(agent.filters))
+        for j, f in enumerate(agent.filters):       # (a twin is constant: a model taken before the meter began
+            if getattr(f, "slope", 0.0) or getattr(f, "led", 0):   # is a move)
+                mt.fork(agent, j)
     flags = m["ack"]
-    if sh is None:
+    if mt.shadows[i] is None:
         f = agent.filters[i]
         move = kind == "bound" or not flags & METER and (f._r(m["width"]) != f.width or kind == "filter" and
                                                          f._cons([(c["l"], c["u"]) for c in m["cons"]]) != f.cons)
@@ -136,13 +135,10 @@ def control(agent, now, i, kind, m):
         mt.take(agent, i, now, kind, m)
     if not flags & SYNC:
         return None
-    sh = mt.shadows[i]
-    if sh is not None:                  # the shadow becomes the real filter (and model chooser)
-        g, ch = sh
+    g = mt.shadows[i]
+    if g is not None:                   # the shadow becomes the real filter (a constant one: a twin)
         g.epoch = m["epoch"]
         agent.filters[i] = g
-        if ch is not None:
-            agent.alt[i] = ch
         mt.shadows[i] = None
         agent.guards.pop(i, None)
         if i in mt.guards:
@@ -154,34 +150,4 @@ def control(agent, now, i, kind, m):
         return agent._exit(now, i, WHY_SYNC, ACK)
     agent.stats["reports"] += 1
     fields = {"src": i, "epoch": g.epoch, "t": now, "v": g.center, "why": WHY_SYNC}
-    if getattr(g, "slope", 0.0):
-        fields["v"], fields["slope"], fields["gap"] = g.v0, g.slope, g.gap
-        mt.stamp(i, fields, "line")
-        fields["o"] = g.t0
-        return [agent._up(now, "mline", fields)]
     return [agent._up(now, mt.stamp(i, fields, "report"), fields)]
-
-
-def deadline(agent):
-    """The earliest time a shadow's line passes its gap without a reading (None: none)."""
-    t = None
-    for sh in agent.meter.shadows:
-        if sh is not None and sh[1] is not None and sh[0].slope and sh[0].center is not None:
-            d = _due(sh)
-            if t is None or d < t:
-                t = d
-    return t
-
-
-def _due(sh):
-    g, ch = sh
-    return (ch.last if ch.last > g.t0 else g.t0) + g.gap
-
-
-def gaps(agent, now):
-    """Shadows whose line passed its gap: deadband's device would report its last reading as a constant."""
-    for i, sh in enumerate(agent.meter.shadows):
-        if sh is not None and sh[1] is not None and sh[0].slope and sh[0].center is not None:
-            at = _due(sh)
-            if at <= now:
-                agent.meter._report(agent, i, sh[0], sh[1], at, True)
