@@ -4,16 +4,22 @@ A metered device (birth capability CAP_METER) counts, per source, the reports th
 protocol would have made it send on the same readings: its uniform width and range constraints, a
 constant filter (the baseline users compare with: no model chooser). The backend flags METER exactly the
 controls that install deadband's filter. While a source's real filter is deadband's (a *twin*: it never
-got anything else since the meter began, or was synced back), it stays a constant filter (the device's
-model chooser, ``edge.core.predict``, is not asked), so its reports are deadband's and count as they go. A
-control without METER that changes its filter (a move: a width from the adaptive rule, a MIN/MAX cut)
-forks a *shadow* first: a constant copy of the filter that goes on as deadband would: every reading,
+got anything else since the meter began, or was synced back), its reports are deadband's and count as
+they go. A control without METER that changes its filter (a move: a width from the adaptive rule, a MIN/MAX
+cut) forks a *shadow* first: a constant copy of the filter that goes on as deadband would: every reading,
 every METER control (deadband's acknowledgement rule: a narrowing or a constraint change is acknowledged
 with the reading; else the reading is checked again), the recentring of a birth; each report it would
-send is counted. Only a moved source's real filter may take the chooser's models (lines, leads): so every
-loss of theirs is on the backend's ledger too. A SYNC control (METER | SYNC) makes the shadow the real
-filter again, and the device acknowledges with the centre taken: a twin from then on, so the two counts
-can never part.
+send is counted. A SYNC control (METER | SYNC) makes the shadow the real filter again, and the device
+acknowledges with the centre taken: a twin from then on, so the two counts can never part (but by a
+departure).
+
+A twin's device may also *depart* on its own: at a report where its model chooser (``edge.core.predict``)
+takes a line or a lead, a shadow forks as for a move. The device guards a departure itself, so the backend
+need not know of it: ``debt``, its real reports less its shadow's while departed, summed since the meter
+began, and the exit that would leave it above 0 goes back to the shadow instead (the shadow's centre,
+WHY_SYNC), so a source sends at most one report beyond plain deadband's by departing (the loan has one
+message per source: precision.regret) but for acknowledgements while departed (deadband's device sends them
+too, at its own readings), and departs again only while its departures have not lost (``debt`` <= 0).
 
 The count ``n`` and the source's reading count ``k`` ride in every report (codec kinds ``mreport`` /
 ``mline``, modulo 2^16): the backend weighs real messages against deadband's exactly (precision.regret).
@@ -38,24 +44,50 @@ class Meter:
         self.k = [0] * n                # readings, modulo 2^16
         self.sent = [0] * n             # n as the source's latest report carried it
         self.every = [EVERY] * n        # unseen counts that make a moved source report
+        self.departed = [False] * n     # shadows forked by the device's own model choice (not a move)
+        self.debt = [0] * n             # real reports less the shadow's while departed, since the meter began
         self.guards = {}                # per moved source: its shadow's guard (until, lo, hi), as ``Agent.guards``
 
     def count(self, i):
         self.n[i] = (self.n[i] + 1) & _M16
 
-    def fork(self, agent, i):
-        """Source ``i``'s real filter is about to leave deadband's: a shadow carries on from here (constant at
-        its latest report, should the real filter be a model the chooser took before the meter began)."""
+    def fork(self, agent, i, departed=False):
+        """Source ``i``'s real filter is about to leave deadband's (``departed``: by its own model choice): a
+        shadow carries on from here (constant at its latest report, should the real filter be a model)."""
         g = agent.filters[i].copy()
         if getattr(g, "slope", 0.0) or getattr(g, "led", 0):
             g.recenter(g.v0)
         self.shadows[i] = g
         self.every[i] = EVERY
+        self.departed[i] = departed
         if i in agent.guards:
             self.guards[i] = agent.guards[i]
 
+    def free(self, i):
+        """Whether source ``i``'s real filter may take the chooser's models: moved or departed, or a twin whose
+        departures have not lost."""
+        return self.shadows[i] is not None or self.debt[i] <= 0
+
+    def owes(self, i):
+        """A real report of departed source ``i``: whether it would leave the source owing deadband."""
+        self.debt[i] += 1
+        return self.debt[i] > 0
+
+    def adopt(self, agent, i, epoch):
+        """The shadow of source ``i`` becomes its real filter (under ``epoch``): a twin."""
+        g = self.shadows[i]
+        g.epoch = epoch
+        agent.filters[i] = g
+        self.shadows[i] = None
+        self.departed[i] = False
+        agent.guards.pop(i, None)
+        if i in self.guards:
+            agent.guards[i] = self.guards.pop(i)
+
     def _report(self, agent, i, g, t):
         self.count(i)
+        if self.departed[i]:
+            self.debt[i] -= 1
         v = agent.values[i]
         if agent.guard and g.center is not None and g.lo != -INF:      # (as ``Agent._report``)
             self.guards[i] = (t + agent.guard, min(g.lo, v), max(g.hi, v))
@@ -73,7 +105,7 @@ class Meter:
         the backend has not heard of (a silent source's saving would stay unseen). ``every`` doubles with each
         such report since the source moved: the backend always knows at least about half of what the move has
         saved, at a cost logarithmic in the saving."""
-        return self.shadows[i] is not None and (self.n[i] - self.sent[i]) & _M16 >= self.every[i]
+        return self.shadows[i] is not None and not self.departed[i] and (self.n[i] - self.sent[i]) & _M16 >= self.every[i]
 
     def seen(self, i, count):
         """``count`` readings of source ``i`` that changed nothing (a simulator hands them over late)."""
@@ -118,14 +150,16 @@ def control(agent, now, i, kind, m):
     mt = agent.meter
     if mt is None:
         mt = agent.meter = Meter(len(agent.filters))
-        for j, f in enumerate(agent.filters):       # (a twin is constant: a model taken before the meter began
-            if getattr(f, "slope", 0.0) or getattr(f, "led", 0):   # is a move)
-                mt.fork(agent, j)
+        for j, f in enumerate(agent.filters):       # (a model taken before the meter began: a departure)
+            if getattr(f, "slope", 0.0) or getattr(f, "led", 0):
+                mt.fork(agent, j, True)
     flags = m["ack"]
+    f = agent.filters[i]
+    move = kind == "bound" or not flags & METER and (f._r(m["width"]) != f.width or kind == "filter" and
+                                                     f._cons([(c["l"], c["u"]) for c in m["cons"]]) != f.cons)
+    if move or flags & SYNC:
+        mt.departed[i] = False          # (a departure moved or synced: the backend's to guard from now on)
     if mt.shadows[i] is None:
-        f = agent.filters[i]
-        move = kind == "bound" or not flags & METER and (f._r(m["width"]) != f.width or kind == "filter" and
-                                                         f._cons([(c["l"], c["u"]) for c in m["cons"]]) != f.cons)
         if not move and not flags & SYNC:
             return None                 # deadband's own control (or one sent again): the twin takes it
         mt.fork(agent, i)               # deadband's filter goes on in the shadow
@@ -135,19 +169,24 @@ def control(agent, now, i, kind, m):
         mt.take(agent, i, now, kind, m)
     if not flags & SYNC:
         return None
-    g = mt.shadows[i]
-    if g is not None:                   # the shadow becomes the real filter (a constant one: a twin)
-        g.epoch = m["epoch"]
-        agent.filters[i] = g
-        mt.shadows[i] = None
-        agent.guards.pop(i, None)
-        if i in mt.guards:
-            agent.guards[i] = mt.guards.pop(i)
+    if mt.shadows[i] is not None:       # the shadow becomes the real filter (a constant one: a twin)
+        mt.adopt(agent, i, m["epoch"])
     g = agent.filters[i]
     if g.center is None or not flags & ACK:
         return []
     if agent.segs and i in agent.segs:  # segment mode (outside the backend's ledger): the segments ride along
         return agent._exit(now, i, WHY_SYNC, ACK)
+    return [synced(agent, now, i)]
+
+
+def back(agent, now, i):
+    """Departed source ``i`` goes back to deadband's filter instead of a report that would leave it owing."""
+    agent.meter.adopt(agent, i, agent.filters[i].epoch)
+    return synced(agent, now, i)
+
+
+def synced(agent, now, i):
+    """The report of a source synced to its shadow: the centre taken."""
     agent.stats["reports"] += 1
-    fields = {"src": i, "epoch": g.epoch, "t": now, "v": g.center, "why": WHY_SYNC}
-    return [agent._up(now, mt.stamp(i, fields, "report"), fields)]
+    fields = {"src": i, "epoch": agent.filters[i].epoch, "t": now, "v": agent.filters[i].center, "why": WHY_SYNC}
+    return agent._up(now, agent.meter.stamp(i, fields, "report"), fields)

@@ -6,10 +6,11 @@ same readings at the same deadband filters: a plain constant ``Agent`` that is o
 controls (plain deadband's own device, the baseline: no model chooser) and plain deadband written out from
 scratch (bound test, range membership, acknowledgement of a narrowing or a constraint change). After every
 reading, timer and control the meter's count must equal each oracle's and its reading count the readings so
-far, in every report it sends too. While a twin (and after a SYNC until it is moved again) the metered agent
-reports exactly what deadband's device reports, constants only though it may choose lines: only a moved
-source takes them. Runs under CPython and MicroPython, in double and in emulated float32 (a single-precision
-board).
+far, in every report it sends too. While a twin the metered agent reports exactly when and what deadband's
+device reports; a twin that takes a line (its model chooser's) departs at that report, and while departed
+it never sends more than one report beyond its shadow's, summed since the meter began: the exit that would
+goes back to the shadow (WHY_SYNC) and it stays constant. Runs under CPython and MicroPython, in double and
+in emulated float32 (a single-precision board).
 """
 from edge.agent import Agent
 from edge.core import codec
@@ -92,12 +93,13 @@ def _counted(a, out, k):
 
 
 def _said(out):
-    """What reports state: (time, value, slope), from decoded (kind, fields) pairs or fields alone."""
+    """What reports state: (time, value), from decoded (kind, fields) pairs or fields alone."""
     ms = [m[1] if isinstance(m, tuple) else m for m in out]
-    return [(m["t"], m["v"], m.get("slope", 0.0)) for m in ms]
+    return [(m["t"], m["v"]) for m in ms]
 
 
-def _run(seed, rnd, lines, unit=1, guard=0):
+def _run(seed, rnd, lines, unit=1, guard=0, quiet=0):
+    """``quiet``: readings without a control at first (a twin left alone, free to depart)."""
     rng = Rng(seed)
     a = Agent("d", ["x"], rnd=rnd, lines=lines, unit=unit)
     session(a)
@@ -114,16 +116,17 @@ def _run(seed, rnd, lines, unit=1, guard=0):
         a.handle_message(0, ctl(a, "link", seq=seq, rto=0, guard=guard))
         ref.a.handle_message(0, ctl(ref.a, "link", seq=ref.seq, rto=0, guard=guard))
         seq, ref.seq = seq + 1, ref.seq + 1
-    k, value, twin, lined = 0, None, True, 0
+    k, value, twin, lined, departed, owed, back = 0, None, True, 0, 0, 0, 0
     step = 1000 if unit == 1000 else 1.0
-    for _ in range(1500):
+    for step_no in range(1500):
         t += step * (1 + (rng.below(40) == 0) * rng.below(6))     # irregular: now and then a long gap
+        dep, n0, moved = a.meter.departed[0], a.meter.n[0], False    # (moved: a move or a SYNC, the backend's)
         out = _decode(a.handle_timer(t)) if a.next_deadline() is not None and a.next_deadline() <= t else []
         ref.timer(t)
         if twin:
             assert _said(out) == _said(ref.out)
         _counted(a, out, k)
-        out = []
+        timed, out = len(out), []
         if rng.below(150) == 0:         # a reconnect: a birth recentres every filter on the latest reading
             session(ref.a, now=t, seq=ref.seq)
             session(a, now=t, seq=seq)
@@ -133,7 +136,7 @@ def _run(seed, rnd, lines, unit=1, guard=0):
             ref.seq, seq = ref.seq + 1, seq + 2
             if value is not None:
                 brute.c, brute.mask = value, brute._mask(value)
-        elif rng.below(25) == 0:        # a control
+        elif rng.below(25) == 0 and step_no >= quiet:     # a control
             w = rng.choice([0.5, 1.0, 2.0, 3.0, 5.0])
             cons = [(98.0, 102.0)] if rng.below(3) == 0 else []
             what = rng.below(3)         # 0: a move, 1: deadband's filter (METER), 2: SYNC
@@ -163,9 +166,9 @@ def _run(seed, rnd, lines, unit=1, guard=0):
             seq, epoch = seq + 1, epoch + 1
             out += _decode(a.handle_message(t, ctl(a, kind, **fields)))
             if what == 0:
-                twin = twin and a.meter.shadows[0] is None
+                twin, moved = twin and a.meter.shadows[0] is None, True
             elif what == 2:
-                twin = True
+                twin, moved = True, True
                 if value is not None:       # acknowledged under the control's epoch
                     assert len(out) == 1 and out[-1][0] in ("mreport", "mline") and out[-1][1]["why"] == codec.WHY_SYNC
                     assert out[-1][1]["epoch"] == epoch - 1
@@ -176,25 +179,35 @@ def _run(seed, rnd, lines, unit=1, guard=0):
         else:                           # a reading
             calm = (t // (60 * step)) % 3     # drifts with little noise (lines pay), and a noisy walk
             v += rng.uniform(-0.02, 0.02) + 0.2 * (calm - 1.5) if calm else rng.uniform(-0.6, 0.6)
+            if step_no < quiet:         # a steady ramp while left alone: a line pays (the twin departs)
+                v += 0.25
             if rnd is not None:
                 v = rnd(v)
             value, k = v, k + 1
             brute.reading(v)
             ref.sample(t, v)
-            a_new = a.handle_sample(t, 0, v)
-            out += _decode(a_new)
-            if twin:                    # deadband's twin reports what deadband's device reports
-                assert _said(out[len(out) - len(_decode(a_new)):]) == _said(ref.out)
+            a_new = _decode(a.handle_sample(t, 0, v))
+            out += a_new
+            if twin:                    # deadband's twin reports when and what deadband's device reports
+                assert _said(a_new) == _said(ref.out)
+                if a.meter.shadows[0] is not None:      # a line taken: it departed
+                    assert a.meter.departed[0] and a_new[-1][0] == "mline"
+                    twin, departed = False, departed + 1
+            elif dep and a.meter.shadows[0] is None:    # a departure that lost: back to deadband's filter
+                assert a_new[-1][1]["why"] == codec.WHY_SYNC and a_new[-1][1]["v"] == ref.a.filters[0].center
+                twin, back = True, back + 1
+        if dep and not moved:           # what a departure sent beyond its shadow, since the meter began
+            owed += timed + len(out) - ((a.meter.n[0] - n0) & 0xFFFF)
+            assert owed <= 1 and owed == a.meter.debt[0]
         n = a.meter.n[0]
         assert n == ref.count & 0xFFFF and a.meter.k[0] == k & 0xFFFF
         if not guard:                   # (the brute force knows no guard)
             assert n == brute.count & 0xFFFF
         _counted(a, out, k)
-        sent = sum(1 for kind, _ in out if kind == "mline")
-        assert not (twin and sent)      # a twin stays constant: only a moved source takes a line
-        lined += sent
+        assert (a.meter.shadows[0] is None) == twin
+        lined += sum(1 for kind, _ in out if kind == "mline")
     assert ref.count > 30 and (lines or lined == 0)
-    return lined, ref.count - brute.count     # (lines sent; reports deadband's guard made)
+    return lined, ref.count - brute.count, departed, back   # (lines; reports deadband's guard made; departures)
 
 
 def test_the_meter_counts_what_deadband_would_send_on_every_prefix():
@@ -202,10 +215,12 @@ def test_the_meter_counts_what_deadband_would_send_on_every_prefix():
         _run(seed, None, False)
 
 
-def test_the_meter_counts_plain_deadband_while_moved_sources_take_lines():
-    runs = [_run(seed, None, True) for seed in range(5, 9)] + [_run(9, None, True, unit=1000)]  # (ms: a board)
-    # the runs go through lines (a moved source's) while the meter counts plain constant deadband
-    assert sum(r[0] for r in runs) > 20
+def test_the_meter_counts_plain_deadband_while_sources_take_lines():
+    runs = [_run(seed, None, True, quiet=300 * (seed & 1)) for seed in range(5, 9)] + \
+        [_run(9, None, True, unit=1000, quiet=300)]     # (ms: a board)
+    # the runs go through lines (a moved source's, a twin's that departs: three left alone on a ramp at first)
+    # while the meter counts plain deadband; every run departs, and a departure that lost goes back
+    assert sum(r[0] for r in runs) > 20 and all(r[2] for r in runs) and sum(r[3] for r in runs) >= 1
 
 
 def test_the_meter_guards_reports_as_deadbands_device_does():
