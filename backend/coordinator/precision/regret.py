@@ -1,9 +1,11 @@
 """Exact no-regret for the default adaptive rule (our extension of Olston et al. 2003 §1.2, §3.3): real against metered deadband.
 
 Every metered device (edge.core.meter) runs, per source, the filter plain deadband would run there
-(deadband's uniform width and range constraints, told in the controls flagged METER) on the same
-readings, counts the reports it would have sent, and puts that count and its reading count in every
-report. The ``Ledger`` of a query group adds up, in messages weighted by the sources' costs:
+(deadband's uniform width and range constraints, told in the controls flagged METER; a constant filter) on
+the same readings, counts the reports it would have sent, and puts that count and its reading count in every
+report. A device whose model chooser departs from deadband's filter on a source the backend did not move
+guards that itself (``edge.core.meter.OWE`` reports beyond deadband's per source at most, summed since its
+meter began): the ledger sees its reports and counts like any other's, and the loan below covers the moves. The ``Ledger`` of a query group adds up, in messages weighted by the sources' costs:
 
 - ``real``: what the adaptive rule really sends: its reports and its controls (the births, configs and
   anything else deadband sends alike are left out of both sides);
@@ -19,7 +21,7 @@ its silence with more marks (one per B of silence, B ≥ 4× its mean interval):
 A metered report reordered behind a newer one of its source is not applied, but it was sent: real
 (``superseded``; deadband's side has it in the newer report's count).
 
-A source is ``off`` while its filter may differ from its shadow (a move, a MIN/MAX cut, a line). A SYNC
+A source is ``off`` while its filter may differ from its shadow after a move or a MIN/MAX cut. A SYNC
 control (a downlink and its acknowledgement) makes it its shadow's twin: from then on both report at the
 same readings, so syncing every ``off`` source stops the difference from growing, for at most the
 ``reserve`` (two messages per ``off`` source, one per acknowledgement still to come). The guard
