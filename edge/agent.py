@@ -106,7 +106,7 @@ class Agent:
         f = self.filters[i]
         v = self.values[i]
         kind, mt = "report", self.meter
-        if mt is not None and mt.departed[i] and mt.owes(i) and segs is None and (why == codec.WHY_EXIT or
+        if mt is not None and mt.departed[i] and segs is None and mt.owes(i) and (why == codec.WHY_EXIT or
                                                                                why == codec.WHY_GAP):
             from edge.core import meter
             return meter.back(self, now, i)     # its models lost to plain deadband's: back to it
