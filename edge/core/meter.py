@@ -27,7 +27,8 @@ The count ``n`` and the source's reading count ``k`` ride in every report (codec
 Only reports are metered: delivery traffic (marks, resends: edge.core.delivery) is left out on both sides
 (precision.regret). A report is guarded as deadband's device would guard it (``link``'s guard time: a reading
 that leaves the hull of the bound before a report and its value within the guard is reported too), on the
-shadow as on the real filter, and a SYNC hands the shadow's guard over with its filter. Portable (MicroPython, CPython), float32-safe (a shadow is a copy: it rounds as the real filter does).
+shadow as on the real filter, and a SYNC hands the shadow's guard over with its filter. Portable
+(MicroPython, CPython), float32-safe (a shadow is a copy: it rounds as the real filter does).
 """
 from edge.core.codec import ACK, METER, SYNC, WHY_METER, WHY_SYNC
 from edge.core.guard import guarded

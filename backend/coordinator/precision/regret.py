@@ -5,7 +5,8 @@ Every metered device (edge.core.meter) runs, per source, the filter plain deadba
 the same readings, counts the reports it would have sent, and puts that count and its reading count in every
 report. A device whose model chooser departs from deadband's filter on a source the backend did not move
 guards that itself (``edge.core.meter.OWE`` reports beyond deadband's per source at most, summed since its
-meter began): the ledger sees its reports and counts like any other's, and the loan below covers the moves. The ``Ledger`` of a query group adds up, in messages weighted by the sources' costs:
+meter began): the ledger sees its reports and counts like any other's, and the loan below covers the moves.
+The ``Ledger`` of a query group adds up, in messages weighted by the sources' costs:
 
 - ``real``: what the adaptive rule really sends: its reports and its controls (the births, configs and
   anything else deadband sends alike are left out of both sides);
