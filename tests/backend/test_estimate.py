@@ -137,13 +137,17 @@ def _alternating(tmp_path, per=400, phases=40, n=8):
 def test_the_guard_backs_off_where_reallocating_loses(tmp_path):
     spec = _alternating(tmp_path)
     total = lambda r: r["messages"]["up"] + r["messages"]["down"]
-    uniform = total(engine.run(dict(spec, protocol="deadband")))
+    uniform = total(engine.run(dict(spec, protocol="deadband", params={"models": "constant"})))
     unguarded = engine.run(dict(spec, protocol="adaptive", params={"guard": 1e9}))
-    guarded = engine.run(dict(spec, protocol="adaptive"))
-    assert unguarded["violations"] == guarded["violations"] == 0
+    # constant models: the moves alone (with leads the estimator does not measure a source while a lead is in
+    # force, and makes no move here: 9,768 messages against 9,764)
+    guarded = engine.run(dict(spec, protocol="adaptive", params={"models": "constant"}))
+    default = engine.run(dict(spec, protocol="adaptive"))
+    assert unguarded["violations"] == guarded["violations"] == default["violations"] == 0
     assert total(unguarded) > 1.05 * uniform                 # the estimate lags the swaps: a real loss
     assert guarded["protocol_stats"]["backoffs"] >= 1
     assert total(guarded) <= uniform + 8                     # the loan: max(8, 8 sources), exactly (precision.regret)
+    assert total(default) <= uniform + 8
 
 
 @pytest.mark.parametrize("case", ["seismic-rjob", "great-lakes", "mixed-aggregates", "query-mix-20"])
