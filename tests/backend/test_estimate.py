@@ -13,6 +13,7 @@ from backend.coordinator.precision import estimate, optimal, rates, regret
 from backend.coordinator.precision.rows import Rows, _per_key
 from backend.sim import engine
 from edge.core.predict import LineFilter, side
+from edge.core import meter
 
 
 def _rows(specs, ids):
@@ -142,12 +143,14 @@ def test_the_guard_backs_off_where_reallocating_loses(tmp_path):
     # constant models: the moves alone (with leads the estimator does not measure a source while a lead is in
     # force, and makes no move here: 9,768 messages against 9,764)
     guarded = engine.run(dict(spec, protocol="adaptive", params={"models": "constant"}))
-    default = engine.run(dict(spec, protocol="adaptive"))
+    sim = engine.simulation(dict(spec, protocol="adaptive"))
+    default = sim.run()
     assert unguarded["violations"] == guarded["violations"] == default["violations"] == 0
     assert total(unguarded) > 1.05 * uniform                 # the estimate lags the swaps: a real loss
     assert guarded["protocol_stats"]["backoffs"] >= 1
     assert total(guarded) <= uniform + 8                     # the loan: max(8, 8 sources), exactly (precision.regret)
-    assert total(default) <= uniform + 8
+    # the default: the loan, and what the sources whose model choice departed were granted (edge.core.meter)
+    assert total(default) <= uniform + 8 + meter.OWE * len(sim.protocol.ledger.departed)
 
 
 @pytest.mark.parametrize("case", ["seismic-rjob", "great-lakes", "mixed-aggregates", "query-mix-20"])
