@@ -35,8 +35,8 @@ SETTINGS = {"protocol": "adaptive", "period": 10.0, "shrink": 0.05, "latency": 0
 # lossy link, how long a device is quiet before its uplinks are acknowledged (0: at once; a longer one sends
 # fewer acks and withdraws more answers, a resend coming later: coordinator/core/acks.py).
 # Filter models devices may use (edge.core.predict): the setting ``models`` or ``params.models``; None
-# takes ``DEFAULT_MODELS``. "choose" picks constant or linear per source online by measured cost.
-MODELS = {"constant": 1, "linear": 2, "choose": 3}
+# takes ``DEFAULT_MODELS``. "choose" picks constant, linear or lead (centred past the reading) per source online.
+MODELS = {"constant": 1, "linear": 2, "choose": 7}
 DEFAULT_MODELS = "choose"
 # λ on a real network (loopback delay plus clock skew between processes): the live coordinator's and
 # the Spark backend's command-line default; the simulator states its own in the workload.

@@ -105,23 +105,29 @@ class Agent:
         ``segs``: segment records riding along (a constant report, kind ``rsegs``: edge.core.segment)."""
         f = self.filters[i]
         v = self.values[i]
+        kind, mt = "report", self.meter
+        if mt is not None and mt.departed[i] and segs is None and mt.owes(i) and (why == codec.WHY_EXIT or
+                                                                               why == codec.WHY_GAP):
+            from edge.core import meter
+            return meter.back(self, now, i)     # its models lost to plain deadband's: back to it
         self.stats["reports"] += 1
         fields = {"src": i, "epoch": f.epoch, "t": now, "v": v, "why": why}
-        kind, mt = "report", self.meter
         guarded = self.guard and f.center is not None and f.lo != -INF
         if guarded:
             # while the backend does not know when this reading came (clock skew), it states the hull of the
             # bound before it and this value: a reading outside that hull within the guard is reported too
             self.guards[i] = (now + self.guard, min(f.lo, v), max(f.hi, v))
-        if self.alt is None:
-            f.recenter(v)
+        if mt is not None and mt.shadows[i] is None:
+            mt.count(i)         # the filter is deadband's: so is the report
+        if self.alt is None or mt is not None and not mt.free(i):
+            f.recenter(v)       # (a twin whose departures lost stays deadband's constant filter: edge.core.meter)
         else:
-            self.alt[i].report(f, now, v, self.allow, constant)
+            fields["why"] |= self.alt[i].report(f, now, v, self.allow, constant)     # (a lead's flag)
             if f.slope:
                 fields["slope"], fields["gap"] = f.slope, f.gap
                 kind = "line"
-        if mt is not None and mt.shadows[i] is None:
-            mt.count(i)         # the filter is deadband's: so is the report
+            if mt is not None and mt.shadows[i] is None and (f.slope or f.led):
+                mt.fork(self, i, True)      # it departs from deadband's constant filter: a shadow carries that on
         if segs is not None and kind == "report":   # (segment mode: outside the backend's ledger, no counts)
             fields["segs"] = segs
             kind = "rsegs"
@@ -332,8 +338,7 @@ class Agent:
         return self._ms(self.t0_ms + (self.period + 1) * self.period_ms)
 
     def next_deadline(self):
-        """The caller's time of the next shrink, resend, heartbeat mark, line gap (also a meter shadow's) or data
-        due, or None."""
+        """The caller's time of the next shrink, resend, heartbeat mark, line gap or data due, or None."""
         ts = [self.delivery.deadline()]
         if self.period_ms > 0 and self.shrink > 0:
             ts.append(self._shrink_at())
@@ -343,18 +348,12 @@ class Agent:
         if self.segs:
             from edge.core import segment
             ts.append(segment.deadline(self))
-        if self.meter is not None:
-            from edge.core import meter
-            ts.append(meter.deadline(self))
         ts = [t for t in ts if t is not None]
         return min(ts) - self.offset if ts else None
 
     def handle_timer(self, now):
         now += self.offset
         out = []
-        if self.meter is not None:      # (first: a report now carries deadband's gap reports of now)
-            from edge.core import meter
-            meter.gaps(self, now)
         if self.alt is not None:
             from edge.core import predict
             out += predict.gaps(self, now)

@@ -38,14 +38,13 @@ def bound(f):
 
 def metered(b, sh):
     """Bound ``b`` (``bound`` or ``models_bound``) of a source with a deadband shadow ``sh`` (edge.core.meter:
-    [filter, chooser], or None: no shadow), which sees every reading too: narrowed to a constant shadow's
-    bound; None when the shadow needs every reading (no report yet, constraints, a model chooser)."""
+    a constant filter, or None: no shadow), which sees every reading too: narrowed to the shadow's bound;
+    None when the shadow needs every reading (no report yet, constraints)."""
     if sh is None or b is None:
         return b
-    g = sh[0]
-    if sh[1] is not None or g.center is None or g.cons:
+    if sh.center is None or sh.cons:
         return None
-    return (max(b[0], g.lo), min(b[1], g.hi)) + tuple(b[2:])
+    return (max(b[0], sh.lo), min(b[1], sh.hi)) + tuple(b[2:])
 
 
 def models_bound(f, ch):

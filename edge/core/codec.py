@@ -65,8 +65,9 @@ WHY_ASSIGN = 2    # re-check (or acknowledgement) after a bound/width/filter ass
 WHY_RESYNC = 3    # first report of a source after start or reconnect
 WHY_FIRST = 4     # first reading of a source
 WHY_GAP = 5       # a line's source had no reading for its gap bound: its last reading, as a constant
-WHY_SYNC = 6      # the source adopted its meter's filter (a SYNC control): v is that filter's centre
+WHY_SYNC = 6      # the source adopted its meter's filter (a SYNC control, a departure that lost): v is its centre
 WHY_METER = 7     # a moved source's deadband meter counted reports the backend has not heard of (edge.core.meter)
+# (0x40, 0x20: flags of a lead, edge.core.predict LEAD_UP and LEAD_DOWN, defined there: boards without lines load none)
 GUARDED = 0x80    # flag on ``why``: the device reports any reading within its guard time after this report
 #                   that leaves the hull of its bound before it and this value (``link``; the backend strips it)
 

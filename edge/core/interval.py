@@ -108,9 +108,9 @@ class IntervalFilter:
         self.width = self._r(width)
         self.cons = self._cons(cons)
         self.epoch = epoch
+        self._place()           # (before the membership: a placement may move the centre, edge.core.predict)
         if self.center is not None:
             self.mask = membership(self.cons, self.center) if self.cons else 0
-        self._place()
 
     def known(self):
         """The tightest interval the backend can state for the current value, from its mirror."""

@@ -10,9 +10,19 @@ device that has no sample for ``gap`` reports its last reading as a constant), a
 restated every H. With h = W/2 − |slope|·(gap + H)/2 that hull is never wider than W, so the precision
 the backend allocated holds; a line for which h would be negative is not used (constant instead).
 
-The model is chosen per source online by measured cost: the device runs both models in shadow over
+A third model, the *lead*, is a constant bound whose centre is moved ``LEAD``·W past the reported
+reading towards the side the reading left the previous bound by (momentum: a signal that just crossed
+a bound tends to go on): its report is a plain one whose ``why`` carries ``LEAD_UP`` or ``LEAD_DOWN``,
+and the backend moves its mirror's centre by the same rounded amount (``LineFilter.lead``). The bound
+still has width W and contains the reading (else the centre stays: both sides test it alike). The centre is
+placed from the reading at the width in force, again at every width change (an assignment, Olston's shrink),
+so the order in which a report and a width reach device and mirror does not matter (issue #29).
+
+The model is chosen per source online by measured cost: the device runs the models in shadow over
 its readings, counts the reports each would have sent over a recent window, and picks the cheaper at
-each real report (linear only when it saves ``MARGIN``), so no downlink is needed.
+each real report (linear only when it saves ``MARGIN``; the lead, which saves ~10 % where it pays
+and loses up to 80 % where it does not, over a longer window ``LEAD_WINDOW`` and only when it saves
+a sixteenth plus ``LEAD_MARGIN``), so no downlink is needed.
 
 Times are device units (integer ms on a board, float seconds otherwise); ``t − t0`` is then exact and
 every float operation is rounded by ``rnd`` as in ``edge.core.interval``, so a float32 board and its
@@ -23,9 +33,15 @@ from edge.core.interval import IntervalFilter, INF
 
 CONSTANT = 1        # model bits of the ``allow`` mask (codec kind ``setup``)
 LINEAR = 2
+MOMENTUM = 4        # the lead (with LINEAR: a device chooses among models only where lines are allowed)
 GAP = 1.5           # gap bound = GAP × the latest sampling interval (jitter up to 50 % costs nothing)
 MARGIN = 4          # linear is chosen when its shadow reports, plus a quarter, plus MARGIN, are at most constant's
 WINDOW = 32         # shadow costs are halved when they sum to this: a window of recent reports
+LEAD = 0.4375       # a lead's centre moves LEAD·W past its report (7/16: exact in float32)
+LEAD_WINDOW = 256   # the lead's and the constant's shadow reports are halved when they sum to this
+LEAD_UP = 0x40      # flags on a report's ``why`` (beside codec.GUARDED): its bound's centre moved up / down past
+LEAD_DOWN = 0x20    # the value (``LineFilter.lead``; the backend strips them)
+LEAD_MARGIN = 2     # the lead is chosen when its shadow reports, plus a sixteenth, plus LEAD_MARGIN, are at most constant's
 GAPS = (0.001, 4.0e8)   # s: the gap bounds a backend accepts (coordinator admission); a source sampled
                         # more sparsely (gap > ~12.7 years) keeps the constant model
 
@@ -39,6 +55,7 @@ class LineFilter(IntervalFilter):
         self.v0 = 0.0
         self.slope = 0.0
         self.gap = 0
+        self.led = 0        # a lead's side (±1; 0: none): its centre is placed from v0 at the width in force
 
     def pred(self, t):
         """The line at device time ``t``."""
@@ -51,6 +68,8 @@ class LineFilter(IntervalFilter):
 
     def _place(self):
         c = self.center
+        if c is not None and self.led:      # (any width change re-places a lead: device and mirror alike
+            c = self.center = self._lead()  # whichever of a report and a width reaches them first)
         if c is None or self.width == INF:
             self.lo, self.hi = -INF, INF
         else:
@@ -75,11 +94,13 @@ class LineFilter(IntervalFilter):
     def recenter(self, v):
         """A constant report of ``v`` (births, probe replies, plain reports)."""
         self.slope = 0.0
+        self.led = 0
         self.v0 = self._r(v)
         IntervalFilter.recenter(self, v)
 
     def line(self, t, v, slope, gap):
         """A report of ``v`` at ``t`` that starts the line of ``slope`` with sampling gap bound ``gap``."""
+        self.led = 0
         IntervalFilter.recenter(self, v)
         self.t0 = t
         self.v0 = self.center
@@ -87,9 +108,30 @@ class LineFilter(IntervalFilter):
         self.gap = gap
         self._place()
 
+    def lead(self, sign):
+        """Make the constant just reported a lead towards ``sign`` (±1; 0: none); returns the side set."""
+        if self.slope or self.center is None:
+            sign = 0
+        self.led = sign
+        self._place()
+        return sign
+
+    def _lead(self):
+        """A lead's centre at the width in force: LEAD·W past its report v0 towards ``led``; v0 itself under
+        constraints (their membership is the report's) or where the moved bound would leave v0 out (rounding
+        at a tiny width). A function of the report, the side and the width only, so a width assigned or shrunk
+        before or after the report on either side gives the same bound (issue #29)."""
+        v, w, r = self.v0, self.width, self._r
+        if self.cons or w == INF:
+            return v
+        c = r(v + self.led * r(w * LEAD))
+        h = w / 2
+        return c if r(c - h) <= v <= r(c + h) else v
+
     def set_bound(self, lo, hi, epoch):
         """An explicit bound is constant."""
         self.slope = 0.0
+        self.led = 0
         IntervalFilter.set_bound(self, lo, hi, epoch)
         if self.center is not None:
             self.v0 = self.center
@@ -111,7 +153,7 @@ class LineFilter(IntervalFilter):
     def copy(self):
         c = LineFilter(self.width, self.cons, self.epoch, self.rnd, self.pad)
         c.center, c.mask, c.lo, c.hi = self.center, self.mask, self.lo, self.hi
-        c.t0, c.v0, c.slope, c.gap = self.t0, self.v0, self.slope, self.gap
+        c.t0, c.v0, c.slope, c.gap, c.led = self.t0, self.v0, self.slope, self.gap, self.led
         return c
 
 
@@ -142,22 +184,29 @@ def feasible(f, s, gap):
     return horizon(gap) > 0 and f.width != INF and band(f, s, gap) >= 0
 
 
+def side(f, v):
+    """The side (±1, 0) of ``v`` from ``f``'s centre: where a reading left the bound (a lead's direction)."""
+    c = f.center
+    return 0 if c is None else (v > c) - (v < c)
+
+
 class Chooser:
-    """Device side, one source: its sampling times and the shadow costs of both models."""
+    """Device side, one source: its sampling times and the shadow costs of the three models."""
 
     def __init__(self, rnd=None, unit=1):
         self.unit = unit        # device time units per second (1000: integer ms)
         self.last = None        # time of the latest reading, and of the one before
         self.prev = None
         self.value = None       # the latest reading
-        self.shadows = (LineFilter(INF, (), 0, rnd), LineFilter(INF, (), 0, rnd))
-        self.cost = [0, 0]      # shadow reports of the constant, the linear model in the window
+        self.shadows = (LineFilter(INF, (), 0, rnd), LineFilter(INF, (), 0, rnd), LineFilter(INF, (), 0, rnd))
+        self.cost = [0, 0, 0, 0]    # shadow reports of the constant, the linear model in the window; of the
+        #                             lead, the constant in the lead's window
 
     def copy(self):
         """An independent copy (edge.core.meter forks one for deadband's shadow)."""
         c = Chooser(None, self.unit)
         c.last, c.prev, c.value, c.cost = self.last, self.prev, self.value, list(self.cost)
-        c.shadows = (self.shadows[0].copy(), self.shadows[1].copy())
+        c.shadows = tuple([g.copy() for g in self.shadows])
         return c
 
     def gap(self):
@@ -170,39 +219,52 @@ class Chooser:
         return g if GAPS[0] * self.unit <= g <= GAPS[1] * self.unit else 0
 
     def sample(self, t, v, width):
-        """A reading: advance both shadows at the filter's current ``width`` and count their reports
+        """A reading: advance the shadows at the filter's current ``width`` and count their reports
         (the linear shadow's gap reports included)."""
         last, value = self.last, self.value
         self.prev, self.last, self.value = last, t, v
         gap = self.gap()
-        for m in (0, 1):
+        cost = self.cost
+        for m in (0, 1, 2):
             g = self.shadows[m]
             if g.width != width:
                 g.width = width
                 g._place()
             if g.slope and g.center is not None and (last if last > g.t0 else g.t0) + g.gap <= t:
-                self.cost[1] += 1
+                cost[1] += 1
                 g.line((last if last > g.t0 else g.t0) + g.gap, value, 0.0, g.gap)
             g.at(t)
             if g.center is None or g.check(v):
+                sign = side(g, v)
                 if g.center is not None:
-                    self.cost[m] += 1
-                s = slope(g, t, v) if m else 0.0
+                    cost[m] += 1
+                    if not m:
+                        cost[3] += 1
+                s = slope(g, t, v) if m == 1 else 0.0
                 g.line(t, v, s if feasible(g, s, gap) else 0.0, gap)
-        if self.cost[0] + self.cost[1] >= WINDOW:
-            self.cost[0] >>= 1
-            self.cost[1] >>= 1
+                if m == 2:
+                    g.lead(sign)
+        if cost[0] + cost[1] >= WINDOW:
+            cost[0] >>= 1
+            cost[1] >>= 1
+        if cost[2] + cost[3] >= LEAD_WINDOW:
+            cost[2] >>= 1
+            cost[3] >>= 1
 
     def report(self, f, t, v, allow, constant=False):
-        """A real report of ``v`` at ``t`` on filter ``f``: start the cheaper model's line."""
+        """A real report of ``v`` at ``t`` on filter ``f``: start the cheapest model there; the ``why`` flag of
+        its lead (LEAD_UP, LEAD_DOWN; 0: none; a filter with constraints never leads: its membership is the reading's)."""
         gap = self.gap()
         s = 0.0
-        c, l = self.cost
+        c, l, m, k = self.cost
         if not constant and allow & LINEAR and (not allow & CONSTANT or l + (l >> 2) + MARGIN <= c):
             s = slope(f, t, v)
             if not feasible(f, s, gap):
                 s = 0.0
+        sign = side(f, v) if not (constant or s or f.cons) and allow & MOMENTUM and m + (m >> 4) + LEAD_MARGIN <= k else 0
         f.line(t, v, s, gap)
+        sign = f.lead(sign)
+        return LEAD_UP if sign > 0 else LEAD_DOWN if sign else 0
 
 
 def _due(agent, i, f):

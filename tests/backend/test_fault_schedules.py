@@ -172,3 +172,15 @@ def test_a_report_the_old_boot_sent_before_a_reboot_and_lost_keeps_the_device_su
     assert [(qid, x["violations"], x["final_violations"], x["final_revoked"], x["final_precision_misses"])
             for qid, x in sorted(res["queries"].items()) if x["violations"] or x["final_violations"]
             or x["final_revoked"] or x["final_precision_misses"]] == [] and res["violations"] == 0
+
+
+def test_a_lead_reported_under_a_width_the_backend_has_since_widened_gives_no_wrong_final_answer():
+    # schedule 163 (adaptive, 60 reboots/h, loss 0.05): at 33.0 the backend widened s2 from 4 to 7.79 while d2's
+    # lead report of 115.39 under width 4 was on its way; the mirror placed the lead at 7.79 (bound [114.90,
+    # 122.70]), the device at 4 and then widened about it ([113.24, 121.04]): q's final answer at 36 missed s2's
+    # 113.83 (edge.core.predict: a lead is now placed from its report at the width in force, on both sides)
+    res = engine.simulation(schedule(163)).run()
+    assert all(x["finals"] > 20 for x in res["queries"].values()), res["queries"]
+    assert [(qid, x["final_violations"], x["final_revoked"], x["final_precision_misses"])
+            for qid, x in sorted(res["queries"].items()) if x["final_violations"] or x["final_revoked"]
+            or x["final_precision_misses"]] == [] and res["violations"] == 0

@@ -56,11 +56,11 @@ def test_a_constraint_the_device_skipped_is_never_stated():
 def test_count_in_range_answers_contain_the_truth_where_a_device_skipped_its_constraints(monkeypatch):
     skipped, report = [], BoundCache.report
 
-    def spy(self, key, epoch, t, v, line=None):
+    def spy(self, key, epoch, t, v, line=None, lead=0):
         s = self.sources[key]
         if s.unsure is not None and newer(epoch, s.unsure):
             skipped.append((key, epoch))
-        return report(self, key, epoch, t, v, line)
+        return report(self, key, epoch, t, v, line, lead)
 
     monkeypatch.setattr(BoundCache, "report", spy)
     # the first seed whose lossy network makes the scenario, which is rare (each change to what the network carries

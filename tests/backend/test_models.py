@@ -163,3 +163,72 @@ def test_sparse_or_dense_sampling_lines_are_accepted_or_constant_and_the_run_end
     assert r["violations"] == 0 and r["queries"]["tot"]["precision_misses"] == 0
     assert not [a for a in sim.host.alerts() if "gap" in a]
     assert ("line" in kinds) == years           # a yearly line is kept; a sub-ms gap stays constant
+
+
+def _trend(models, protocol, seed=5):
+    """Noisy drifts (each source's steps lean one way): where a lead (edge.core.predict) pays."""
+    return {"seed": seed, "duration": 1500, "protocol": protocol,
+            "sources": {"generator": "brownian", "count": 8, "per_device": 2, "start": [0, 50],
+                        "drift": [-0.4, 0.4], "volatility": [0.4, 0.8], "interval": 1},
+            "queries": [{"id": "avg", "kind": "avg", "sources": "all", "precision": 2},
+                        {"id": "hi", "kind": "max", "sources": ["s0", "s1", "s2"], "precision": 2}],
+            "params": {"models": models}}
+
+
+@pytest.mark.parametrize("protocol", ["deadband", "adaptive"])
+def test_leads_are_mirrored_exactly_and_every_answer_holds(protocol):
+    """Every report the bound cache applies leaves its mirror equal to the device's filter (no network delay:
+    the device has done nothing since), leads among them; the simulator's ground truth holds every answer;
+    the choice with leads sends fewer messages than without them."""
+    sim = engine.Simulation(_trend("choose", protocol))
+    cache, leads, checked = sim.coord.cache, [0], [0]
+    report = cache.report
+
+    def spy(key, epoch, t, v, line=None, lead=0):
+        report(key, epoch, t, v, line, lead)
+        dev, i = next((d, a.names.index(key)) for d, a in sim.agents.items() if key in a.names)
+        f, g = cache.sources[key].filt, sim.agents[dev].filters[i]
+        if not f.slope and f.width == g.width:
+            assert (f.center, f.lo, f.hi) == (g.center, g.lo, g.hi), (key, t, lead)
+            checked[0] += 1
+        leads[0] += lead != 0
+    cache.report = spy
+    r = sim.run()
+    assert r["violations"] == 0 and all(q["precision_misses"] == 0 for q in r["queries"].values())
+    assert leads[0] > 100 and checked[0] > 0.9 * r["messages"]["up"] - 100, (leads, checked, r["messages"])
+    base = engine.run(_trend("constant", protocol))
+    assert _total(r) < _total(base), (_total(r), _total(base))
+
+
+@pytest.mark.parametrize("sources, leads", [(["x"], True), (["x", "y"], False)])
+def test_a_source_of_a_min_or_max_over_several_sources_may_not_lead(sources, leads):
+    """Once a MIN/MAX over several sources reads one of a device's sources, a ``setup`` allows it no lead
+    (it would keep the source among the extreme's candidates); a MAX over its one source (the mixed workload's
+    one-source traces) leaves it the lead."""
+    from edge.core.predict import MOMENTUM
+    c = Coordinator(make("adaptive"), period=10.0, models=host.MODELS["choose"])
+    birth = codec.encode("birth", {"seq": 1, "t": 1000, "boot": 1, "fw": "new", "caps": CAP_MS | CAP_LINE, "first": 0,
+                                   "sources": [{"name": n, "epoch": 0, "width": 1.0, "v": 1.0} for n in ("x", "y")]})
+    first = c.handle_uplink(1.0, "d", birth) + c.handle_timer(2.0)
+    out = c.add_query({"id": "top", "kind": "max", "sources": sources, "precision": 2.0}, now=2.0)
+    setups = [[m for k, m in (codec.decode(a[2]) for a in o if a[0] == "down") if k == "setup"] for o in (first, out)]
+    assert setups[0] and setups[0][-1]["allow"] & MOMENTUM, setups      # before the query: leads allowed
+    assert bool(setups[1]) != leads and all(not m["allow"] & MOMENTUM for m in setups[1]), setups     # sent at once
+
+
+def test_a_superseded_lead_report_is_held_with_its_lead_band():
+    """A lead report that a newer one overtook (a skewed clock's hold in force) may still be the device's state
+    until the newer one's instant is known: the cache holds its band as the device placed it (past the value),
+    not a band centred on the value (``BoundCache.widen``)."""
+    from edge.core.predict import LineFilter
+    c = BoundCache()
+    c.add("x", "d", 0, 4.0, 0, value=10.0)
+    c.now = 5.0
+    c.hold("x", 6.0)                    # a report that may have happened as late as 6.0
+    c.report("x", 0, 5.0, 9.0)
+    c.widen("x", 12.0, 1)               # the device's lead report of 12.0 before it, arrived late
+    dev = LineFilter(4.0, (), 0)
+    dev.recenter(12.0)
+    dev.lead(1)
+    lo, hi = c.known("x")
+    assert dev.hi > 14.0 and lo <= dev.lo and dev.hi <= hi, ((lo, hi), (dev.lo, dev.hi))

@@ -168,9 +168,10 @@ class BoundCache:
                                 math.nextafter(math.nextafter(now + h, math.inf), math.inf))
         return f.known_over(math.floor(now + 1e-6) - g, math.ceil(now - 1e-6) + h)
 
-    def report(self, key, epoch, t, v, line=None):
+    def report(self, key, epoch, t, v, line=None, lead=0):
         """Apply a report (or probe reply) of value ``v`` stamped ``t`` under ``epoch``; ``line``:
-        (device time, slope, gap) of a line report."""
+        (device time, slope, gap) of a line report; ``lead``: the side (±1) a constant's centre moved to
+        (edge.core.predict ``LineFilter.lead``, each mirror at its own width, as its device would)."""
         s = self.sources[key]
         if epoch == s.unsure:               # the device holds the constraints of that epoch (a later one may
             s.unsure, s.skipped = None, False   # have reached it without them: issue #30)
@@ -181,6 +182,8 @@ class BoundCache:
         for f in [s.filt] + s.old if s.old else (s.filt,):
             if line is None:
                 f.recenter(v)
+                if lead:
+                    f.lead(lead)
             else:
                 f.line(line[0], v, line[1], line[2])
         s.due = None
@@ -237,12 +240,14 @@ class BoundCache:
             return
         s.tight = (max(until, t[0]) if t else until, min(lo, tight), max(hi, tight))
 
-    def widen(self, key, v):
+    def widen(self, key, v, lead=0):
         """A report of ``v`` that a newer one superseded arrived late: while that newer one's instant is
-        uncertain the value may still have been in ``v``'s band (its bound before did not know it)."""
+        uncertain the value may still have been in ``v``'s band (its bound before did not know it); ``lead``:
+        that report's (its band lies past ``v``: edge.core.predict ``LineFilter.lead``)."""
         s = self.sources[key]
         f = max([s.filt] + s.old, key=lambda g: g.width).copy()
         f.recenter(v)
+        f.lead(lead)
         lo, hi = f.known()
         if s.tight is not None and s.tight[0] > self.now:
             s.tight = (s.tight[0], min(s.tight[1], lo), max(s.tight[2], hi))

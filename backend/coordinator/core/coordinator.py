@@ -151,6 +151,7 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
             self.by_source.setdefault(s, {})[q.id] = None
         self._requeried(q, old)
         self.dirty[q.id] = None
+        self.restate_models()           # (before the query's controls: a lead the models no longer allow)
         try:
             self._changed(q, now, old)
         except QueryError:
@@ -176,6 +177,7 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
         self.beats.pop(qid, None)
         self.last.pop(qid, None)
         self.running.pop(qid, None)
+        self.restate_models()
         self._changed(q, now, old)
         if segments:
             self.segments.queries_changed(self, (q, old))

@@ -202,11 +202,11 @@ class Replay(Sequence):
         elif key not in c.sources:
             return
         elif op == "report":
-            epoch, v, line, hull, kind, tight = args
+            epoch, v, line, hull, kind, tight, lead = args
             if hull > t:        # (a guarded report: the hull of the bound before it and the value, as live)
                 c.hold(key, hull, v if tight else None)
                 self._push(key, hull, "release", ())
-            c.report(key, epoch, t, v, line)
+            c.report(key, epoch, t, v, line, lead)
             if s.lost is not None:
                 self._resume(key, s, n, hull)
             if kind not in ("reply", "rsegs") and s.mode == SEGMENT:

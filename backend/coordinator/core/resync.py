@@ -77,7 +77,7 @@ class Resync:
         ig = self.integrity
         if ig.superseded(device, m["boot"], m["src"], m["seq"]):
             if m["v"] != NO_VALUE:
-                self.cache.widen(key, m["v"])       # (the newer one's hold did not know its bound)
+                self.cache.widen(key, m["v"], m.get("lead", 0))     # (the newer one's hold did not know its bound)
                 self._touch(key)
             return False
         if ig.answered(device, key, m["epoch"]) | ("probe" in m and ig.answered(device, ("probe", key), m["probe"])):

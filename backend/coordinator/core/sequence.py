@@ -153,7 +153,7 @@ class Sequence:
         elif kind in ("report", "reply", "line", "rsegs") and m["src"] < len(d.keys) and m["v"] != NO_VALUE:
             line = (m["td"], m["slope"], m["gap"]) if kind == "line" and m["gap"] > 0 else None
             key = d.keys[m["src"]]
-            self._push(key, t, "report", (m["epoch"], m["v"], line, m.get("hull", t), kind, m.get("tight")))
+            self._push(key, t, "report", (m["epoch"], m["v"], line, m.get("hull", t), kind, m.get("tight"), m.get("lead", 0)))
             if kind not in ("reply", "rsegs") and key is not None:
                 self.src[key].taken = None
         if kind in ("segs", "rsegs"):      # (an rsegs report's segments after its report: edge.core.segment.ride)

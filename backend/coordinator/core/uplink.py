@@ -8,6 +8,7 @@ import heapq
 
 from edge.core.codec import NO_VALUE, CAP_F32, CAP_MS, CAP_LINE, CAP_METER, PLAIN
 from edge.core import codec
+from edge.core.predict import LEAD_DOWN, LEAD_UP
 from backend.coordinator.core.admission import BAD
 from backend.coordinator.core.resync import UP
 
@@ -88,7 +89,8 @@ class Uplink:
             m["why"] = codec.WHY_ASSIGN     # a report a control asked for, as protocols see it
         elif kind in ("report", "line", "rsegs"):
             m["guarded"] = bool(m["why"] & codec.GUARDED)      # (resync.py: the hull while its time is unsure)
-            m["why"] &= ~codec.GUARDED
+            m["lead"] = 1 if m["why"] & LEAD_UP else -1 if m["why"] & LEAD_DOWN else 0     # (edge.core.predict)
+            m["why"] &= ~(codec.GUARDED | LEAD_UP | LEAD_DOWN)
         ms = self.unit.get(device) == 1000
         td = m.get("o", m["t"])     # a line's origin in device units (a metered line carries its own: a SYNC's
         if ms:                      # acknowledgement takes a line begun earlier)
@@ -176,7 +178,7 @@ class Uplink:
             d["meter"] = bool(m["caps"] & CAP_METER)
             d["online"], d["gone"] = False, False
             self._set_online(device, True)
-            self.send_config(device)
+            self.send_config(device, [rec["name"] for rec in m["sources"]])
             self.integrity.links.born(device)
             if self.integrity.links.acking(device) or self.integrity.offsets.sigma > 0:    # (a reboot forgets it)
                 self._link(device)
@@ -216,6 +218,7 @@ class Uplink:
                 self.protocol.resync(self, key, want)
                 self.segments.resync(self, key)
             self._touch(key)
+        self.restate(device)        # (a birth in parts: its config knew the first part's sources only)
 
     def _apply(self, device, kind, m):
         if kind in codec.SCHEMAS:       # an uplink (not an event queued here): the final mirror's too
@@ -253,7 +256,7 @@ class Uplink:
                 self.segments.reported(self, key, m["t"])
             if m["v"] != NO_VALUE:
                 line = (m["td"], m["slope"], m["gap"]) if kind == "line" and m["gap"] > 0 else None
-                self.cache.report(key, m["epoch"], m["t"], m["v"], line)
+                self.cache.report(key, m["epoch"], m["t"], m["v"], line, m.get("lead", 0))
                 self.models.observe(key, m["t"], m["v"])
                 self._touch(key)
             self.protocol.reported(self, key, m)

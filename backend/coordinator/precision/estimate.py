@@ -23,6 +23,10 @@ only when a measured saving pays for the messages:
   behave alike. Once a source's reported changes show a common step q (and not only one multiple of it),
   its width counts as the midpoint 2q(k + ½) of the k whole steps it admits, and targets are placed there,
   the leftover slack buying one more step where that saves the most.
+- **Leads.** While a lead's bound is in force (edge.core.predict: its edges lie W/16 and 15W/16 from the
+  report) the source is not measured: no exposure, no exits, no change for the lattice, for neither the
+  rate model, the forced exits' half-width nor the lattice's cells describe it (on a binary walk its exits
+  lie 1 and 4 steps away, which proved a lattice the centred widths do not have: issue #29).
 - **Reallocation** every ``every`` reports of the group (default: as many as queried sources, so the
   adjustment interval follows the report rate whether readings come every millisecond or every day):
   the widths minimising Σ C_i·v_i·W_i^(−α) under the query rows (App. F, solved by dual multiplicative
@@ -167,11 +171,12 @@ class Estimated(Guard, Adaptive):
         if meter:
             st = self._source(coord, key)
             st.accrue(t)
-            if m["why"] == codec.WHY_EXIT and not silent:
+            if m["why"] == codec.WHY_EXIT and not silent and not st.led:
                 st.exited(v, st.eff(st.w), dk == 1, self.decay, self.memory)
             st.w = self._width(s)
             if v is not None and not silent:
                 st.observe(v)
+            st.led = bool(s.filt.led)
         if m["why"] == codec.WHY_ASSIGN and key in self.narrowing and not s.old:
             self.narrowing.discard(key)
             if not self.narrowing:

@@ -24,19 +24,22 @@ def _fgcd(a, b, tol):
 class Source:
     """Decayed exit count, exposures per α and Σ log W of one source (exposure accrued up to ``t``),
     and the quantum of its values: readings on a lattice of step q only ever exit whole quanta away."""
-    __slots__ = ("n", "n2", "e", "lw", "t", "w", "q", "changes", "last", "dmin", "dmax", "sat", "jumps", "fresh", "mt")
+    __slots__ = ("n", "n2", "e", "lw", "t", "w", "q", "changes", "last", "dmin", "dmax", "sat", "jumps", "fresh", "mt",
+                 "led")
 
     def __init__(self, t, w):
         self.n, self.n2, self.lw, self.t, self.w = 0.0, 0.0, 0.0, t, w
         self.sat = 0.0                  # decayed count of exits at the next reading after a report
         self.jumps = []                 # the changes those exits reported (newest last, at most ``memory``)
         self.fresh, self.mt = 0, None   # exits since this rule last moved the width, and when it did
+        self.led = False                # the bound in force is a lead's (not measured: ``accrue``)
         self.e = [0.0] * len(ALPHAS)
         self.q, self.changes, self.last, self.dmin, self.dmax = 0.0, 0, None, INF, 0.0
 
     def observe(self, v):
-        """Refine the quantum from one reported value (0 once the values have no common step)."""
-        if self.last is not None and v != self.last and (self.changes == 0 or self.q > 0):
+        """Refine the quantum from one reported value (0 once the values have no common step; a change out of
+        a lead's bound is not counted, ``accrue``)."""
+        if self.last is not None and v != self.last and not self.led and (self.changes == 0 or self.q > 0):
             d = abs(v - self.last)
             self.dmin, self.dmax = min(self.dmin, d), max(self.dmax, d)
             tol = 1e-9 * max(abs(v), abs(self.last), d)
@@ -85,8 +88,11 @@ class Source:
         return weight * e ** -alpha * ((1.0 - forced) * (1.0 - (e / e1) ** alpha) + forced * (1.0 - kept))
 
     def accrue(self, t):
+        """Exposure up to ``t``. None while a lead's bound is in force (edge.core.predict): its edges lie W/16
+        and 15W/16 from the report, so its exits follow neither the centred rate model, nor the forced
+        exits' half-width, nor the lattice's centred cells; its exits are not counted either (``led``)."""
         w = self.eff(self.w)
-        if self.t > -INF and t > self.t and 0 < w < INF:
+        if self.t > -INF and t > self.t and 0 < w < INF and not self.led:
             dt = t - self.t
             for a, alpha in enumerate(ALPHAS):
                 self.e[a] += dt * w ** -alpha
