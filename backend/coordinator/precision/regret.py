@@ -5,9 +5,9 @@ Every metered device (edge.core.meter) runs, per source, the filter plain deadba
 the same readings, counts the reports it would have sent, and puts that count and its reading count in every
 report. A device whose model chooser departs from deadband's filter on a source the backend did not move
 guards that itself (``edge.core.meter.OWE`` reports beyond deadband's per source at most, summed since its
-meter began): the ledger sees its reports and counts like any other's, and grants each source whose
-reports show a departure (a line or a lead from a source not moved: ``departed``) that much beside the loan,
-so what departures lose is never taken from the moves' loan (``moved``: real − deadband less those grants).
+meter began): the ledger sees its reports and counts like any other's, so the guard below sees what they
+lose (it may leave the moves less of the loan) but cannot stop it: the promise is the loan plus ``OWE`` per
+source whose device departed.
 The ``Ledger`` of a query group adds up, in messages weighted by the sources' costs:
 
 - ``real``: what the adaptive rule really sends: its reports and its controls (the births, configs and
@@ -42,7 +42,6 @@ import math
 
 from edge.core import codec
 from edge.core.codec import WHY_ASSIGN, WHY_SYNC
-from edge.core.meter import OWE
 from backend.coordinator.core.protocol import range_constraints
 from backend.coordinator.precision import deadband
 from backend.coordinator.precision.rows import INF, _ROUNDING
@@ -51,7 +50,7 @@ _M16 = 0xFFFF
 
 
 class Ledger:
-    __slots__ = ("real", "dead", "counts", "off", "told", "acks", "reserve", "flow", "rebase", "departed", "granted")
+    __slots__ = ("real", "dead", "counts", "off", "told", "acks", "reserve", "flow", "rebase")
 
     def __init__(self):
         self.real = 0.0         # messages the rule really cost
@@ -63,16 +62,10 @@ class Ledger:
         self.reserve = 0.0      # what syncing every ``off`` source costs, plus the acknowledgements to come
         self.flow = {}          # key -> [readings, seconds, time of the latest report], decayed
         self.rebase = set()     # keys back from outside the ledger: their next report restarts their count
-        self.departed = set()   # keys whose device's model choice departed since their meter began
-        self.granted = 0.0      # what those departures may lose (edge.core.meter.OWE each, in their costs)
 
     def gap(self):
         """real − deadband so far."""
         return self.real - self.dead
-
-    def moved(self):
-        """real − deadband less what departures were granted: what the moves (and cuts) may have lost."""
-        return self.real - self.dead - self.granted
 
     def report(self, key, m, boot, cost, decay):
         """A metered report ``m`` of ``key`` from a device of ``boot``: the readings since the source's
@@ -86,12 +79,7 @@ class Ledger:
             last, fresh = None, True
         else:
             self.dead += cost * (m["n"] if fresh else (m["n"] - last[0]) & _M16)
-        if last is not None and last[2] != boot:
-            self.departed.discard(key)      # (a reboot: a new meter, its departures guarded afresh)
         self.counts[key] = (m["n"], m["k"], boot)
-        if (m.get("slope") or m.get("lead")) and key not in self.off and key not in self.departed:
-            self.departed.add(key)
-            self.granted += OWE * cost
         if (m["why"] == WHY_SYNC or m["why"] == WHY_ASSIGN) and key in self.acks:
             self.reserve -= self.acks.pop(key)
         if fresh:
@@ -207,7 +195,7 @@ class Guard:
         """real − deadband after ``msgs`` more messages, plus what syncing every moved source (``new``
         more of them) costs and the reports a moved source may have in flight within a round trip (2λ)."""
         led = self.ledger
-        out = led.moved() + msgs + led.reserve + 2.0 * self.cmax * new
+        out = led.gap() + msgs + led.reserve + 2.0 * self.cmax * new
         lam = coord.tolerance
         if lam > 0:
             rate = [(c, led.rate(k)) for k, c in list(led.off.items()) + list(led.acks.items())]
@@ -222,7 +210,7 @@ class Guard:
         their syncs (7 messages)."""
         loan = self._hard()
         room = loan - self.cmax if cut else max(loan / 2, min(loan - self.cmax, 7 * self.cmax))
-        return (self.ceiling is not None and self.ledger.moved() + msgs <= self.ceiling
+        return (self.ceiling is not None and self.ledger.gap() + msgs <= self.ceiling
                 and self._exposed(coord, msgs, new) <= room)
 
     def _install(self, coord, key, width, forced=False):
@@ -333,7 +321,7 @@ class Guard:
         if self.ceiling is None and t >= self.until and not self.later:
             src = coord.cache.sources
             if not any(src[k].online for k in self.ledger.acks):
-                self.ceiling = self.ledger.moved() + self.loan
+                self.ceiling = self.ledger.gap() + self.loan
         return self.ceiling is not None
 
     def _guard(self, coord, t):
@@ -342,7 +330,7 @@ class Guard:
         if self.ceiling is None:
             return
         led = self.ledger
-        x = led.moved()
+        x = led.gap()
         if x > self.ceiling or led.off and self._exposed(coord) > self._hard() - self.cmax:
             self._revert(coord, t, True)
         else:
