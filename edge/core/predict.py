@@ -202,13 +202,6 @@ class Chooser:
         self.cost = [0, 0, 0, 0]    # shadow reports of the constant, the linear model in the window; of the
         #                             lead, the constant in the lead's window
 
-    def copy(self):
-        """An independent copy (edge.core.meter forks one for deadband's shadow)."""
-        c = Chooser(None, self.unit)
-        c.last, c.prev, c.value, c.cost = self.last, self.prev, self.value, list(self.cost)
-        c.shadows = tuple([g.copy() for g in self.shadows])
-        return c
-
     def gap(self):
         """The gap bound a line started now would carry (0: no interval observed yet, or a gap outside
         ``GAPS``, which the backend would drop, so the source's reports are constants)."""

@@ -262,7 +262,7 @@ def test_a_line_gap_is_one_the_backend_accepts_else_the_source_stays_constant():
             d = c.last - c.prev
             g = d + d // 2 if unit == 1000 else d * 1.5
             ok = GAPS[0] * unit <= g <= GAPS[1] * unit
-            assert c.gap() == (g if ok else 0) and c.copy().gap() == c.gap(), (unit, dt)
+            assert c.gap() == (g if ok else 0), (unit, dt)
             assert ok == (dt not in (266666666668, 0.0006, 2.7e8))     # both sides of each bound
 
 
