@@ -124,8 +124,9 @@ def test_a_monthly_device_gets_the_longest_heartbeat():
 
 def test_a_device_serving_lag_queries_alone_waits_up_to_its_lag_and_its_finals_hold():
     # monthly readings, a lag of 400 days: a device whose sources serve the lag query alone may stay silent
-    # up to D (its finals are due no sooner; the config says it in whole seconds past 24.8 days), one a
-    # real-time query reads keeps B <= 48.5 days; when a real-time query comes to the first, so does its B
+    # up to D (its finals are due no sooner; the config says it in whole seconds past 24.8 days), told at its
+    # first mark; one a real-time query reads keeps B <= 48.5 days; when a real-time query comes to the first,
+    # so does its B
     from backend.coordinator.core.heartbeat import MOST
     from backend.sim import engine
     from edge.core import codec
@@ -154,6 +155,8 @@ def test_a_device_serving_lag_queries_alone_waits_up_to_its_lag_and_its_finals_h
     d = 400 * day - sim.coord.latency
     before = [b for t, b in lagged if t < 30 * 365 * day]
     assert MOST < max(before) <= d and max(b for t, b in live) <= MOST
+    # no ramp: its first mark (silent a whole B) takes it to D at once, where x4 per mark took 10 marks and configs
+    assert len(before) == 2 and d / 2 < before[1] <= d and lagged[1][0] - marks["d0"][0] < 1.0
     assert lagged[-1][1] <= MOST and lagged[-1][0] >= 30 * 365 * day      # told a B within the cap again
     # d0 sends marks at most every B it was told (the ground truth of its own log), never every 48.5 days
     quiet = [t for t in marks.get("d0", ()) if t < 30 * 365 * day]
