@@ -166,11 +166,12 @@ class Host:
         self._declared = frozenset(self.coord.declared)
         self._seen = self._extra = 0     # births counted by _everyone, and how many were not declared
 
-    # -- inputs ---------------------------------------------------------------------------------
     def record(self, now, name, channel, payload, retained=False):
-        """One broker message or spool record: ``channel`` is ``up``/``state`` (``name`` a device), ``ctl`` (a downlink to device ``name``: echo mode), ``spec`` (``name`` a query id), or one of the spool's
-        own records: ``tick`` (time only), ``link`` (``lost``/``restored``: the bridge's broker link), ``inc`` (a new backend run, its incarnation in decimal), ``sent`` (the controls made so far leave
-        now: echo mode), ``adopt`` (``name`` a device another group's Host owned until query groups merged); anything else is counted and ignored."""
+        """One broker message or spool record: ``channel`` is ``up``/``state`` (``name`` a device), ``ctl``
+        (a downlink to device ``name``: echo mode), ``spec`` (``name`` a query id), or a spool record: ``tick``
+        (time only), ``link`` (``lost``/``restored``: the bridge's broker link), ``inc`` (a new backend run, its
+        incarnation in decimal), ``sent`` (the controls made so far leave now: echo mode), ``adopt`` (``name`` a
+        device another group's Host owned until query groups merged); anything else is counted and ignored."""
         self.records += 1
         if (channel == "up" or channel == "state") and name:
             return self.uplink(now, name, payload, retained)
@@ -245,7 +246,6 @@ class Host:
             self.now = now
         return self.now
 
-    # -- query specs ----------------------------------------------------------------------------
     def event_time(self, now):
         """When a query change takes effect: ``now - λ``, never before the coordinator's clock nor
         before its time origin ``t0`` (a query registered with the first record holds from t0)."""
