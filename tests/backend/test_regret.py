@@ -121,8 +121,8 @@ def test_query_changes_and_devices_that_do_not_meter(tmp_path, monkeypatch):
     agent = engine.Agent
     monkeypatch.setattr(engine, "Agent", lambda device, sources, **kw: agent(
         device, sources, meter=int(device[1:]) % 2 == 0, **kw))
-    ours, dead, p = _check(spec, {"models": "constant"})   # (a device that does not meter cannot guard its
-    assert p.stats["moves"] > 0 and p.stats["syncs"] > 0    # own model choice: constant models, as deadband's)
+    ours, dead, p = _check(spec)        # (default models: a device that does not meter cannot guard its own
+    assert p.stats["moves"] > 0 and p.stats["syncs"] > 0    # model choice, so it is told constant, deadband's)
     plain = lambda run: sorted(m for m in run if int(m[2][1:]) % 2)
     assert plain(ours) == plain(dead)          # to the instant, up and down
 

@@ -11,7 +11,7 @@ import math
 from edge.core.codec import newer
 from edge.core import codec
 from backend.coordinator.core.integrity import FILTER, RETRY
-from edge.core.predict import MOMENTUM
+from edge.core.predict import CONSTANT, MOMENTUM
 
 
 class Downlink:
@@ -159,7 +159,10 @@ class Downlink:
         self.send(device, "setup" if "allow" in fields else "config", fields)
 
     def allowed(self, device, keys=None):
-        """The filter models ``device`` may use now: ``allow``, without the lead where ``extreme``."""
+        """The filter models ``device`` may use now: ``allow``, without the lead where ``extreme``, constant
+        alone where it may choose among them and the protocol does not let it (``Protocol.may_choose``)."""
+        if self.allow & CONSTANT and self.allow != CONSTANT and not self.protocol.may_choose(self, device):
+            return CONSTANT
         return self.allow & ~MOMENTUM if self.allow & MOMENTUM and self.extreme(device, keys) else self.allow
 
     def restate(self, device):

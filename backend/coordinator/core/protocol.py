@@ -30,6 +30,11 @@ class Protocol:
     marks = True                       # devices send heartbeat marks by default (core/heartbeat.py); a protocol
                                        # that asks for every value finds a silent device by its probe's timeout
 
+    def may_choose(self, coord, device):
+        """Whether ``device`` may choose among its filter models (edge.core.predict): yes, unless the protocol
+        guards against regret and cannot weigh that device's choice (``precision.regret.Guard``)."""
+        return True
+
     def source_added(self, coord, key):
         self.apply(coord, key)
 

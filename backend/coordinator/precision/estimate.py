@@ -55,8 +55,9 @@ only when a measured saving pays for the messages:
   repaid the loan, the rule never falls behind deadband); past it every source is synced for a back-off
   that doubles each time, and each later try may lose half as much as the one before. A query change
   syncs the moved sources whose deadband filter changed. Sources whose devices do not meter (a micro:bit
-  behind its gateway, older firmware) keep deadband's filter; so does a source in segment mode, outside
-  the ledger (``regret.Guard._metered``), but for MIN/MAX cuts where they pay (``extremes.Ledger``).
+  behind its gateway, older firmware) keep deadband's filter and constant models (``Guard.may_choose``); so
+  does a source in segment mode, outside the ledger (``regret.Guard._metered``), but for MIN/MAX cuts where
+  they pay (``extremes.Ledger``).
 
 Idle coordinator ticks change nothing here (``quiet``), so the coordinator skips them.
 """

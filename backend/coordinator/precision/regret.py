@@ -149,6 +149,11 @@ class Guard:
     def _uniform(self, coord, key):
         return self._home(coord, key)[0]
 
+    def may_choose(self, coord, device):
+        """Only a metering device guards its own model choice (edge.core.meter's departures); one that does not
+        (older firmware) keeps constant models, deadband's, where its choice could lose unseen."""
+        return self.rate is not None or coord.devices[device].get("meter", False)
+
     def _meters(self, coord, key):
         """Whether ``key``'s device meters plain deadband (edge.core.meter): its controls say when they are
         deadband's (METER)."""
