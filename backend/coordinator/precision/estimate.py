@@ -22,10 +22,7 @@ only when a measured saving pays for the messages:
 - **Lattices.** Real readings are quantised (0.1 °C): a width admits only whole steps, so 0.91 and 0.99
   behave alike. Once a source's reported changes show a common step q (and not only one multiple of it),
   its width counts as the midpoint 2q(k + ½) of the k whole steps it admits, and targets are placed there,
-  or at the width wanted where that lies below the midpoint and a quarter step past the cell's edge (it admits
-  as many steps, and the budget is not left unused: the cell below lets fewer), the leftover slack buying one
-  more step where that saves the most; a narrowing within its cell is a candidate at no report saved or lost
-  (it frees room for a widening at the price of its messages).
+  the leftover slack buying one more step where that saves the most.
 - **Leads.** While a lead's bound is in force (edge.core.predict: its edges lie W/16 and 15W/16 from the
   report) the source is not measured: no exposure, no exits, no change for the lattice, for neither the
   rate model, the forced exits' half-width nor the lattice's cells describe it (on a binary walk its exits
@@ -254,10 +251,9 @@ class Estimated(Guard, Adaptive):
             s, st = src[k], self.src[k]
             w, w1 = self._width(s), want[k]
             e, e1 = st.eff(w), st.eff(w1)
-            free = e1 == e and w1 * band < w     # a narrowing within its lattice cell: room at no report
-            if (not s.online or st.n + st.e[a] * mean < _EVIDENCE or (e1 == e and not free)
+            if (not s.online or st.n + st.e[a] * mean < _EVIDENCE or e1 == e
                     or (st.mt is not None and st.fresh + (t - st.mt) * mean * (e ** -alpha if e > 0 else INF) < _EVIDENCE)
-                    or (e1 < e * band and e < e1 * band and not free)):
+                    or (e1 < e * band and e < e1 * band)):
                 continue
             saving = st.saving(weight[k], alpha, e, e1, w1 > w and w1 / 2)
             if w1 > w and saving <= 0:
@@ -343,13 +339,10 @@ class Estimated(Guard, Adaptive):
             q = st.quantum() if st is not None else 0.0
             if not q or not w < INF or w < q:
                 continue
-            n = math.floor(w / (2.0 * q) + 1e-6)       # the whole quanta w admits (as ``eff``); their cell's midpoint:
-            mid = 2.0 * q * (n + 0.5)
-            if w < mid and w < 2.0 * q * n + 0.5 * q:
-                n, mid = n - 1, mid - 2.0 * q          # (too near the cell's edge: the cell below)
-            snapped[k] = min(w, mid)                    # (w itself within the cell: no budget left unused)
-            hi = mid + 2.0 * q
-            bump.append((weight[k] * (mid ** -alpha - hi ** -alpha) / (2.0 * q * math.fsum(c for _, c in rows.of[k])), k, hi))
+            lo = 2.0 * q * (math.floor(w / (2.0 * q) - 0.5 + 1e-9) + 0.5)
+            hi = lo + 2.0 * q
+            snapped[k] = lo
+            bump.append((weight[k] * (lo ** -alpha - hi ** -alpha) / (2.0 * q * math.fsum(c for _, c in rows.of[k])), k, hi))
         slack = [b - u for b, u in zip(rows.budget, rows.used(snapped))]
         for _, k, hi in sorted(bump, key=lambda x: (-x[0], x[1])):
             dw = hi - snapped[k]
