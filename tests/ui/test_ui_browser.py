@@ -43,9 +43,11 @@ def chromium(tmp_path):
 
 
 def wait(driver, pred, timeout, what):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
-    try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: pred(d))
+    try:        # (a re-render may replace an element between finding and reading it: poll again)
+        return WebDriverWait(driver, timeout, poll_frequency=0.1,
+                             ignored_exceptions=(StaleElementReferenceException,)).until(lambda d: pred(d))
     except Exception as e:
         raise AssertionError("page: %s not seen within %.0fs (%s)" % (what, timeout, type(e).__name__))
 
