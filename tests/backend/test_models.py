@@ -207,8 +207,9 @@ def test_a_source_of_a_min_or_max_over_several_sources_may_not_lead(sources, lea
     one-source traces) leaves it the lead."""
     from edge.core.predict import MOMENTUM
     c = Coordinator(make("adaptive"), period=10.0, models=host.MODELS["choose"])
-    birth = codec.encode("birth", {"seq": 1, "t": 1000, "boot": 1, "fw": "new", "caps": CAP_MS | CAP_LINE | codec.CAP_METER,
-                                   "first": 0, "sources": [{"name": n, "epoch": 0, "width": 1.0, "v": 1.0} for n in ("x", "y")]})
+    caps = CAP_MS | CAP_LINE | codec.CAP_METER
+    birth = codec.encode("birth", {"seq": 1, "t": 1000, "boot": 1, "fw": "new", "caps": caps, "first": 0,
+                                   "sources": [{"name": n, "epoch": 0, "width": 1.0, "v": 1.0} for n in ("x", "y")]})
     first = c.handle_uplink(1.0, "d", birth) + c.handle_timer(2.0)
     out = c.add_query({"id": "top", "kind": "max", "sources": sources, "precision": 2.0}, now=2.0)
     setups = [[m for k, m in (codec.decode(a[2]) for a in o if a[0] == "down") if k == "setup"] for o in (first, out)]
@@ -216,16 +217,13 @@ def test_a_source_of_a_min_or_max_over_several_sources_may_not_lead(sources, lea
     assert bool(setups[1]) != leads and all(not m["allow"] & MOMENTUM for m in setups[1]), setups     # sent at once
 
 
-@pytest.mark.parametrize("protocol, caps, allow", [("adaptive", codec.CAP_METER, 7), ("adaptive", 0, 1), ("deadband", 0, 7)])
+@pytest.mark.parametrize("protocol, caps, allow",
+                         [("adaptive", codec.CAP_METER, 7), ("adaptive", 0, 1), ("deadband", 0, 7)])
 def test_a_device_that_cannot_guard_its_model_choice_is_told_constant_models(protocol, caps, allow):
     """Under the default adaptive rule (a no-regret guard) a device whose birth says no CAP_METER (older firmware)
     may not choose among models: its choice could lose to deadband unseen; the deadband protocol has no guard."""
-    c = Coordinator(make(protocol), period=10.0, models=host.MODELS["choose"])
-    birth = codec.encode("birth", {"seq": 1, "t": 1000, "boot": 1, "fw": "old", "caps": CAP_MS | CAP_LINE | caps,
-                                   "first": 0, "sources": [{"name": "x", "epoch": 0, "width": 1.0, "v": 1.0}]})
-    out = c.handle_uplink(1.0, "d", birth) + c.handle_timer(2.0)
-    setups = [m for k, m in (codec.decode(a[2]) for a in out if a[0] == "down") if k == "setup"]
-    assert host.MODELS["choose"] == 7 and [m["allow"] for m in setups] == [allow]
+    told = _birth(CAP_MS | CAP_LINE | caps, Coordinator(make(protocol), period=10.0, models=host.MODELS["choose"]))
+    assert host.MODELS["choose"] == 7 and [(k, m["allow"]) for k, m in told] == [("setup", allow)]
 
 
 def test_a_superseded_lead_report_is_held_with_its_lead_band():

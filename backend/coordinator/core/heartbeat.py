@@ -58,8 +58,7 @@ class Heartbeats:
         self.lossy = None               # when a gap was first seen on any link (ack mode for every device)
         # device -> [B told, B waited, arrivals, ack mode since or None, B told when, rto told, rto waited, rtts]
         self.dev = {}
-        self.cap = {}                   # device -> its cap on B when not MOST (``ceiling``)
-        self.lag = {}                   # device -> its shortest D, when its sources serve lag queries alone
+        self.lag = {}       # device -> its shortest D, when its sources serve lag queries alone (``ceiling``)
         self.stats = {"acked": 0, "links": 0, "beats": 0}
 
     def first(self):
@@ -98,10 +97,10 @@ class Heartbeats:
         if not self.auto or n < 1:
             return was, False
         mean = (now - ring[0]) / n
-        cap = self.cap.get(device, MOST)
+        lag = self.lag.get(device)
+        cap = MOST if lag is None or lag <= MOST else min(lag, LONGEST)
         top = _pow2(cap, cap)
         raw, most = min(max(AUTO * mean, FLOOR * self.latency, LEAST), cap), cap
-        lag = self.lag.get(device)
         if not numbered and lag is not None and raw < lag:
             raw = most = min(lag, cap)      # (a lag-only device's mark: B to its D at once, not ×4 per mark)
         if raw > 2 * d[0] or raw >= top > d[0] or d[0] > top or (4 * raw < d[0] and self.lossy is not None):
@@ -120,10 +119,6 @@ class Heartbeats:
             self.lag.pop(device, None)
         else:
             self.lag[device] = d
-        if d is None or d <= MOST:
-            self.cap.pop(device, None)
-        else:
-            self.cap[device] = min(d, LONGEST)
 
     # -- ack mode ----------------------------------------------------------------------------
     def acking(self, device):
