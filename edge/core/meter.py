@@ -40,6 +40,11 @@ MOST = 1 << 14      # twice as many after each such report (up to this: far from
 OWE = 2             # reports a source's departures may send beyond its shadow's, summed since the meter began
 
 
+def modelled(f):
+    """Whether filter ``f`` is off deadband's constant (a line's slope or a lead's offset)."""
+    return getattr(f, "slope", 0.0) or getattr(f, "led", 0)
+
+
 class Meter:
     def __init__(self, n):
         self.shadows = [None] * n       # per source: None (a twin), or deadband's constant filter
@@ -58,7 +63,7 @@ class Meter:
         """Source ``i``'s real filter is about to leave deadband's (``departed``: by its own model choice): a
         shadow carries on from here (constant at its latest report, should the real filter be a model)."""
         g = agent.filters[i].copy()
-        if getattr(g, "slope", 0.0) or getattr(g, "led", 0):
+        if modelled(g):
             g.recenter(g.v0)
         self.shadows[i] = g
         self.every[i] = EVERY
@@ -154,7 +159,7 @@ def control(agent, now, i, kind, m):
     if mt is None:
         mt = agent.meter = Meter(len(agent.filters))
         for j, f in enumerate(agent.filters):       # (a model taken before the meter began: a departure)
-            if getattr(f, "slope", 0.0) or getattr(f, "led", 0):
+            if modelled(f):
                 mt.fork(agent, j, True)
     flags = m["ack"]
     f = agent.filters[i]
