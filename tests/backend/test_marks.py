@@ -163,3 +163,66 @@ def test_a_device_serving_lag_queries_alone_waits_up_to_its_lag_and_its_finals_h
     assert len(quiet) < 30 * 365 * day / (2 * MOST)
     finals = [a for a in sim.answers if a.get("final") and a["query"] == "lag"]
     assert finals and finals[-1]["time"] > 30 * 365 * day
+
+
+def test_a_device_no_query_reads_waits_for_ever_and_a_query_brings_its_b_down_at_once():
+    # idle, its first mark takes B to the longest a config carries; a query's control acknowledged, B falls
+    # within the cap and is waited at once: a device that says nothing more (dead, or its config lost) is
+    # found silent within the new B, where waiting the old one until it surely had the config took 34 years
+    from backend.coordinator.core.heartbeat import LONGEST, MOST
+    def idle():
+        i = ig(latency=0.5)
+        i.capped("d", math.inf, 0.0)
+        i.accept(0.0, "d", 1, 1, 0.0, birth=True)
+        i.accept(32.0, "d", 1, 1, 32.0, mark=True)
+        assert i.news["beat"] == ["d"] and i.links.told("d") == i.links.beat("d") == LONGEST
+        i.news["beat"] = []
+        assert i.capped("d", None, 1000.0) == LONGEST       # a lag-free query reads it now: waited at once
+        assert i.links.beat("d") == MOST and i.due(1e6) == ([], [], [])
+        return i
+    i = idle()
+    i.accept(1000.5, "d", 1, 2, 1000.5)                     # its reply to the query's control
+    b = i.links.told("d")
+    assert i.news["beat"] == ["d"] and b <= MOST and i.links.beat("d") == b
+    assert i.due(1000.5 + b) == ([], [], [])
+    new, ask, _ = i.due(1000.5 + b + 0.5 + i.margin + 1e-6)
+    assert new == [("d", "silent", 1000.5)] and ask == ["d"]
+    i = idle()                                              # gone before the query came: no reply ever
+    assert i.due(1000.0 + MOST) == ([], [], [])
+    new, ask, _ = i.due(1000.0 + MOST + 0.5 + i.margin + 1e-6)
+    assert new == [("d", "silent", 32.0)] and ask == ["d"]
+
+
+def test_devices_no_query_reads_stay_quiet_and_one_a_query_comes_to_is_watched_at_its_new_b():
+    # 40 years of monthly readings, a real-time MAX over s0; s1 and s2 are read by no query and s3 only from
+    # year 30: the idle devices' marks (the run's own log) are a handful in 40 years where the 48.5-day cap
+    # made one every 48.5 days (~300 each); s3's answers never state a withdrawal bound past the cap's
+    from backend.coordinator.core.heartbeat import MOST
+    from backend.sim import engine
+    from edge.core import codec
+    day, year = 86400.0, 365 * 86400.0
+    w = {"seed": 4, "duration": 40 * year, "protocol": "deadband",
+         "sources": {"generator": "random_walk", "count": 4, "per_device": 1, "start": [90, 110], "step": [0.1, 2.0],
+                     "interval": 30 * day},
+         "queries": [{"id": "now", "kind": "max", "sources": ["s0"], "precision": 4.0}],
+         "events": [{"time": 30 * year, "add_query": {"id": "late", "kind": "sum", "sources": ["s3"], "precision": 4.0}}]}
+    sim = engine.Simulation(w)
+    marks, told, send = {}, {}, sim.send
+
+    def record(now, hop, end, payload, link=None):
+        kind, m = codec.decode(payload)
+        if kind == "mark":
+            marks.setdefault(end, []).append(now)
+        if kind in ("config", "setup"):
+            told.setdefault(end, []).append((now, codec.beat_ms(m["beat"]) / 1000))
+        return send(now, hop, end, payload, link)
+    sim.send = record
+    r = sim.run()
+    assert r["violations"] == 0
+    assert len(marks.get("d1", ())) <= 3 and len(marks.get("d2", ())) <= 3, marks
+    assert len(marks["d0"]) > 40 * year / (2 * MOST)                  # the queried one keeps its cap
+    after = [(t, b) for t, b in told["d3"] if t >= 30 * year]
+    assert after and after[0][0] - 30 * year < 1.0 and after[0][1] <= MOST     # told with its reply to the query
+    bound = sim.coord.integrity.links.bound(MOST)
+    late = [a for a in sim.answers if a["query"] == "late" and not a.get("final")]
+    assert late and all(a["withdraw_within"] <= bound for a in late), [(a["time"], a["lo"], a["withdraw_within"]) for a in late if a["withdraw_within"] > bound]

@@ -5,11 +5,13 @@
   default B is per device, ``AUTO`` × the mean interval between the instants it was heard sending numbered
   uplinks (uplinks less than ``DISTINCT`` apart are one instant; the current silence included), at least
   max(10·λ, LEAST) and at most 48.5 days (a device whose queried sources all serve lag queries alone, in
-  segment mode, at most its shortest D: its final answers are due no sooner), rounded to a power of 2 s; the device is told (in its ``config``)
+  segment mode, at most its shortest D: its final answers are due no sooner; one no query reads, 34 years:
+  nothing over it is due), rounded to a power of 2 s; the device is told (in its ``config``)
   when that is more than twice its B (it has been quiet: fewer marks) or, once the network has shown a
   gap, less than a quarter of it (it talks: a loss is found sooner; on a clean network not worth a
   downlink), so a talking device never sends a mark and a quiet one sends few. Until a smaller B has surely reached the device (λ after its next uplink heard past
-  the old B), the watchdog waits the old one. A mark from a device whose sources serve lag queries alone
+  the old B), the watchdog waits the old one; but a B above a cap that fell (a lag-free query came to the
+  device, ``ceiling``) is waited within the cap at once. A mark from a device whose sources serve lag queries alone
   takes its B to its shortest D at once (the power of 2 at most D, within the cap): silent for a whole B, it
   has nothing due sooner, and ×4 per mark cost each such device of ozone-grid's mixed workload 10 marks and
   10 configs on its way to D. A number given as the setting fixes B for every device; 0 turns marks and the
@@ -31,6 +33,8 @@
 device's sources can stand before it is withdrawn (a loss unseen for B, found by the mark or the watchdog,
 and the wait for a resend that never comes).
 """
+import math
+
 AUTO = 4.0              # B = AUTO × mean interval between uplinks
 FLOOR = 10.0            # ... at least FLOOR·λ
 LEAST = 4.0             # ... and at least this (s)
@@ -98,27 +102,46 @@ class Heartbeats:
             return was, False
         mean = (now - ring[0]) / n
         lag = self.lag.get(device)
-        cap = MOST if lag is None or lag <= MOST else min(lag, LONGEST)
+        cap = self._cap(device)
         top = _pow2(cap, cap)
         raw, most = min(max(AUTO * mean, FLOOR * self.latency, LEAST), cap), cap
         if not numbered and lag is not None and raw < lag:
             raw = most = min(lag, cap)      # (a lag-only device's mark: B to its D at once, not ×4 per mark)
         if raw > 2 * d[0] or raw >= top > d[0] or d[0] > top or (4 * raw < d[0] and self.lossy is not None):
+            fell = d[0] > top               # (its cap fell: waited at once, see ``ceiling``)
             b = d[0] = _pow2(raw, most)     # (B: a power of 2)
             d[4] = now
-            d[1] = max(d[1], b)
+            d[1] = b if fell else max(d[1], b)
             self.stats["beats"] += 1
             return was, True
         return was, False
 
     def ceiling(self, device, d):
         """``device``'s cap on B: ``d`` s (its sources serve lag queries alone, the shortest D among them: no
-        final answer over it is due sooner) when longer than MOST, else MOST (None: it serves a lag-free query).
-        A lower cap is told with the device's next uplink."""
+        final answer over it is due sooner; ``math.inf`` when no query reads it: none is, LONGEST) when longer
+        than MOST, else MOST (None: it serves a lag-free query). A lower cap is waited at once (the answers of
+        the query that brought it state it from the first) and told with the device's next uplink (its reply
+        to that query's control), B within it then waited at once too: were that config lost, the device
+        would be found silent within it and asked for a birth, never waited longer than the answers state.
+        Returns the B waited before when it fell, else None."""
         if d is None:
             self.lag.pop(device, None)
         else:
             self.lag[device] = d
+        e = self.dev.get(device)
+        cap = self._cap(device)
+        if self.auto and e is not None and e[1] > cap:
+            was, e[1] = e[1], _pow2(cap, cap)
+            return was
+        return None
+
+    def _cap(self, device):
+        lag = self.lag.get(device)
+        return MOST if lag is None or lag <= MOST else min(lag, LONGEST)
+
+    def idle(self, device):
+        """Whether no query reads ``device`` (its cap is ``ceiling``'s for ever)."""
+        return self.lag.get(device) == math.inf
 
     # -- ack mode ----------------------------------------------------------------------------
     def acking(self, device):

@@ -98,11 +98,15 @@ class Mirror:
 
     def _ceilings(self, coord, devices):
         """Each of ``devices`` may stay silent up to its shortest D when every source of it a query reads
-        serves lag queries alone, in segment mode: a final answer over it is due no sooner (``heartbeat.py``)."""
+        serves lag queries alone, in segment mode: a final answer over it is due no sooner (``heartbeat.py``);
+        for ever (34 years) when no query reads it: nothing over it is due."""
         for dev in devices:
             ds = [self.mode[k][0] if k in self.mode and all(segmented(coord.queries[q]) for q in coord.by_source[k])
                   else None for k in coord.devices.get(dev, {}).get("keys", ()) if coord.by_source.get(k)]
-            coord.integrity.links.ceiling(dev, None if not ds or None in ds else min(ds))
+            was = coord.integrity.capped(dev, math.inf if not ds else None if None in ds else min(ds),
+                                         coord._event_now() + coord.latency)     # (when its controls have left)
+            if was is not None:
+                coord._beat_moved(dev, was)     # (its queries state the B waited now)
 
     def ready(self, coord, key):
         """Whether a lag query over ``key`` may lose its filter's bounds: not before its segments flow (a
@@ -146,7 +150,9 @@ class Mirror:
         for key in keys:
             if key in self.plain and key not in want:
                 del self.plain[key]
-        cache = coord.cache.sources
+        cache, links = coord.cache.sources, coord.integrity.links
+        keys += [k for q in qs for k in q.sources         # (and every source that is or was read by no query)
+                 if k in cache and (not coord.by_source.get(k) or links.idle(cache[k].device))]
         self._ceilings(coord, sorted({cache[k].device for k in keys if k in cache}))
 
     def send(self, coord, key, d, model, width, tries=0):

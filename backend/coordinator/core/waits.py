@@ -27,6 +27,17 @@ def asked(key, epoch, probe=None):
 
 
 class Waits:
+    def capped(self, device, d, now):
+        """``device``'s cap on its heartbeat B is now ``d`` (``Heartbeats.ceiling``); a B waited that fell (a
+        lag-free query came to it) is awaited from ``now`` (when the query's controls have left, adapter clock):
+        the device is heard within it (its reply to a control, then its marks) or found silent. Returns the B
+        waited before when it fell, else None."""
+        was, e = self.links.ceiling(device, d), self.dev.get(device)
+        if was is not None and e is not None and e["last"] is not None:
+            e["last"] = max(e["last"], now)         # (its silence counts from then; revoked from its latest stamp)
+            self._arm(device, "beat", e["last"] + self.links.beat(device) + self.latency + self.margin)
+        return was
+
     def sent(self, key, epoch, clock, unsafe=False, wall=None):
         """A control carrying ``epoch`` left for ``key``'s device once event time reached ``clock`` (the
         adapter's clock ``wall``); ``unsafe``: the protocol counts on it (answers are wrong while the device
