@@ -122,22 +122,10 @@ def test_a_monthly_device_gets_the_longest_heartbeat():
     assert h.told("d") == MOST
 
 
-def test_a_device_serving_lag_queries_alone_waits_up_to_its_lag_and_its_finals_hold():
-    # monthly readings, a lag of 400 days: a device whose sources serve the lag query alone may stay silent
-    # up to D (its finals are due no sooner; the config says it in whole seconds past 24.8 days), told at its
-    # first mark; one a real-time query reads keeps B <= 48.5 days; when a real-time query comes to the first,
-    # so does its B
-    from backend.coordinator.core.heartbeat import MOST
+def _logged(w):
+    """Run workload ``w``; with its result, each device's marks and the B its configs told, from the downlink log."""
     from backend.sim import engine
     from edge.core import codec
-    day = 86400.0
-    w = {"seed": 3, "duration": 40 * 365 * day, "protocol": "deadband",
-         "sources": {"generator": "random_walk", "count": 4, "per_device": 2, "start": [90, 110], "step": [0.1, 2.0],
-                     "interval": 30 * day},
-         "queries": [{"id": "lag", "kind": "avg", "sources": ["s0", "s1"], "precision": 8.0, "lag": 400 * day},
-                     {"id": "now", "kind": "max", "sources": ["s2"], "precision": 4.0}],
-         "events": [{"time": 30 * 365 * day, "add_query": {"id": "now2", "kind": "sum", "sources": ["s1"],
-                                                            "precision": 4.0}}]}
     sim = engine.Simulation(w)
     marks, told, send = {}, {}, sim.send
 
@@ -149,7 +137,24 @@ def test_a_device_serving_lag_queries_alone_waits_up_to_its_lag_and_its_finals_h
             told.setdefault(end, []).append((now, codec.beat_ms(m["beat"]) / 1000))
         return send(now, hop, end, payload, link)
     sim.send = record
-    r = sim.run()
+    return sim, sim.run(), marks, told
+
+
+def test_a_device_serving_lag_queries_alone_waits_up_to_its_lag_and_its_finals_hold():
+    # monthly readings, a lag of 400 days: a device whose sources serve the lag query alone may stay silent
+    # up to D (its finals are due no sooner; the config says it in whole seconds past 24.8 days), told at its
+    # first mark; one a real-time query reads keeps B <= 48.5 days; when a real-time query comes to the first,
+    # so does its B
+    from backend.coordinator.core.heartbeat import MOST
+    day = 86400.0
+    w = {"seed": 3, "duration": 40 * 365 * day, "protocol": "deadband",
+         "sources": {"generator": "random_walk", "count": 4, "per_device": 2, "start": [90, 110], "step": [0.1, 2.0],
+                     "interval": 30 * day},
+         "queries": [{"id": "lag", "kind": "avg", "sources": ["s0", "s1"], "precision": 8.0, "lag": 400 * day},
+                     {"id": "now", "kind": "max", "sources": ["s2"], "precision": 4.0}],
+         "events": [{"time": 30 * 365 * day, "add_query": {"id": "now2", "kind": "sum", "sources": ["s1"],
+                                                            "precision": 4.0}}]}
+    sim, r, marks, told = _logged(w)
     assert r["violations"] == 0
     lagged, live = told["d0"], told["d1"]
     d = 400 * day - sim.coord.latency
@@ -198,26 +203,13 @@ def test_devices_no_query_reads_stay_quiet_and_one_a_query_comes_to_is_watched_a
     # year 30: the idle devices' marks (the run's own log) are a handful in 40 years where the 48.5-day cap
     # made one every 48.5 days (~300 each); s3's answers never state a withdrawal bound past the cap's
     from backend.coordinator.core.heartbeat import MOST
-    from backend.sim import engine
-    from edge.core import codec
     day, year = 86400.0, 365 * 86400.0
     w = {"seed": 4, "duration": 40 * year, "protocol": "deadband",
          "sources": {"generator": "random_walk", "count": 4, "per_device": 1, "start": [90, 110], "step": [0.1, 2.0],
                      "interval": 30 * day},
          "queries": [{"id": "now", "kind": "max", "sources": ["s0"], "precision": 4.0}],
          "events": [{"time": 30 * year, "add_query": {"id": "late", "kind": "sum", "sources": ["s3"], "precision": 4.0}}]}
-    sim = engine.Simulation(w)
-    marks, told, send = {}, {}, sim.send
-
-    def record(now, hop, end, payload, link=None):
-        kind, m = codec.decode(payload)
-        if kind == "mark":
-            marks.setdefault(end, []).append(now)
-        if kind in ("config", "setup"):
-            told.setdefault(end, []).append((now, codec.beat_ms(m["beat"]) / 1000))
-        return send(now, hop, end, payload, link)
-    sim.send = record
-    r = sim.run()
+    sim, r, marks, told = _logged(w)
     assert r["violations"] == 0
     assert len(marks.get("d1", ())) <= 3 and len(marks.get("d2", ())) <= 3, marks
     assert len(marks["d0"]) > 40 * year / (2 * MOST)                  # the queried one keeps its cap
