@@ -102,7 +102,7 @@ class Heartbeats:
             return was, False
         mean = (now - ring[0]) / n
         lag = self.lag.get(device)
-        cap = self._cap(device)
+        cap = _cap(lag)
         top = _pow2(cap, cap)
         raw, most = min(max(AUTO * mean, FLOOR * self.latency, LEAST), cap), cap
         if not numbered and lag is not None and raw < lag:
@@ -129,15 +129,11 @@ class Heartbeats:
         else:
             self.lag[device] = d
         e = self.dev.get(device)
-        cap = self._cap(device)
+        cap = _cap(d)
         if self.auto and e is not None and e[1] > cap:
             was, e[1] = e[1], _pow2(cap, cap)
             return was
         return None
-
-    def _cap(self, device):
-        lag = self.lag.get(device)
-        return MOST if lag is None or lag <= MOST else min(lag, LONGEST)
 
     def idle(self, device):
         """Whether no query reads ``device`` (its cap is ``ceiling``'s for ever)."""
@@ -198,6 +194,11 @@ class Heartbeats:
         """The longest a wrong provisional answer over a device of heartbeat ``b`` stands (an answer's
         ``withdraw_within``): a loss unseen for B, then the watchdog's wait or a gap's in ack mode."""
         return b + 2 * self.latency + self.margin + TRIES * self.rto
+
+
+def _cap(lag):
+    """The cap on B of a device whose shortest D is ``lag`` (None: it serves a lag-free query; ``ceiling``)."""
+    return MOST if lag is None or lag <= MOST else min(lag, LONGEST)
 
 
 def _pow2(b, most=MOST):
