@@ -7,8 +7,8 @@ Per trace: the default AVG (``suite.describe``) and a MAX over ⌈n/3⌉ of its 
 ``queries(lag_avg, lag_max)`` builds the set with each query lagged by that many sampling intervals (None: real
 time): both real time (the deadband baseline ``deadband-mixed``), the AVG lagged for reports and the MAX live for
 alarms (``mixed``), or both lagged (``all-lagged``);
-and the real-time MAX alone under deadband (``max-alone``): what the alarm costs by itself, a floor for
-``mixed`` wherever the MAX's sources move together (no cut pays: ``precision/extremes.py``).
+and the real-time MAX alone under deadband (``max-alone``) and under the default protocol (``max-adaptive``):
+what the alarm costs by itself, the floor under ``mixed`` (which pays it and the other sources' segments).
 """
 import math
 import os

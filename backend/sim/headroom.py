@@ -249,7 +249,7 @@ def trace(c, trace_dir):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=os.path.join("results", "traces"), help="converted traces (scripts/traces.py)")
-    ap.add_argument("--split", default="dev", help="dev, held-out, held-out-2, held-out-3 or all")
+    ap.add_argument("--split", default="dev", help="dev, held-out, held-out-2, held-out-3, held-out-4 or all")
     ap.add_argument("--out", help="also write the Markdown table here")
     a = ap.parse_args(argv)
     with open(os.path.join(a.traces, "catalogue.json")) as fh:
