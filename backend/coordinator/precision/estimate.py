@@ -144,6 +144,20 @@ class Estimated(Guard, Adaptive):
         self.target, self.narrowing = {}, set()     # the settle re-plans every width
         Adaptive.queries_changed(self, coord, now)
 
+    def _acknowledged(self, coord, key, why):
+        """``key``'s device took the controls sent to it, as it acknowledged ``why`` (None: a report under its
+        newest control came first; its acknowledgement, of either kind, is late or lost): a narrowing is confirmed
+        (the wider ones follow once all are), or a SYNC (a revert's second step may follow). Unheard, one
+        acknowledgement waited for ever: reordered behind its source's next report (FINAL seed 3002 with the
+        faults, 165.9 s), it left the revert's narrower sources narrow and no new try began (real − deadband
+        +2,200 by 1,200 s)."""
+        if why != codec.WHY_SYNC and key in self.narrowing and not coord.cache.sources[key].old:
+            self.narrowing.discard(key)
+            if not self.narrowing:
+                self._widen(coord)
+        if why != codec.WHY_ASSIGN:
+            self._second(coord)
+
     def _constraints(self, coord, key):
         return range_constraints(coord, key) + self.cuts.constraints(coord, key)
 
@@ -161,6 +175,9 @@ class Estimated(Guard, Adaptive):
             self._back(coord, key)
         meter = "n" in m and self._metered(coord, key)
         dk = led.report(key, m, coord.devices[s.device]["boot"], self.cost(key), self.decay) if meter else None
+        late = meter and key in led.acks and m["epoch"] == s.filt.epoch
+        if late:        # a report under the newest control overtook its acknowledgement, or that was lost
+            led.acked(key)
         if key not in self.rows.of:
             return
         if self.since is None:
@@ -178,12 +195,8 @@ class Estimated(Guard, Adaptive):
             if v is not None and not silent:
                 st.observe(v)
             st.led = bool(s.filt.led)
-        if m["why"] == codec.WHY_ASSIGN and key in self.narrowing and not s.old:
-            self.narrowing.discard(key)
-            if not self.narrowing:
-                self._widen(coord)
-        elif m["why"] == codec.WHY_SYNC:
-            self._second(coord)
+        if late or m["why"] == codec.WHY_ASSIGN or m["why"] == codec.WHY_SYNC:
+            self._acknowledged(coord, key, None if late else m["why"])
         if v is not None and self.ceiling is not None:
             was = self._silent(coord, key)
             for k in self.cuts.reported(coord, key, v, m["why"], meter or out):

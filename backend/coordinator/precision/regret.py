@@ -80,8 +80,8 @@ class Ledger:
         else:
             self.dead += cost * (m["n"] if fresh else (m["n"] - last[0]) & _M16)
         self.counts[key] = (m["n"], m["k"], boot)
-        if (m["why"] == WHY_SYNC or m["why"] == WHY_ASSIGN) and key in self.acks:
-            self.reserve -= self.acks.pop(key)
+        if m["why"] == WHY_SYNC or m["why"] == WHY_ASSIGN:
+            self.acked(key)
         if fresh:
             return None
         k = (m["k"] - last[1]) & _M16
@@ -91,6 +91,11 @@ class Ledger:
         else:
             f[0], f[1], f[2] = f[0] * decay + k, f[1] * decay + max(0.0, m["t"] - f[2]), m["t"]
         return k
+
+    def acked(self, key):
+        """``key``'s device acknowledged a control: nothing more to come for it."""
+        if key in self.acks:
+            self.reserve -= self.acks.pop(key)
 
     def rate(self, key):
         """Readings per second of ``key`` lately (inf until measured)."""
