@@ -13,15 +13,19 @@ answered degraded next to the share the faults forced (``backend.sim.forced``), 
 ``faults.csv`` and ``faults.md`` to ``--out``. ``--seeds 7,1001`` runs the issue's workload alone at its full
 1,200 s per seed, with the faults and with the skew alone, and prints adaptive against deadband per seed: all
 messages, and without ack mode's delivery traffic (acks, nacks, resends: which messages a lossy network drops is
-a different draw in each run), with the final answers' quality beside them.
+a different draw in each run), with the final answers' quality beside them. ``--shapes`` picks the networks of
+``--seeds`` from ``SHAPES``: besides the faults and the skew alone, heavier loss, device reboots, partitions and
+offline devices (Zhu §1.2 outages), each with the faults and the skew under it (schedules drawn from the seed).
 """
 import argparse
 import copy
 import csv
 import os
+import random
 
 from backend.bench.report import workloads
 from backend.sim import engine, final_truth
+from edge.core import codec
 
 FAULTS = {"loss": 0.05, "duplicate": 0.05, "reorder": 0.2, "skew": 0.3}
 NETWORK = {"delay": 0.2, "jitter": 0.1}
@@ -33,6 +37,27 @@ FINAL = {"seed": 7, "duration": 1200, "network": {"delay": 0.1, "jitter": 0.1},
                      {"id": "top", "kind": "max", "sources": ["s0", "s1", "s2", "s3"], "precision": 6}]}
 
 
+def _partitions(seed, devices):
+    """Four partitions of 5 devices for 30-180 s and one of every device for 20 s, drawn from ``seed``."""
+    rnd = random.Random("partitions/%d" % seed)
+    cut = []
+    for _ in range(4):
+        a = rnd.uniform(50, 1000)
+        cut.append([a, a + rnd.uniform(30, 180), rnd.sample(devices, 5)])
+    a = rnd.uniform(200, 900)
+    return cut + [[a, a + 20, "all"]]
+
+
+DEVICES = ["d%d" % i for i in range(FINAL["sources"]["count"])]
+# name -> seed -> (network faults, sources' extra keys) for ``seeds``
+SHAPES = {"faults": lambda seed: (FAULTS, {}),
+          "skew": lambda seed: ({"skew": FAULTS["skew"]}, {}),
+          "heavy": lambda seed: (dict(FAULTS, loss=0.15, duplicate=0.1, reorder=0.3), {}),
+          "reboots": lambda seed: (dict(FAULTS, reboots=6.0), {}),
+          "partitions": lambda seed: (dict(FAULTS, partitions=_partitions(seed, DEVICES)), {}),
+          "outages": lambda seed: (FAULTS, {"outages": {"rate": 1 / 600.0, "mean_length": 60.0}})}
+
+
 def run(name, spec, protocol, faults):
     """The result of a run, with ``final_wide``: (records, time) shares of its final answers wider than their
     precision (degraded, saying so; a final answer stands until its query's next one, the last to its horizon;
@@ -41,6 +66,7 @@ def run(name, spec, protocol, faults):
     w = copy.deepcopy(spec)
     w.update(name=name, protocol=protocol, network=dict(w.get("network", NETWORK), **faults))
     sim = engine.simulation(w)
+    put = _resends(sim)
     res = sim.run()
     by = {}
     for a in sim.answers:
@@ -55,7 +81,25 @@ def run(name, spec, protocol, faults):
     res["final_wide"] = (wide / n if n else 0.0, wide_span / span if span else 0.0)
     res["final_wide_unsaid"] = unsaid
     res["resent"] = sum(a.delivery.stats["resent"] for a in sim.agents.values())
+    res["resent_sent"] = put[0]
     return res
+
+
+def _resends(sim):
+    """A count of the devices' resends that reached the network (chained on ``sim.watch``): one a partition or
+    the loss dropped is counted by its device (``resent``) but is no message; a partitioned device resends its
+    report every few seconds."""
+    seen, put, inner = set(), [0], sim.watch
+
+    def watch(now, end, payload, arrivals):
+        if inner is not None:
+            inner(now, end, payload, arrivals)
+        if arrivals and now >= sim.net.warmup and (end, payload) in seen and \
+                codec.decode(payload)[0] not in ("birth", "mark"):
+            put[0] += 1
+        seen.add((end, payload))
+    sim.watch = watch
+    return put
 
 
 def table(scale):
@@ -88,23 +132,26 @@ def table(scale):
     return rows
 
 
-def seeds(which):
-    """The issue's workload per seed in ``which`` at full length, with the faults and with the skew alone."""
-    cols = ("seed", "network", "protocol", "messages", "delivery", "others", "violations", "precision_misses",
-            "final_wide", "final_wide_unsaid", "degraded_or_withdrawn", "withdraw_delay_max")
+def seeds(which, shapes=("faults", "skew")):
+    """The issue's workload per seed in ``which`` at full length on each network of ``shapes`` (``SHAPES``)."""
+    cols = ("seed", "network", "protocol", "messages", "delivery", "others", "violations", "final_violations",
+            "precision_misses", "final_wide", "final_wide_unsaid", "degraded_or_withdrawn", "withdraw_delay_max")
     lines = ["| " + " | ".join(cols) + " | adaptive − deadband (all / others) |", "|" + "---|" * (len(cols) + 1)]
     for seed in which:
-        for label, faults in (("faults", FAULTS), ("skew", {"skew": FAULTS["skew"]})):
+        for label in shapes:
+            faults, extra = SHAPES[label](seed)
+            spec = dict(FINAL, seed=seed, sources=dict(FINAL["sources"], **extra))
             got = {}
             for protocol in ("adaptive", "deadband"):
-                r = run("final-%d" % seed, dict(FINAL, seed=seed), protocol, faults)
+                r = run("final-%d" % seed, spec, protocol, faults)
                 msgs = r["messages"]["up"] + r["messages"]["down"]
-                delivery = r["by_kind"].get("ack", 0) + r["by_kind"].get("nack", 0) + r["resent"]
+                delivery = r["by_kind"].get("ack", 0) + r["by_kind"].get("nack", 0) + r["resent_sent"]
                 f = r["faults"]
                 got[protocol] = row = {
                     "seed": seed, "network": label, "protocol": protocol, "messages": msgs, "delivery": delivery,
                     "others": msgs - delivery, "violations": r["violations"], "precision_misses": r["precision_misses"],
                     "final_wide": round(r["final_wide"][0], 5), "final_wide_unsaid": r["final_wide_unsaid"],
+                    "final_violations": sum(q.get("final_violations") or 0 for q in r["queries"].values()),
                     "degraded_or_withdrawn": round(f["degraded_or_withdrawn"] or 0.0, 4),
                     "withdraw_delay_max": round(f["withdraw_delay_max"] or 0.0, 3)}
                 lines.append("| " + " | ".join(str(row[c]) for c in cols) + " | |")
@@ -119,9 +166,19 @@ def main(argv=None):
     p.add_argument("--scale", type=float, default=0.1, help="duration scale of the bench workloads")
     p.add_argument("--out", default=os.path.join("results", "bench"))
     p.add_argument("--seeds", help="comma-separated seeds: the issue's workload alone at full length per seed")
+    p.add_argument("--shapes", default="faults,skew",
+                   help="with --seeds: comma-separated networks, of %s" % ", ".join(SHAPES))
     args = p.parse_args(argv)
     if args.seeds:
-        print(seeds([int(x) for x in args.seeds.split(",")]))
+        shapes = args.shapes.split(",")
+        unknown = [x for x in shapes if x not in SHAPES]
+        if unknown:
+            p.error("unknown network %r in --shapes: choose from %s" % (unknown[0], ", ".join(SHAPES)))
+        try:
+            which = [int(x) for x in args.seeds.split(",")]
+        except ValueError:
+            p.error("--seeds must be comma-separated integers, got %r" % args.seeds)
+        print(seeds(which, shapes))
         return 0
     rows = table(args.scale)
     os.makedirs(args.out, exist_ok=True)

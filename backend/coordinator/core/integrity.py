@@ -113,10 +113,10 @@ class Integrity(Waits, Clocks):
             return False        # sent before the latest birth (perhaps by a past boot): superseded by it
         since = reason = None
         if d is None or d["boot"] != boot:
-            if d is not None and birth:     # rebooted: since its last birth (what followed may have been
-                # the new boot's, numbered like the old one's), what it sent may be lost
-                since = min([self.event(device, d["last_t"] if d["birth_t"] == -math.inf else d["birth_t"])]
-                            + [at[1] for at in d["missing"].values()])
+            if d is not None and birth:     # rebooted: what the old boot sent after its latest uplink heard
+                # (and in its gaps) may be lost; what it was heard to send is its own (a boot's numbers start
+                # far from any other's, ``edge.core.delivery``), so answers before that stand
+                since = min([self.event(device, d["last_t"])] + [at[1] for at in d["missing"].values()])
                 reason, self.skipped[device] = REBOOTED, (boot, seq)    # (the old boot's tail may be lost: the final
             d = self._state(device, boot, seq, t)       # mirror's watermark waits at its latest uplink until it takes this)
             for s in self.unknown.pop(device, ()):  # dropped before this birth, but sent after it
