@@ -135,7 +135,8 @@ def table(scale):
 def seeds(which, shapes=("faults", "skew")):
     """The issue's workload per seed in ``which`` at full length on each network of ``shapes`` (``SHAPES``)."""
     cols = ("seed", "network", "protocol", "messages", "delivery", "others", "violations", "final_violations",
-            "precision_misses", "final_wide", "final_wide_unsaid", "degraded_or_withdrawn", "withdraw_delay_max")
+            "precision_misses", "final_wide", "final_wide_unsaid", "degraded_or_withdrawn", "withdraw_delay_max",
+            "withdrawn_late")
     lines = ["| " + " | ".join(cols) + " | adaptive − deadband (all / others) |", "|" + "---|" * (len(cols) + 1)]
     for seed in which:
         for label in shapes:
@@ -153,7 +154,7 @@ def seeds(which, shapes=("faults", "skew")):
                     "final_wide": round(r["final_wide"][0], 5), "final_wide_unsaid": r["final_wide_unsaid"],
                     "final_violations": sum(q.get("final_violations") or 0 for q in r["queries"].values()),
                     "degraded_or_withdrawn": round(f["degraded_or_withdrawn"] or 0.0, 4),
-                    "withdraw_delay_max": round(f["withdraw_delay_max"] or 0.0, 3)}
+                    "withdraw_delay_max": round(f["withdraw_delay_max"] or 0.0, 3), "withdrawn_late": f["withdrawn_late"]}
                 lines.append("| " + " | ".join(str(row[c]) for c in cols) + " | |")
             a, d = got["adaptive"], got["deadband"]
             lines[-1] = lines[-1][:-2] + " %+d / %+d |" % (a["messages"] - d["messages"], a["others"] - d["others"])

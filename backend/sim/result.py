@@ -18,7 +18,7 @@ def _split(sim):
     by_q, prob, finals = {}, {}, {}
     ents = {qid: [] for qid in sim.truth.entity.tracks}
     sums = {qid: [] for qid in sim.truth.summary.tracks}
-    revoked, published = {}, {}
+    revoked, published, stated = {}, {}, {}
     for a, at in zip(sim.answers, sim.emitted):
         if "revoked" in a and a["revoked"][0] <= w.duration:    # open-ended past the checked span
             lo, hi = a["revoked"]
@@ -35,6 +35,7 @@ def _split(sim):
             ents[a["query"]].append((a["time"], a["members"], a["degraded"]))
         else:
             by_q.setdefault(a["query"], []).append((a["time"], a["lo"], a["hi"], a["degraded"]))
+            stated.setdefault(a["query"], []).append(a.get("withdraw_within", math.inf))
             if a.get("guarantee") == "probabilistic":
                 prob[a["query"]] = a["confidence"]
     raw = dict(by_q)
@@ -43,12 +44,12 @@ def _split(sim):
             by_q[qid] = truth_mod.revoke(by_q[qid], windows)
         elif qid in ents:
             ents[qid] = truth_mod.revoke(ents[qid], windows)
-    return by_q, prob, ents, sums, finals, (raw, published)
+    return by_q, prob, ents, sums, finals, (raw, published, stated)
 
 
 def fleet(sim, elapsed):
     w = sim.w
-    by_q, prob, ents, sums, finals, (raw, published) = _split(sim)
+    by_q, prob, ents, sums, finals, (raw, published, stated) = _split(sim)
     per_q = {}
     tot_v = tot_m = 0
     tot_vt = 0.0
@@ -72,7 +73,8 @@ def fleet(sim, elapsed):
                       "precision_misses": m, "degraded_time": dt,
                       "mean_width": sum(widths) / len(widths) if widths else None}
         per_q[qid].update(truth_mod.fidelity(tl, answers, w.duration))
-        per_q[qid].update(withdrawal.provisional(tl, raw.get(qid, []), published.get(qid, ()), min(w.duration, end)))
+        per_q[qid].update(withdrawal.provisional(tl, raw.get(qid, []), published.get(qid, ()), min(w.duration, end),
+                                                 stated.get(qid, [])))
         if qid in sim.coord.finals.qs or qid in finals:      # its final answers too, without exemption
             mine = finals.get(qid, [])
             through = sim.coord.finals.horizon(qid) or (mine[-1][0][0] if mine else end)
@@ -103,6 +105,7 @@ def fleet(sim, elapsed):
                   "degraded_or_withdrawn": sum(r["instants"] * (r["degraded_share"] + r["withdrawn_share"])
                                                for r in pq) / n_i if n_i else None,
                   "wrong_provisional": sum(r["wrong_provisional"] for r in pq),
+                  "withdrawn_late": sum(r["withdrawn_late"] for r in pq),
                   "withdraw_delay_max": max(delays) if delays else None,
                   "integrity": dict(sim.coord.integrity.stats, **sim.coord.integrity.links.stats,
                                     **sim.coord.integrity.offsets.stats)}

@@ -6,7 +6,9 @@ known). At each, the answer as it was published is *degraded* (it said so), or *
 ``revoked`` window of a later change covers it), or neither; a *wrong provisional* answer is one that
 was neither degraded nor containing the truth when published — it must be withdrawn, and its
 *withdrawal delay* is the event time from the instant to the change that withdrew it (never withdrawn:
-the checker counts it as a violation). The shares are of instants and of time.
+the checker counts it as a violation); *withdrawn late* counts those withdrawn later than the
+``withdraw_within`` the wrong answer stated (README: a consumer undoes what it did at most that much later;
+target 0). The shares are of instants and of time.
 """
 import math
 
@@ -15,12 +17,12 @@ import numpy as np
 from backend.sim import truth as truth_mod
 
 
-def provisional(truth, answers, revocations, end):
+def provisional(truth, answers, revocations, end, stated=None):
     """``truth``: [(t, exact, scale)]; ``answers``: [(t, lo, hi, degraded)] as published, in time order;
-    ``revocations``: [(t_from, t_to, t_published)]; ``end``: the run's end. Returns the figures (see the
-    module)."""
+    ``revocations``: [(t_from, t_to, t_published)]; ``end``: the run's end; ``stated``: each answer's
+    ``withdraw_within`` (None: not checked). Returns the figures (see the module)."""
     out = {"instants": 0, "degraded_share": None, "withdrawn_share": None, "withdrawn_time_share": None,
-           "wrong_provisional": 0, "withdraw_delay_max": None, "withdraw_delay_p99": None}
+           "wrong_provisional": 0, "withdraw_delay_max": None, "withdraw_delay_p99": None, "withdrawn_late": 0}
     if not truth or not answers:
         return out
     T, x, scale, has_t, lo, hi, deg, has_a, _, _, _ = truth_mod._merge(truth, answers)
@@ -36,6 +38,10 @@ def provisional(truth, answers, revocations, end):
         delay = np.where(m, np.minimum(delay, at - T), delay)
     live = both & ~deg
     wrong = live & ~truth_mod._inside(lo, hi, x, scale)
+    if stated is not None:
+        at = np.searchsorted(np.array([a[0] for a in answers], dtype=float), T, "right") - 1
+        bound = np.array(list(stated) + [math.inf], dtype=float)[np.where(at >= 0, at, len(stated))]
+        out["withdrawn_late"] = int((wrong & np.isfinite(delay) & (delay > bound + 1e-9)).sum())
     d = delay[wrong]
     d = d[np.isfinite(d)]
     span = np.maximum(np.minimum(np.append(T[1:], end), end) - T, 0.0)

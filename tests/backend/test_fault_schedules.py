@@ -105,6 +105,8 @@ def test_no_violation_outside_degraded_or_revoked_windows_over_1000_fault_schedu
         lost += res["network"]["lost"] + res["network"]["partitioned"]
         f = res["faults"]
         if f is not None:       # None: this schedule drew no fault at all
+            if f["withdrawn_late"]:     # a wrong answer withdrawn later than it said it would be
+                bad.append((seed, w["protocol"], "withdrawn late", f["withdrawn_late"]))
             revoked += f["integrity"]["lost"] + f["integrity"]["silent"]
             resent += f["integrity"]["resent"]
             degraded += f["degraded_share"]

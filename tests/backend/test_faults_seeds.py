@@ -14,7 +14,7 @@ def test_seeds_table_splits_delivery_traffic_from_the_rest(monkeypatch):
         msgs, delivery, others = (int(r[i]) for i in (3, 4, 5))
         assert msgs == delivery + others and msgs > 0
         assert (delivery > 0) == (r[1].strip() == "faults")        # ack mode only on the lossy network
-        assert int(r[6]) == int(r[7]) == int(r[10]) == 0            # no violation (final or not), no unsaid wide final
+        assert int(r[6]) == int(r[7]) == int(r[10]) == int(r[13]) == 0   # no violation (final or not), no unsaid wide final, none late
     for a, d in ((rows[0], rows[1]), (rows[2], rows[3])):
         diff = d[-1].strip().split(" / ")
         assert int(diff[0]) == int(a[3]) - int(d[3]) and int(diff[1]) == int(a[5]) - int(d[5])

@@ -57,6 +57,9 @@ def test_the_metric_on_a_hand_made_history():
     # withdrawn 0.5 s later; at 2 the degraded one holds
     assert got["instants"] == 5 and got["wrong_provisional"] == 1 and got["withdraw_delay_max"] == 0.5
     assert got["degraded_share"] == 2 / 5 and got["withdrawn_share"] == 1 / 5
+    # the wrong answer at 1 stated it would be withdrawn within 0.4 s (late) or 0.5 s (in time)
+    assert provisional(truth, answers, [(1.0, 1.5, 1.5)], 3.0, [1.0, 0.4, 1.0, 1.0])["withdrawn_late"] == 1
+    assert provisional(truth, answers, [(1.0, 1.5, 1.5)], 3.0, [0.1, 0.5, 0.1, 0.1])["withdrawn_late"] == 0
 
 
 def test_a_report_applied_after_a_last_will_does_not_bring_the_device_back():
