@@ -14,6 +14,17 @@ from backend.coordinator.core.integrity import FILTER, RETRY
 from edge.core.predict import CONSTANT, MOMENTUM
 
 
+class Unsent:
+    """Echo mode: a control or probe made but not yet seen leaving (``Downlink._leave``): the sequence number it
+    went out under, its token, the rest of what ``Downlink._left`` needs, when it was made on the adapter's clock
+    (the device cannot have had it before) and whether the driver has since published it (``published``)."""
+    __slots__ = ("at", "token", "unsafe", "wait", "made", "published")
+
+    def __init__(self, at, token, unsafe, wait, made):
+        self.at, self.token, self.unsafe, self.wait, self.made = at, token, unsafe, wait, made
+        self.published = False
+
+
 class Downlink:
     def send(self, device, kind, fields):
         d = self.devices[device]
@@ -90,7 +101,7 @@ class Downlink:
         ``Integrity.expect``'s arguments), timed from when it left: by the event time reached plus λ, or,
         in echo mode, when it is seen leaving."""
         if self.echo:
-            self.devices[device]["unsent"][what] = (self.devices[device]["down"], token, unsafe, wait, self.wall, False)
+            self.devices[device]["unsent"][what] = Unsent(self.devices[device]["down"], token, unsafe, wait, self.wall)
         else:
             self._left(device, what, token, unsafe, wait, self._event_now() + self.latency, self.wall)
 
@@ -118,12 +129,12 @@ class Downlink:
         seq = m["seq"]
         if seq == d["rebirth"]:         # the birth request has left: wait for its answer from now
             d["rebirth"], d["asked"] = None, now
-        for what, (at, token, unsafe, wait, made, _) in list(d["unsent"].items()):
-            if not newer(at, seq):
+        for what, u in list(d["unsent"].items()):
+            if not newer(u.at, seq):
                 del d["unsent"][what]
                 # the waits start at the echo; the clock bound takes when it was made: the device may have it
                 # before the echo reaches the bridge (two subscribers, either first), never before it was made
-                self._left(device, what, token, unsafe, wait, now, made)
+                self._left(device, what, u.token, u.unsafe, u.wait, now, u.made)
         return self._advance(now)
 
     def published(self, now):
@@ -134,9 +145,9 @@ class Downlink:
         live report's instant was uncertain by σ and the reserve R took up to half of each query's precision."""
         self._catch_up(now)
         for d in self.devices.values():
-            for what, u in d["unsent"].items():
-                if not u[5]:
-                    d["unsent"][what] = u[:4] + (max(u[4], now), True)
+            for u in d["unsent"].values():
+                if not u.published:
+                    u.made, u.published = max(u.made, now), True
         return self._advance(now)
 
     def sent_by(self, device, what, token):
@@ -144,7 +155,7 @@ class Downlink:
         (None: not waiting for its echo). A device answers at once what it received, often before the bridge
         spools the control's echo (two subscribers, either first): its reply bounds the clock all the same."""
         u = self.devices[device]["unsent"].get(what)
-        return u[4] if u is not None and u[1] == token and u[5] else None
+        return u.made if u is not None and u.token == token and u.published else None
 
     def send_config(self, device, keys=None):
         """Tell ``device`` the adjustment schedule: ticks at t0 + k·T (integer ms), the shrink S, the
