@@ -1,5 +1,6 @@
 """Shared machinery of the end-to-end fleet tests: a broker, a live coordinator, ground-truth checks."""
 import os
+import signal
 import time
 
 from backend.live import checker
@@ -7,6 +8,7 @@ from backend.host import Host
 from backend.live.fleet import write_trace
 from backend.live.coordinator import LiveCoordinator
 from backend.sim.engine import run as sim_run
+from helpers import close
 
 PERIOD = 2.0            # coordinator adjustment period T (s)
 LATENCY = 0.5           # λ: loopback delay plus clock skew between processes
@@ -75,3 +77,17 @@ def offline(live, fleet, broker, names):
             n, rec, "running" if d.proc.poll() is None else "exited %s" % d.proc.returncode, fleet.tail(n),
             seen[-6:]))
     return "; ".join(out) + "; coordinator stats %s" % (dict(live.coord.stats),)
+
+
+def teardown(broker, live, thread, fleet, obs):
+    """Stop what a live test started, whatever state a failure left it in: every agent still running (a frozen
+    one is woken first, so that it dies), the coordinator and its thread, the observer, the broker."""
+    for d in fleet.devices.values():
+        if d.proc.poll() is None:
+            d.proc.send_signal(signal.SIGCONT)
+            d.proc.kill()
+            d.proc.wait()
+    live.stop()
+    thread.join(5)
+    close(obs)
+    broker.stop()

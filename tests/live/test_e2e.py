@@ -13,7 +13,7 @@ from backend.live.broker import Broker
 from backend.live.fleet import Fleet, FleetError, arm64_root
 from edge.core import codec, topics
 import fleetcheck as fc
-from helpers import client, close, connected, subscribe
+from helpers import client, connected, subscribe
 
 # 20 + 20 agents on this 2-core machine run reliably (load ~6 while they start); see the report.
 N_MP, N_CPY = 20, 20
@@ -38,15 +38,7 @@ def fleet_env(mosquitto, tmp_path):
 
     yield make
     for broker, live, thread, fleet, obs in made:
-        for d in fleet.devices.values():
-            if d.proc.poll() is None:
-                d.proc.send_signal(signal.SIGCONT)
-                d.proc.kill()
-                d.proc.wait()
-        live.stop()
-        thread.join(5)
-        close(obs)
-        broker.stop()
+        fc.teardown(broker, live, thread, fleet, obs)
 
 
 def _observed(obs):

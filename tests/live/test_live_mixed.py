@@ -2,7 +2,6 @@
 agent processes, Mosquitto and the live coordinator answer a lagged AVG (final answers from segments) and a
 real-time MAX over half of the same sources; every real-time answer and every final answer is checked against
 the agents' own ground-truth logs, and the devices' segments rode on their real-time reports (kind rsegs)."""
-import signal
 import time
 
 import pytest
@@ -12,7 +11,7 @@ from backend.live.broker import Broker
 from backend.live.fleet import Fleet, micropython_available
 from edge.core import codec, topics
 import fleetcheck as fc
-from helpers import client, close, connected, subscribe
+from helpers import client, connected, subscribe
 
 N_MP, N_CPY = 3, 3
 LAG = 3.0
@@ -51,15 +50,7 @@ def test_a_lagged_avg_and_a_real_time_max_hold_against_the_agents_logs(mosquitto
         assert all(s is not None for s in stats.values()), {n: fleet.devices[n].output for n in stats}
         horizon = live.coord.finals.horizon("mean")
     finally:
-        for d in fleet.devices.values():
-            if d.proc.poll() is None:
-                d.proc.send_signal(signal.SIGCONT)
-                d.proc.kill()
-                d.proc.wait()
-        live.stop()
-        thread.join(5)
-        close(obs)
-        broker.stop()
+        fc.teardown(broker, live, thread, fleet, obs)
     rows = fleet.truth_rows()
     assert len({s for _, s, _ in rows}) == N_MP + N_CPY and live.coord.stats["bad_messages"] == 0
     checked = fc.violations(rows, answers, specs[1:], end)           # the real-time MAX, answer by answer
