@@ -55,6 +55,21 @@ def free_port(host="127.0.0.1", taken=()):
             return port
 
 
+class Service:
+    """A process ``start()`` launches (returning the service) and ``stop()`` ends; as a context manager it is
+    stopped when the block ends and also when its start fails half-way (no process is left behind)."""
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
 def acl_text(fleet):
     """The device listener's ACL: a login (a device, a gateway, a sensor behind a gateway) writes only its
     own up/state and reads only its own ctl."""
@@ -95,7 +110,7 @@ def make_certificates(directory, days=825):
     return {name: os.path.join(directory, name + ".crt") for name in ("ca", "server")}
 
 
-class Broker:
+class Broker(Service):
     """A Mosquitto process for one fleet: ``with Broker(dir, "f1", ["d1", "d2"]) as b: b.credentials("d1")``."""
 
     def __init__(self, directory, fleet, devices, port=None, tls=False, host="127.0.0.1", verbose=False,
@@ -287,13 +302,6 @@ class Broker:
 
     def running(self):
         return self.proc is not None and self.proc.poll() is None
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
-
 
 def parse_sources(items):
     """``["dev1=t1,t2", ...]`` (``--source``) -> ``{"dev1": ["t1", "t2"]}``."""

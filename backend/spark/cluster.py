@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from backend.live.broker import free_port
+from backend.live.broker import Service, free_port
 
 
 class ClusterError(RuntimeError):
@@ -28,7 +28,7 @@ def spark_class():
     return path
 
 
-class Standalone:
+class Standalone(Service):
     def __init__(self, workdir, workers=1, cores=2, memory="2g", timeout=60.0):
         self.workdir = os.path.abspath(workdir)
         self.workers, self.cores, self.memory, self.timeout = workers, cores, memory, timeout
@@ -96,13 +96,3 @@ class Standalone:
                 p.wait()
         self.procs = []
         self.workers_procs = []
-
-    def __enter__(self):
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc):
-        self.stop()

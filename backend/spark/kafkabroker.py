@@ -22,7 +22,7 @@ import subprocess
 import time
 import uuid
 
-from backend.live.broker import free_port
+from backend.live.broker import Service, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FETCH = os.path.join(ROOT, "scripts", "kafka", "fetch.sh")
@@ -72,7 +72,7 @@ def _java():
     return os.path.join(home, "bin", "java") if home else "java"
 
 
-class KafkaBroker:
+class KafkaBroker(Service):
     """One KRaft broker+controller on 127.0.0.1 with its data under ``workdir``."""
 
     def __init__(self, workdir, partitions=2, heap="512m", timeout=90.0, port=None, host="127.0.0.1",
@@ -207,16 +207,6 @@ class KafkaBroker:
         if p is not None and p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-
-    def __enter__(self):
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc):
-        self.stop()
 
 
 def create_topic(admin, topic, partitions, config=None, timeout=60.0):
