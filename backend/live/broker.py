@@ -303,6 +303,7 @@ class Broker(Service):
     def running(self):
         return self.proc is not None and self.proc.poll() is None
 
+
 def parse_sources(items):
     """``["dev1=t1,t2", ...]`` (``--source``) -> ``{"dev1": ["t1", "t2"]}``."""
     out = {}
