@@ -18,10 +18,10 @@ class Unsent:
     """Echo mode: a control or probe made but not yet seen leaving (``Downlink._leave``): the sequence number it
     went out under, its token, the rest of what ``Downlink._left`` needs, when it was made on the adapter's clock
     (the device cannot have had it before) and whether the driver has since published it (``published``)."""
-    __slots__ = ("at", "token", "unsafe", "wait", "made", "published")
+    __slots__ = ("seq", "token", "unsafe", "wait", "made", "published")
 
-    def __init__(self, at, token, unsafe, wait, made):
-        self.at, self.token, self.unsafe, self.wait, self.made = at, token, unsafe, wait, made
+    def __init__(self, seq, token, unsafe, wait, made):
+        self.seq, self.token, self.unsafe, self.wait, self.made = seq, token, unsafe, wait, made
         self.published = False
 
 
@@ -130,7 +130,7 @@ class Downlink:
         if seq == d["rebirth"]:         # the birth request has left: wait for its answer from now
             d["rebirth"], d["asked"] = None, now
         for what, u in list(d["unsent"].items()):
-            if not newer(u.at, seq):
+            if not newer(u.seq, seq):
                 del d["unsent"][what]
                 # the waits start at the echo; the clock bound takes when it was made: the device may have it
                 # before the echo reaches the bridge (two subscribers, either first), never before it was made
