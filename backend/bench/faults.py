@@ -13,7 +13,9 @@ answered degraded next to the share the faults forced (``backend.sim.forced``), 
 ``faults.csv`` and ``faults.md`` to ``--out``. ``--seeds 7,1001`` runs the issue's workload alone at its full
 1,200 s per seed, with the faults and with the skew alone, and prints adaptive against deadband per seed: all
 messages, and without ack mode's delivery traffic (acks, nacks, resends: which messages a lossy network drops is
-a different draw in each run), with the final answers' quality beside them. ``--shapes`` picks the networks of
+a different draw in each run), with the final answers' quality beside them and adaptive's ``ledger`` at the end
+(``Simulation.regret``: its filter messages less the deadband its own devices metered, against its loan: what the
+exact no-regret promises, while a deadband run learns its own reserve R, ``reserve.py``). ``--shapes`` picks the networks of
 ``--seeds`` from ``SHAPES``: besides the faults and the skew alone, heavier loss, device reboots, partitions and
 offline devices (Zhu §1.2 outages), each with the faults and the skew under it (schedules drawn from the seed).
 """
@@ -82,6 +84,7 @@ def run(name, spec, protocol, faults):
     res["final_wide_unsaid"] = unsaid
     res["resent"] = sum(a.delivery.stats["resent"] for a in sim.agents.values())
     res["resent_sent"] = put[0]
+    res["ledger"] = sim.regret()
     return res
 
 
@@ -137,7 +140,7 @@ def seeds(which, shapes=("faults", "skew")):
     """The issue's workload per seed in ``which`` at full length on each network of ``shapes`` (``SHAPES``)."""
     cols = ("seed", "network", "protocol", "messages", "delivery", "others", "violations", "final_violations",
             "precision_misses", "final_wide", "final_wide_unsaid", "degraded_or_withdrawn", "withdraw_delay_max",
-            "withdrawn_late")
+            "withdrawn_late", "ledger")
     lines = ["| " + " | ".join(cols) + " | adaptive − deadband (all / others) |", "|" + "---|" * (len(cols) + 1)]
     for seed in which:
         for label in shapes:
@@ -155,7 +158,8 @@ def seeds(which, shapes=("faults", "skew")):
                     "final_wide": round(r["final_wide"][0], 5), "final_wide_unsaid": r["final_wide_unsaid"],
                     "final_violations": sum(q.get("final_violations") or 0 for q in r["queries"].values()),
                     "degraded_or_withdrawn": round(f["degraded_or_withdrawn"] or 0.0, 4),
-                    "withdraw_delay_max": round(f["withdraw_delay_max"] or 0.0, 3), "withdrawn_late": f["withdrawn_late"]}
+                    "withdraw_delay_max": round(f["withdraw_delay_max"] or 0.0, 3), "withdrawn_late": f["withdrawn_late"],
+                    "ledger": "%+d (loan %d)" % r["ledger"] if r["ledger"] else ""}
                 lines.append("| " + " | ".join(str(row[c]) for c in cols) + " | |")
             a, d = got["adaptive"], got["deadband"]
             lines[-1] = lines[-1][:-2] + " %+d / %+d |" % (a["messages"] - d["messages"], a["others"] - d["others"])

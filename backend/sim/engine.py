@@ -19,6 +19,7 @@ import random
 from backend import host as host_mod
 from backend.answers import answer_json
 from backend.coordinator.core.queries import parse_query
+from backend.coordinator.precision.regret import Ledger
 from backend.sim import result as result_mod, truth as truth_mod
 from backend.sim.forced import Forced
 from backend.sim.loop import DOWN, UP, Loop
@@ -27,6 +28,7 @@ from backend.sim.screen import Screen, bound, metered, models_bound
 from backend.sim.sources import outages, samples
 from backend.sim.workload import load
 from edge.agent import Agent
+from edge.core.meter import OWE
 
 BULK = 1 << 16          # readings the ground truth takes in one bulk step at most (bounds its float drift)
 OUTAGE, EVENT_TRUTH, EVENT_COORD, REBOOT = "outage", "event-truth", "event-coord", "reboot"
@@ -291,6 +293,16 @@ class Simulation(Loop):
         elif "set_precision" in ev:
             sp = ev["set_precision"]
             self.from_host(now, self.host.set_precision(now, sp["id"], float(sp["precision"])))
+
+    def regret(self):
+        """The exact no-regret ledger at the end (precision.regret): (real − the deadband the devices metered, in
+        filter messages as the backend counted them; the promise: the loan plus edge.core.meter.OWE per source
+        whose device departed from deadband's model), or None under a rule without one."""
+        led = getattr(self.protocol, "ledger", None)
+        if not isinstance(led, Ledger):
+            return None
+        owe = OWE * sum(len(a.filters) for a in self.agents.values() if a.meter and a.alt)
+        return led.gap(), self.protocol._hard() + owe
 
     def result(self, elapsed):
         if self.screen is not None:

@@ -18,6 +18,9 @@ def test_seeds_table_splits_delivery_traffic_from_the_rest(monkeypatch):
     for a, d in ((rows[0], rows[1]), (rows[2], rows[3])):
         diff = d[-1].strip().split(" / ")
         assert int(diff[0]) == int(a[3]) - int(d[3]) and int(diff[1]) == int(a[5]) - int(d[5])
+        # adaptive's exact no-regret ledger (its exactness: test_regret), within its loan; deadband has none
+        gap, loan = a[-2].strip().replace("(loan ", "").rstrip(")").split()
+        assert int(gap) <= int(loan) and int(loan) >= 20 and d[-2].strip() == ""
 
 
 def test_a_partitioned_devices_resends_are_not_messages():
