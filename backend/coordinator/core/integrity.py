@@ -58,8 +58,7 @@ class Integrity(Waits, Clocks):
         self.retry = 2 * latency + self.margin
         self.offsets = Offsets(skew)
         self.links = Heartbeats(beat, latency, latency - 2 * skew if net is None else net, self.margin, delay)
-        self.now = -math.inf
-        self.dev = {}           # device -> per-device state (see _state)
+        self.now, self.dev = -math.inf, {}     # dev: device -> per-device state (see _state)
         self.suspect = {}       # device -> reason, in the order they became suspect
         self.revokes = {}       # device -> since when its answers are revoked (a reboot or gap a birth shows)
         self.unknown = {}       # device -> seqs dropped before its first birth
@@ -72,10 +71,9 @@ class Integrity(Waits, Clocks):
         self.applied = {}       # device -> [boot, latest birth seq, {src: latest report seq}, {src: epoch}] applied
         self.waits = {}         # device -> {key or ("probe", key): (epoch or probe id, sent, since, stage, tries, unsafe)}
         self.unsure = {}        # source keys waiting for a filter the protocol counts on (answers degraded)
-        # devices to switch to ack mode, to tell their B; (device, B waited before) whose B moved
-        self.news = {"link": [], "beat": [], "moved": []}
-        self.heap = []          # (time, n, device, kind): "gap", "beat", "ask", "wait"
-        self.n = 0
+        self.news = {"link": [], "beat": [], "moved": []}   # to switch to ack mode, to tell B; (device, B before) moved
+        self.unseen = {}        # device -> numbers gone missing less those filled since asked (precision.regret)
+        self.heap, self.n = [], 0   # (time, n, device, kind): "gap", "beat", "ask", "wait"
         self.stats = {"gaps": 0, "filled": 0, "lost": 0, "silent": 0, "skewed": 0, "asked": 0, "resent": 0, "refused": 0}
 
     def _state(self, device, boot, seq, first_t):
@@ -101,6 +99,7 @@ class Integrity(Waits, Clocks):
         for k in range(max(k0, k1 - WINDOW), k1):
             d["missing"][(d["high"] + k) & 0xFFFFFFFF] = (now + wait, after)
             self.stats["gaps"] += 1
+            self.unseen[device] = self.unseen.get(device, 0) + 1
         self.news["link"] += self.links.switch_on(device, now)
 
     # -- uplinks ---------------------------------------------------------------------------
@@ -122,6 +121,7 @@ class Integrity(Waits, Clocks):
             for s in self.unknown.pop(device, ()):  # dropped before this birth, but sent after it
                 if 0 < (s - seq) & 0xFFFFFFFF <= WINDOW and birth:
                     d["missing"][s] = (now + self.latency, self.event(device, t))
+                    self.unseen[device] = self.unseen.get(device, 0) + 1
                     self._arm(device, "gap", now + self.latency)
         else:
             ahead = (seq - d["high"]) & 0xFFFFFFFF
@@ -143,7 +143,7 @@ class Integrity(Waits, Clocks):
                 if seq != d["high"]:    # reboot whose birth is unseen; it proves nothing (heard all the same)
                     t = -math.inf
             elif d["missing"].pop(seq, None) is not None:
-                self.stats["filled"] += 1
+                self.stats["filled"], self.unseen[device] = self.stats["filled"] + 1, self.unseen.get(device, 0) - 1
             elif birth and (d["high"] - seq) & 0xFFFFFFFF > WINDOW and newer(seq, d["birth"]):
                 d["high"], d["high_t"], d["missing"] = seq, t, {}    # seq rewound (stale uplinks of a past boot)
             else:
@@ -183,10 +183,10 @@ class Integrity(Waits, Clocks):
         return True
 
     def _restarted(self, d, device, now, seq):
-        """A report or mark numbered ``seq`` far outside ``device``'s window: a boot numbers from its own start
-        (``edge.core.delivery``), so the device rebooted and its birth is lost (or a past boot's uplink came very
-        late). It is dropped (missing if the next birth numbered it after itself, ``dropped``); the device's state
-        is unknown since its last trusted uplink until a birth after ``seq``. False (not accepted)."""
+        """A report or mark numbered ``seq`` far outside ``device``'s window: a boot numbers from its own start (``edge.
+        core.delivery``), so the device rebooted and its birth is lost (or a past boot's uplink came very late). It is
+        dropped (missing if the next birth numbered it after itself, ``dropped``); the device's state is unknown since
+        its last trusted uplink until a birth after ``seq``. False (not accepted)."""
         self.dropped(device, seq)
         if self.suspect.get(device, CONTROL) in (CONTROL, LOST):
             self.suspect[device] = REBOOTED
@@ -219,8 +219,7 @@ class Integrity(Waits, Clocks):
         return -math.inf if d is None or d["mk"] == -math.inf else self.event(device, d["mk"])
 
     def dropped(self, device, seq):
-        """An uplink numbered ``seq`` from a device without a birth yet was dropped: if the birth
-        that comes turns out to be older, it is missing."""
+        """An uplink numbered ``seq`` from a device without a birth yet was dropped: missing if the birth that comes is older."""
         self.unknown.setdefault(device, []).append(seq)
         del self.unknown[device][:-WINDOW]
 
@@ -239,6 +238,7 @@ class Integrity(Waits, Clocks):
         elif seq not in d["missing"]:
             return True         # in already, or long lost: acknowledged again
         due, after = d["missing"].get(seq, (math.inf, self.event(device, d["high_t"])))
+        self.unseen[device] = self.unseen.get(device, 0) + (seq not in d["missing"])
         d["missing"][seq] = (min(due, now + self.latency), after)
         d["refused"] = dict.fromkeys([s for s in d["refused"] if s in d["missing"]] + [seq])
         self._arm(device, "gap", now + self.latency)

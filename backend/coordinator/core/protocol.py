@@ -56,6 +56,10 @@ class Protocol:
     def superseded(self, coord, key, m):
         """A report ``m`` of ``key`` reordered behind a newer one (not applied): it was sent all the same."""
 
+    def unseen(self, coord, device, n):
+        """``n`` more numbered uplinks of ``device`` are missing (sent, not received: ``Integrity.unseen``); fewer
+        when ``n`` < 0 (a missing one arrived)."""
+
     def blob(self, coord, device, m):
         pass
 

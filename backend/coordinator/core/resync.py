@@ -33,6 +33,8 @@ class Resync:
         stamped = ig.offsets.heard(device, m["t"], now)     # else dropped for this message: placed by arrival
         filled = device in ig.dev and m["seq"] in ig.dev[device]["missing"] and kind != "mark"     # a resend
         ok = ig.accept(now, device, boot, m["seq"], m["t"], birth=kind == "birth", mark=kind == "mark")
+        if ig.unseen.get(device):
+            self.protocol.unseen(self, device, ig.unseen.pop(device))
         if device in ig.revokes:
             self._suspect(device, ig.revokes.pop(device))
         self._deliver(now, device, kind, ok, filled)

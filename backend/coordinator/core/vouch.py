@@ -74,9 +74,9 @@ class Vouch:
         budgeted = fields.get("guarantee") != "probabilistic" and q.kind in ("sum", "avg", "min", "max", "count") \
             and "lag" not in q.extra
         width = hi - lo
-        if budgeted and width > q.precision - self.reserve.get(q.id) and not self._held(q)[0]:
-            width = q.precision - self.reserve.get(q.id)    # wide for another cause (a precision being reached
-            # by shrinking, a narrowing not confirmed): not the clock skew the reserve is for
+        if budgeted and width > q.precision - self.reserve.get(q.id) and (not self._held(q)[0] or self._gapped(q)):
+            width = q.precision - self.reserve.get(q.id)    # wide for another cause (a precision being reached by
+            # shrinking, a narrowing not confirmed, a hull across lost uplinks): not the clock skew the reserve is for
         if budgeted and self.reserve.pending(q.id):
             self.reserve.settled(q.id, t, self._held(q)[1])
         if budgeted and self.reserve.observe(q, t, width):
@@ -105,6 +105,18 @@ class Vouch:
                 held = held or bool(s.prior) or s.tight is not None and s.tight[0] > self.cache.now
                 narrowing = narrowing or bool(s.old)
         return held or len(q.sources) > SCAN and self.integrity.offsets.sigma > 0, narrowing
+
+    def _gapped(self, q):
+        """Whether a device of ``q``'s first ``SCAN`` sources has uplinks missing: a report after them is held
+        against a bound from before the loss, so its hull spans what the lost ones said (a partition's 20 s of
+        drift: width up to 40 past δ − R, seed 5006), which their withdrawal answers, not a reserve."""
+        dev = self.integrity.dev
+        for key in q.sources[:SCAN]:
+            s = self.cache.sources.get(key)
+            d = None if s is None else dev.get(s.device)
+            if d is not None and d["missing"]:
+                return True
+        return False
 
     def _cause(self, q):
         """Why ``q``'s answer is wider than its widths."""
