@@ -302,7 +302,7 @@ class Simulation(Loop):
         if not isinstance(led, Ledger):
             return None
         owe = OWE * sum(len(a.filters) for a in self.agents.values() if a.meter and a.alt)
-        return led.gap(), self.protocol._hard() + owe
+        return led.gap() + led.pending(), self.protocol._hard() + owe
 
     def result(self, elapsed):
         if self.screen is not None:

@@ -174,6 +174,8 @@ class Estimated(Guard, Adaptive):
         elif key in led.rebase:
             self._back(coord, key)
         meter = "n" in m and self._metered(coord, key)
+        if meter:
+            led.settle(s.device)
         dk = led.report(key, m, coord.devices[s.device]["boot"], self.cost(key), self.decay) if meter else None
         late = meter and key in led.acks and m["epoch"] == s.filt.epoch
         if late:        # a report under the newest control overtook its acknowledgement, or that was lost

@@ -63,7 +63,7 @@ class Ledger:
         self.reserve = 0.0      # what syncing every ``off`` source costs, plus the acknowledgements to come
         self.flow = {}          # key -> [readings, seconds, time of the latest report], decayed
         self.rebase = set()     # keys back from outside the ledger: their next report restarts their count
-        self.unseen = {}        # device -> the costs its missing uplinks were charged at (``missing``)
+        self.unseen = {}        # device -> (costs of its missing uplinks to charge, those charged): ``missing``
 
     def gap(self):
         """real − deadband so far."""
@@ -138,11 +138,28 @@ class Ledger:
         self.rebase.add(key)
 
     def missing(self, device, n, cost):
-        """``n`` more uplinks of ``device`` missing, real at ``cost`` each, or −n of them arrived: charged back."""
-        book = self.unseen.setdefault(device, [])
-        for _ in range(n):
-            book.append(cost)
-        self.real += max(0, n) * cost - sum(book.pop() for _ in range(min(-n, len(book))))
+        """``n`` more uplinks of ``device`` missing, real at ``cost`` each from its next metered report (``settle``),
+        or −n of them arrived: charged back (the pending ones first)."""
+        pending, charged = self.unseen.setdefault(device, ([], []))
+        pending += [cost] * max(0, n)
+        for _ in range(-n):
+            if pending:
+                pending.pop()
+            elif charged:
+                self.real -= charged.pop()
+
+    def settle(self, device):
+        """``device``'s metered report is applied: the uplinks found missing since are charged with it, beside the
+        counts it carries (deadband's would-be reports lost alike): charged alone, before them, each read as a loss."""
+        book = self.unseen.get(device)
+        if book and book[0]:
+            self.real += sum(book[0])
+            book[1].extend(book[0])
+            del book[0][:]
+
+    def pending(self):
+        """What the uplinks missing and not yet settled will be charged."""
+        return sum(sum(book[0]) for book in self.unseen.values())
 
     def _await(self, key, cost, ack):
         if ack and key not in self.acks:
@@ -208,11 +225,11 @@ class Guard:
 
     def unseen(self, coord, device, n):
         """``n`` more numbered uplinks of ``device`` missing (``Integrity.unseen``): sent, so real, each at its
-        dearest metered source's cost (a reply or birth among them counts as a report: never less), charged as the
-        gap is seen, with the report whose meter counts hold deadband's would-be reports lost alike; one that
-        arrives (n < 0) gets its charge back and counts as it is applied. Uncounted, partitions left the ledger at
-        −771 by 600 s while the devices sent 177 reports more than their meters counted (seed 5003, ``bench.faults``;
-        ``test_regret``); charged only once given up, after the credit, the trailing stop read each as a loss."""
+        dearest metered source's cost (a reply or birth among them counts as a report: never less), charged with
+        the device's next metered report, whose counts hold deadband's would-be reports lost alike (``settle``);
+        one that arrives (n < 0) gets its charge back and counts as it is applied. Uncounted, partitions left the
+        ledger at −771 by 600 s while the devices sent 177 reports more than their meters counted (seed 5003,
+        ``bench.faults``; ``test_regret``); charged before the counts, the trailing stop read each as a loss."""
         d = coord.devices.get(device)
         costs = [self.cost(k) for k in (d["keys"] if d else ()) if k in self.ledger.counts and self._metered(coord, k)]
         if costs or n < 0:
