@@ -262,8 +262,8 @@ def test_acknowledgements_lost_for_good_are_settled_by_the_next_report_under_the
 def test_uplinks_lost_for_good_in_a_partition_count_as_sent(monkeypatch):
     # the [final] workload at seed 5003 with its partitions (bench.faults): five devices cut off from 234 s to
     # 372 s, five more overlapping, then all for 20 s. Their reports sent into a partition never arrive, and the
-    # resend brings back only the latest: the gap is given up (Integrity.gone), while their meters' counts carried
-    # by the next report hold deadband's would-be reports lost alike. Counted on one side only, the ledger believed
+    # resend brings back only the latest: the numbers stay missing (Integrity.unseen), while their meters' counts
+    # carried by the next report hold deadband's would-be reports lost alike. Counted on one side only, the ledger believed
     # −771 by 600 s and let moves through that lost: the devices sent 177 metered reports more than their meters
     # counted, against a loan of 20; now 3. The oracle is the devices' own (``_metered``)
     net, _ = faults.SHAPES["partitions"](5003)
