@@ -6,8 +6,8 @@ clock skew, reboots and partitions, with a heartbeat; the ground-truth checkers 
 ``entity_truth`` honouring revoked windows for provisional answers, ``final_truth`` for final answers without
 exemption) must find 0 violations. Aggregate queries run under the default adaptive protocol, deadband and
 Olston's shrinking rule (``adaptive`` with ``rule: shrink``: periodic shrinks counted in the backend's
-periods, under skew too); ``lag`` queries of every aggregate kind (segment mode for SUM, AVG, MIN, MAX; skew 0,
-which they require) under adaptive and deadband; entity queries under every Cheng protocol (range:
+periods, under skew too); ``lag`` queries of every aggregate kind (segment mode for SUM, AVG, MIN, MAX; skew 0 here,
+``test_segments_skew`` puts them under skew) under adaptive and deadband; entity queries under every Cheng protocol (range:
 nofilter, ZT-NRP, FT-NRP; k-NN: nofilter, RTP, ZT-RP, FT-RP) with λ = 0 (with any delay the entity protocols
 degrade every answer, which would prove nothing): their filters are acknowledged under a heartbeat and lost
 probes asked again. Every aggregate query has final answers (``backend/coordinator/core/finals.py``): 0 wrong,

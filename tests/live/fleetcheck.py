@@ -20,9 +20,10 @@ def queries(sources, precision_per_source=4.0):
             {"id": "mean", "kind": "avg", "sources": half, "precision": precision_per_source}]
 
 
-def coordinator(broker, specs, protocol="deadband", t0=None):
+def coordinator(broker, specs, protocol="deadband", t0=None, skew=0.0):
+    """A live coordinator over ``specs``; σ = ``skew`` (0: clocks taken as exact, as the simulator replay is)."""
     t0 = time.time() if t0 is None else t0
-    host = Host(protocol=protocol, period=PERIOD, shrink=0.0, latency=LATENCY, t0=t0,
+    host = Host(protocol=protocol, period=PERIOD, shrink=0.0, latency=LATENCY, t0=t0, skew=skew,
                 declared=[s for q in specs for s in q["sources"]])
     answers = []
     live = LiveCoordinator(host, broker.fleet, broker.host, broker.port, broker.credentials("backend")[1],

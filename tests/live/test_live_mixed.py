@@ -1,11 +1,14 @@
 """Lagged and real-time queries on the same sources, live (DESIGN.md §4): CPython and heap-limited MicroPython
 agent processes, Mosquitto and the live coordinator answer a lagged AVG (final answers from segments) and a
 real-time MAX over half of the same sources; every real-time answer and every final answer is checked against
-the agents' own ground-truth logs, and the devices' segments rode on their real-time reports (kind rsegs)."""
+the agents' own ground-truth logs, and the devices' segments rode on their real-time reports (kind rsegs). The
+coordinator covers clock skew as the live drivers do (σ = LIVE_SKEW): a MicroPython board's ms clock may lead the
+backend's, and its segments are placed within its clock's bounds (sequence._segment)."""
 import time
 
 import pytest
 
+from backend.host import LIVE_SKEW
 from backend.live import checker
 from backend.live.broker import Broker
 from backend.live.fleet import Fleet, micropython_available
@@ -34,7 +37,7 @@ def test_a_lagged_avg_and_a_real_time_max_hold_against_the_agents_logs(mosquitto
     sources = ["s_" + n for _, n in names]
     specs = [{"id": "mean", "kind": "avg", "sources": sources, "precision": 2.0, "lag": LAG},
              {"id": "top", "kind": "max", "sources": sources[::2], "precision": 3.0}]     # wider: its sources send segments too
-    live, answers, _ = fc.coordinator(broker, specs, protocol=protocol)
+    live, answers, _ = fc.coordinator(broker, specs, protocol=protocol, skew=LIVE_SKEW)
     obs = client(broker, "backend", client_id="observer-mixed", clean_session=False)
     assert connected(obs)[0]
     subscribe(obs, topics.device("t", "+", "up"))

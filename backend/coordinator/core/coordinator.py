@@ -133,8 +133,7 @@ class Coordinator(Downlink, Resync, Uplink, Vouch):
 
     def _parse(self, spec):
         q = parse_query(spec, self.all_sources, self.protocol.kinds, _Known(self))
-        self.reserve.begin(q, self.integrity.sigma > 0 and self.protocol.finals and q.kind in FINALS
-                           and "lag" not in q.extra)
+        self.reserve.begin(q, self.integrity.sigma > 0 and self.protocol.finals and q.kind in FINALS)
         q.reserve = self.reserve.get(q.id)
         self.segments.check(self, q)
         return q

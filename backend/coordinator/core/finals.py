@@ -277,7 +277,7 @@ class Finals:
         st.last = rec
         coord = self.coord      # its reserve budgets the finals too (reserve.py), where clocks may be off (with
         # exact clocks no final holds a hull: one wider than δ − R is a precision being reached by shrinking)
-        if coord.integrity.sigma > 0 and not st.lines.why and "lag" not in st.q.extra \
+        if coord.integrity.sigma > 0 and not st.lines.why \
                 and coord.reserve.observe(st.q, t, rec["hi"] - rec["lo"], True):
             coord.replan[qid] = None
         return [("answer", rec)]

@@ -249,6 +249,7 @@ class Lines:
         self.why = {}           # key -> reason, for the sources whose value is unknown now
         self.said = None        # the reason text of ``why`` (None: to be made again)
         self.t = -INF
+        self.wide_at = INF      # when the line stated last grows wider than δ (its bounds' slopes differ)
 
     def set(self, key, p):
         if p[WHY] is None:
@@ -260,22 +261,27 @@ class Lines:
         self.agg.set(key, p)
 
     def next_event(self):
-        return self.agg.next_event()
+        return min(self.agg.next_event(), self.wide_at if self.wide_at >= self.t else INF)
 
     def advance(self, t):
         self.t = t
         self.agg.advance(t)
 
     def ident(self):
-        """What the current line is made of: the same, the same line (a crossing that changed no winner)."""
-        return self.agg.ident(), tuple(self.why.items())
+        """What the current line is made of: the same, the same line (a crossing that changed no winner), and
+        whether it has grown wider than δ since it was stated."""
+        return self.agg.ident(), tuple(self.why.items()), self.wide_at if self.t >= self.wide_at else None
 
     def line(self, precision):
         """The final answer's fields at the current time: lo, hi, dlo, dhi, degraded and its reason."""
         lo, hi, dlo, dhi = self.agg.line(self.t, self.n)
         rec = {"lo": lo, "hi": hi, "dlo": dlo, "dhi": dhi, "degraded": False}
-        w = hi - lo
-        wide = w == INF or w > precision + self.slack * (abs(lo) + abs(hi))
+        w, pad = hi - lo, self.slack * (abs(lo) + abs(hi))
+        wide = w == INF or w > precision + (0.0 if self.t >= self.wide_at else pad)    # (the line grew to δ: wide)
+        grown = precision + (pad / 4 if w < precision + pad / 4 else pad)    # (a float64 sum's rounding is less)
+        at = self.t + (grown - w) / (dhi - dlo) if dhi > dlo and not wide else INF
+        wide = wide or at <= self.t     # (bounds of different sources, or a hull: a MIN/MAX widens as it goes)
+        self.wide_at = INF if wide else at
         said = WIDER % (w, precision) if wide else None
         if self.why:        # (a source unknown: a COUNT's bound can still be finite, and says its width)
             if self.said is None:

@@ -23,7 +23,7 @@ import heapq
 import math
 
 from backend.coordinator.core.boundcache import BoundCache, shrink_source
-from backend.coordinator.core.lines import A, LO
+from backend.coordinator.core.lines import A, HI, LO
 from backend.coordinator.core.segments import before
 from backend.coordinator.core.sequence import REPORT, SEGMENT, Sequence
 from edge.core.predict import horizon
@@ -101,7 +101,7 @@ class Replay(Sequence):
                 self.sink.moved(key)
             return
         self._replay(key, s.limit)
-        s.lost, s.gap = why, self.n if gap else 0
+        s.lost, s.gap, s.live = why, self.n if gap else 0, []
         self._piece(key, s, [s.limit, -INF, INF, 0.0, 0.0, why, None])
         if not gap:
             s.limit = INF
@@ -210,7 +210,7 @@ class Replay(Sequence):
             if s.lost is not None:
                 self._resume(key, s, n, hull)
             if kind not in ("reply", "rsegs") and s.mode == SEGMENT:
-                s.mode, s.cover = REPORT, INF     # back to reports (after the segments up to here)
+                s.mode, s.cover, s.live = REPORT, INF, []     # back to reports (after the segments up to here)
         elif op == "width":
             c.set_width(key, args[0], epoch=args[1])
         elif op == "filter":        # kept until confirmed even when the protocol counts on it at once
@@ -218,11 +218,33 @@ class Replay(Sequence):
         elif op == "release":
             c.release(key, t)
         elif op == "seg" and (s.lost is None or s.gap):
-            piece, e = args
+            piece, e, a = args
             self._resume(key, s, n, t)
-            s.mode, s.pend, s.cover = SEGMENT, None, e
+            s.mode, s.pend, s.cover, s.seg = SEGMENT, None, e, (a, piece[A])
+            held = s.live or ([[list(s.pieces[-1]), INF]] if s.pieces else [])
+            for g in held:          # what held before it holds until it surely began
+                g[1] = min(g[1], piece[A])
+            s.live = [g for g in held if g[1] > t] + [[piece, INF]]
             if record and s.lost is None:
-                self._piece(key, s, piece)
+                self._band(key, s, t)
+        elif op == "band" and s.mode == SEGMENT:
+            s.live = [g for g in s.live if g[1] > t]
+            if record and s.lost is None:
+                self._band(key, s, t)
+
+    def _band(self, key, s, t):
+        """The piece of a segment-mode source from ``t``: its segment's, or while the clock leaves open which of
+        them held (a device's segment began between a − hi and a − lo) the hull of theirs until that is decided."""
+        if len(s.live) == 1:
+            return self._piece(key, s, list(s.live[0][0]))
+        end = min(g[1] for g in s.live)
+        lo, hi = INF, -INF
+        for p, _ in s.live:
+            for x in {max(t, p[A]), max(end, p[A])}:
+                lo = min(lo, p[LO] + p[3] * (x - p[A]) if p[3] and abs(p[LO]) < INF else p[LO])
+                hi = max(hi, p[HI] + p[4] * (x - p[A]) if p[4] and abs(p[HI]) < INF else p[HI])
+        self._piece(key, s, [t, lo, hi, 0.0, 0.0, next((p[5] for p, _ in s.live if p[5]), None), None])
+        self._push(key, end, "band", ())
 
     def _record(self, key, s, t):
         lo, hi = self.cache.known(key)

@@ -52,6 +52,8 @@ class Resync:
             ig.echo(device, key, m["epoch"], m["t"], now, m.get("probe"), m.get("why") == WHY_ASSIGN)
         if kind in ("report", "reply", "line", "rsegs", "birth"):
             m["hull"] = ig.cover(device, m["t"]) if stamped else now
+        if kind in ("segs", "rsegs"):       # its segments' times are its clock's: placed within the clock's bounds
+            m["clock"] = ig.offsets.bounds(device, ig.now)
         m.setdefault("boot", rx[0] if rx else None)     # (the boot it is counted under: the final mirror's)
         m["stamp"] = m["t"]         # the device's own time: a relay's bodies keep their lifetimes in its clock
         t = m["t"] = ig.event(device, m["t"]) if stamped else now - ig.links.net

@@ -12,7 +12,8 @@ range constraint (Cheng et al. 2005 §3) already reports only membership changes
 could not decide near the range's ends. The device sends data of time τ by τ + D, D = L − λ (``send_lag``);
 the final mirror (``replay.py``) takes the segments as its pieces and the finals engine (``finals.py``) answers
 every aggregate kind from them. This module decides who is in segment mode and tells the devices. Segments
-are stamped by the device, so lag queries need skew 0. The interface the final mirror uses: ``mode`` (key ->
+are stamped by the device: the final mirror places them within its clock's bounds (``sequence._segment``,
+``replay._band``), so lag queries run under any skew σ. The interface the final mirror uses: ``mode`` (key ->
 (D seconds, model, width)) and ``replay.mode(key, t, D, model)`` on every change sent.
 """
 import math
@@ -69,9 +70,6 @@ class Mirror:
         if lag_of(q) is not None and not coord.protocol.finals:
             raise QueryError("query %s: lag asks for final answers, and protocol %s gives none (its answers are not "
                              "bounds of the devices' filters: README, final answers)" % (q.id, coord.protocol.name))
-        if lag_of(q) is not None and coord.integrity.sigma > 0:
-            raise QueryError("query %s: segment mode needs synchronised device clocks (skew 0, have %g s): "
-                             "segments are stamped by the device" % (q.id, coord.integrity.sigma))
 
     @staticmethod
     def _want(coord, qids, want, only=None):

@@ -40,7 +40,7 @@ class Dev:
 
 class Src:
     __slots__ = ("device", "heap", "pieces", "mode", "lag", "pend", "limit", "floor", "si", "cover", "lost",
-                 "taken", "proof", "gap", "ep")
+                 "taken", "proof", "gap", "ep", "live", "seg")
 
     def __init__(self, device):
         self.device = device
@@ -58,6 +58,8 @@ class Src:
         self.proof = -INF       # its segments are complete before this (a whole flush heard)
         self.gap = 0            # lost for an uplink lost: known again from the next report or segment taken in
         #                         after this many (the intake's count then)
+        self.live = []          # [piece, until]: the segments (or piece before them) its value may be in now
+        self.seg = None         # (device start, piece start) of its latest segment replayed
         self.ep = None          # the newest filter epoch its device's uplinks carried in this boot
 
 
@@ -159,7 +161,7 @@ class Sequence:
         if kind in ("segs", "rsegs"):      # (an rsegs report's segments after its report: edge.core.segment.ride)
             for r in m["segs"]:
                 if r["src"] < len(d.keys) and d.keys[r["src"]] is not None:
-                    self._segment(d.keys[r["src"]], d, r)
+                    self._segment(d.keys[r["src"]], d, r, m.get("clock", (0.0, 0.0)))
             if len(m["segs"]) < MAX_RECORDS:    # a whole flush (edge.core.segment.flush): every segment source's
                 for key in d.keys:              # closed segments are in, an open one starts at the last end,
                     s = self.src.get(key)       # a committed one holds through now
@@ -193,7 +195,7 @@ class Sequence:
                 self._op(key, s, t, self.n, "birth", args, True)    # birth, which speaks from its latest instant
                 self._known(key, s, hull)
                 if fresh:       # a new boot reports until told its segment mode again
-                    s.mode, s.pend, s.cover, s.taken = REPORT, None, INF, None
+                    s.mode, s.pend, s.cover, s.taken, s.live = REPORT, None, INF, None, []
                 if s.mode == REPORT:
                     self._record(key, s, t)
                 s.limit = -INF
@@ -201,20 +203,25 @@ class Sequence:
             else:
                 self._push(key, t, "birth", args)
 
-    def _segment(self, key, d, r):
-        """One segment record (``edge.core.segment``): a piece of its own, or the end of the last one."""
+    def _segment(self, key, d, r, clock):
+        """One segment record (``edge.core.segment``) stamped by a clock whose lead lies in ``clock`` (lo, hi):
+        a piece of its own, or the end of the last one. In event time it starts between a − hi and a − lo; from
+        a − lo on its line holds, widened by what its slope moves in hi − lo (replay ``_band``: before, the hull
+        with the piece before it), and it is sure to hold until e − hi."""
         s = self.src[key]
-        unit = d.unit
-        a, e = r["a"] / unit, (INF if r["f"] & 1 else r["e"] / unit)
-        slope, v, h = r["s"] * unit, r["v"], r["w"] / 2
+        unit, (lo, hi) = d.unit, clock
+        a, e = r["a"] / unit, (INF if r["f"] & 1 else r["e"] / unit - hi)
+        slope, v, h, wob = r["s"] * unit, r["v"], r["w"] / 2, hi - lo
         pad, grow = PAD[d.single] * (abs(v) + h), PAD[d.single] * abs(slope)
-        piece = [a, v - h - pad, v + h + pad, slope - grow, slope + grow, None, None]
+        dlo, dhi = slope - grow, slope + grow
+        piece = [a - lo, v - h - pad + min(0.0, dlo * wob), v + h + pad + max(0.0, dhi * wob), dlo, dhi, None, None]
         s.taken = e     # (a source's records come in time order, a committed one's end after it)
-        if s.pieces and s.mode == SEGMENT and a == s.pieces[-1][A] and a < s.limit:
+        if s.pieces and s.mode == SEGMENT and s.seg is not None and s.seg[0] == a and s.seg[1] == s.pieces[-1][A] \
+                and s.seg[1] < s.limit:
             s.cover = e         # a committed line's end (the same line): it holds until then
             self.sink.moved(key)
-        elif a >= s.limit:
-            self._push(key, a, "seg", (piece, e))
+        elif a - lo >= s.limit:
+            self._push(key, a - hi, "seg", (piece, e, a))
 
     def offline(self, device, why):
         """``device`` is out of sync or gone (``why``: (reason, device)): lost until its next birth; for a lost
