@@ -232,9 +232,10 @@ class BoundCache:
         if t is not None:
             lo, hi = min(lo, t[1]), max(hi, t[2])
         if tight is None:
-            if t is not None:       # the tight hull in force stays among the states
-                f = s.filt.copy()
-                f.set_bound(lo, hi, f.epoch)
+            if t is not None:       # the tight hull in force stays among the states: the hull itself, not the
+                f = s.filt.copy()   # constraint membership the filter tracks now (a COUNT-in-range's source that
+                f.set_bound(lo, hi, f.epoch)    # left and came back within its hull was counted in throughout)
+                f.cons, f.mask = [], 0
                 s.prior.append((t[0], f))
             s.prior += [(until, f.copy()) for f in [s.filt] + s.old]
             return
