@@ -53,7 +53,7 @@ class Resync:
         if kind in ("report", "reply", "line", "rsegs", "birth"):
             m["hull"] = ig.cover(device, m["t"]) if stamped else now
         if kind in ("segs", "rsegs"):       # its segments' times are its clock's: placed within the clock's bounds
-            m["clock"] = ig.offsets.bounds(device, ig.now)
+            m["clock"] = ig.offsets.bounds(device, ig.now) if ig.sigma > 0 else (0.0, 0.0)     # (σ = 0: exact)
         m.setdefault("boot", rx[0] if rx else None)     # (the boot it is counted under: the final mirror's)
         m["stamp"] = m["t"]         # the device's own time: a relay's bodies keep their lifetimes in its clock
         t = m["t"] = ig.event(device, m["t"]) if stamped else now - ig.links.net
