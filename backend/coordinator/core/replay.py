@@ -23,7 +23,7 @@ import heapq
 import math
 
 from backend.coordinator.core.boundcache import BoundCache, shrink_source
-from backend.coordinator.core.lines import A, HI, LO
+from backend.coordinator.core.lines import A, HI, LO, value
 from backend.coordinator.core.segments import before
 from backend.coordinator.core.sequence import REPORT, SEGMENT, Sequence
 from edge.core.predict import horizon
@@ -241,8 +241,7 @@ class Replay(Sequence):
         lo, hi = INF, -INF
         for p, _ in s.live:
             for x in {max(t, p[A]), max(end, p[A])}:
-                lo = min(lo, p[LO] + p[3] * (x - p[A]) if p[3] and abs(p[LO]) < INF else p[LO])
-                hi = max(hi, p[HI] + p[4] * (x - p[A]) if p[4] and abs(p[HI]) < INF else p[HI])
+                lo, hi = min(lo, value(p, LO, x)), max(hi, value(p, HI, x))
         self._piece(key, s, [t, lo, hi, 0.0, 0.0, next((p[5] for p, _ in s.live if p[5]), None), None])
         self._push(key, end, "band", ())
 
@@ -261,8 +260,7 @@ class Replay(Sequence):
         ps = s.pieces
         floor = max(s.floor, ps[-1][A] if ps else -INF)
         if p[A] < floor:        # final answers went past (or a segment from before a loss): from there on its line
-            p = [floor, p[LO] + p[3] * (floor - p[A]) if p[3] and abs(p[LO]) < INF else p[LO],
-                 p[2] + p[4] * (floor - p[A]) if p[4] and abs(p[2]) < INF else p[2]] + p[3:]
+            p = [floor, value(p, LO, floor), value(p, HI, floor)] + p[3:]
         if ps and ps[-1][1:] == p[1:] and not (p[3] or p[4]):
             return
         if ps and ps[-1][A] == p[A]:
