@@ -22,7 +22,7 @@ def batch(log, d, prior):
     last two epochs' value, a drop only to the last DROPS epochs'; the query's R the larger stream's."""
     def quantile(eps, final):
         got = sorted(v for e in eps for v in e)
-        share = (1.0 if final else reserve.QUANTILE) * len(got)
+        share = reserve.QUANTILE * len(got)
         v = got[max(0, math.ceil(share) - 1)]
         k = 0 if v <= 0 else min(BINS, 1 + int(v / d * BINS))
         return min(CAP * d, k * d / BINS + (MARGIN * d if final else 0.0))
@@ -123,12 +123,12 @@ def test_the_same_readings_and_clocks_give_both_protocols_the_same_reserve():
 
 
 def test_given_deadbands_reserve_adaptive_pays_no_more_than_a_deadband_run():
-    # the cross-run gap is the reserve alone: dev seed 1011 at skew 0.3 (no loss: deterministic runs). Each run
-    # learns R from its own answers: one burst at t ~ 100 s left deadband's at 12.19 and adaptive's at 11.25, from
-    # where later measures (11.25-14.06, all within deadband's ±δ/32) moved adaptive's six times between 11.25 and
-    # 14.06: adaptive 15,341 messages, deadband 14,625 (+716, loan 20). Oracle: adaptive replaying deadband's
-    # moves (the query's R, at the first answer of the stream that moved it from the move's event time on) is
-    # within deadband's run plus its loan (-21): a reserve both rules share is all the promise needs
+    # the cross-run gap is the reserve alone: dev seed 1011 at skew 0.3 (no loss: deterministic runs). With the
+    # finals' R their largest excess, one burst at t ~ 100 s left deadband's at 12.19 and adaptive's at 11.25, from
+    # where later measures moved adaptive's six times between 11.25 and 14.06: adaptive 15,341 messages, deadband
+    # 14,625 (+716, loan 20); adaptive replaying deadband's moves was within deadband's run plus its loan (-21).
+    # Oracle: adaptive replaying deadband's moves (the query's R, at the first answer of the stream that moved it
+    # from the move's event time on) is within deadband's run plus its loan: a reserve both share is all it needs
     from backend.bench.faults import FINAL
     from backend.sim import engine
 
@@ -163,5 +163,30 @@ def test_given_deadbands_reserve_adaptive_pays_no_more_than_a_deadband_run():
     dead, moves, _ = run("deadband")
     adaptive, _, left = run("adaptive", moves)
     print("deadband %d (reserve moves %s), adaptive with deadband's reserve %d" % (dead, moves, adaptive))
-    assert len(moves) >= 3 and not left
+    assert len(moves) >= 2 and not left
     assert adaptive <= dead + 20
+
+
+def _own(protocol, seed, faults):
+    """FINAL (1,200 s) at ``seed`` on ``faults``, its reserve learnt from its own answers: messages but ack mode's
+    delivery traffic (acks, nacks, resends: a lossy network drops a different draw of them in each run)."""
+    from backend.bench.faults import FINAL, run
+    spec = copy.deepcopy(dict(FINAL, seed=seed))
+    res = run("final-%d" % seed, spec, protocol, faults)
+    assert res["violations"] == 0 and res["final_wide_unsaid"] == 0
+    return res["messages"]["up"] + res["messages"]["down"] - res["by_kind"].get("ack", 0) \
+        - res["by_kind"].get("nack", 0) - res["resent_sent"], res["final_wide"][0]
+
+
+def test_each_run_learning_its_own_reserve_adaptive_pays_no_more_than_a_deadband_run():
+    # the finals' R is their 99th percentile excess plus the margin, not their largest: the largest of a heavy
+    # tail is what one run's finals reach and another's miss. With the largest, seed 1011 at skew 0.3 alone:
+    # adaptive +716 (above); seed 3002 with the faults: adaptive's largest 8.45 at 78 s and 11.29 at 94 s,
+    # deadband's 7.38 over the whole run, so adaptive's R rose 10.31 -> 13.12 -> 15.94 of δ = 60 and deadband's
+    # stayed: +1,704 messages but ack traffic (+3,857 all told). Oracle: each deadband run, plus the loan
+    from backend.bench.faults import FAULTS
+    for seed, faults in ((1011, {"skew": 0.3}), (3002, FAULTS)):
+        got = {p: _own(p, seed, faults) for p in ("adaptive", "deadband")}
+        print(seed, got)
+        assert got["adaptive"][0] <= got["deadband"][0] + 20, (seed, got)
+        assert got["adaptive"][1] == got["deadband"][1] == 0.0, (seed, got)     # no final wider than δ
