@@ -148,8 +148,9 @@ def test_a_hostile_device_harms_no_other_device_nor_the_answers(mosquitto, tmp_p
     broker = Broker(tmp_path / "broker", "t", names + ["evil"], sources=sources).start()
     honest = ["s_" + n for n in names]
     specs = fc.queries(honest) + [{"id": "with_evil", "kind": "sum", "sources": honest + ["s_evil"], "precision": 20.0}]
-    # σ as the live drivers cover it: a MicroPython board's clock counts whole ms from ticks and may lead the
-    # backend's by up to 1 ms, which σ = 0 (clocks taken as exact) rightly calls clock skew (2 runs in 8 failed so)
+    # σ as the live drivers cover it (a MicroPython board's clock led the backend's by up to 1 ms, which σ = 0,
+    # clocks taken as exact, rightly called clock skew: 2 runs in 8 failed so; edge.runtime.clock now starts a ms
+    # behind), as users run it
     host = Host(protocol="deadband", period=fc.PERIOD, shrink=0.0, latency=fc.LATENCY, t0=time.time(),
                 skew=LIVE_SKEW, registry=broker.credentials_file, declared=honest + ["s_evil"])
     answers = []
