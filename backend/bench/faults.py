@@ -84,6 +84,7 @@ def run(name, spec, protocol, faults):
     res["final_wide_unsaid"] = unsaid
     res["resent"] = sum(a.delivery.stats["resent"] for a in sim.agents.values())
     res["resent_sent"] = put[0]
+    res["delivery"] = res["by_kind"].get("ack", 0) + res["by_kind"].get("nack", 0) + put[0]     # ack mode's traffic
     res["ledger"] = sim.regret()
     return res
 
@@ -150,7 +151,7 @@ def seeds(which, shapes=("faults", "skew")):
             for protocol in ("adaptive", "deadband"):
                 r = run("final-%d" % seed, spec, protocol, faults)
                 msgs = r["messages"]["up"] + r["messages"]["down"]
-                delivery = r["by_kind"].get("ack", 0) + r["by_kind"].get("nack", 0) + r["resent_sent"]
+                delivery = r["delivery"]
                 f = r["faults"]
                 got[protocol] = row = {
                     "seed": seed, "network": label, "protocol": protocol, "messages": msgs, "delivery": delivery,

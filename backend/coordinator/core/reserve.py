@@ -12,10 +12,10 @@ bound before and its value) over each report's whole uncertain window, for every
 so several sources' windows add up in the finals more often than in the provisional answers at arrival. At the
 end of a stream's epoch its R rises to X's quantile over the last two epochs when that is more than STEP·δ above
 it, and falls to X's quantile over the last DROPS epochs when that is more than STEP·δ below it (QUANTILE of
-either stream; the finals' R keeps a margin above it, below); the query's reserve is the larger of its streams' (every answer a user gets is budgeted), and the protocols
-allocate δ − R (``Query.budget``, ``precision/rows.py``, ``aggregate.uniform_width``): an answer is wider than δ
-(and degraded, saying so) only for the rest. A query's first provisional epoch ends after FIRST changes already, so it
-learns from its first uncertain reports.
+either stream; the finals' R keeps a margin above it, below); the query's reserve is the larger of its streams'
+(every answer a user gets is budgeted), and the protocols allocate δ − R (``Query.budget``, ``precision/rows.py``,
+``aggregate.uniform_width``): an answer is wider than δ (and degraded, saying so) only for the rest. A query's
+first provisional epoch ends after FIRST changes already, so it learns from its first uncertain reports.
 - **Measured against the widths in force** (``widths``): a rise of R narrows every width, and until the devices
   confirm the narrowings their old mirrors stay in the hull, so the answers reach past the new δ − R by the rise
   itself. Measured against the new R that fed back (one rise measured as the next: R went 9 → 32 of δ = 60 in
@@ -44,29 +44,29 @@ learns from its first uncertain reports.
   records, stated), adaptive − deadband at most +18 but ack traffic on the 26 (was +1,704), and 1.3-1.9 % fewer
   messages per set (deadband at skew 0.3 alone up to 15 %: seed 3001, 16,768 → 14,992). Held out (8001-8006 on
   six networks): pairs past the loan 9 → 7 of 36; finals wider than δ on 3 runs of 72, 6e-5 of records, stated.
-- **Slow to fall, so that every protocol gets the same R.** Each run learns R from its own answers, and the
-  finals' R was then a heavy tail's largest sample (above): on the FINAL workload with skew alone (no loss: deterministic runs)
-  the largest excess per 30 s of finals ranged 6.9-10.0 in one run, so R went up and down between 11.25 and 15
+- **Slow to fall, so that every protocol gets the same R.** Each run learns R from its own answers, and the finals'
+  R was then a heavy tail's largest sample (above): on the FINAL workload with skew alone (no loss: deterministic
+  runs) the largest excess per 30 s of finals ranged 6.9-10.0 in one run, so R went up and down between 11.25 and 15
   of δ = 60 at different times in adaptive's and deadband's runs (main at 37da0e2: 10 of 31 dev seeds' reserves
-  moved differently, 8 of them first in the finals; adaptive − deadband up to +189 messages on seed 1018 against
-  a loan of 20, held-out +95, while adaptive's own ledger against its metered deadband shadow, same R, stayed
-  within it). A drop measured over DROPS epochs (~2 min of finals) stops most of that sawtooth: both runs'
-  reserves moved alike on 28 of the 31 seeds (the 3 others: adaptive −180 to −2,488), adaptive − deadband ≤ +18
-  on all 31, for +1.6-1.7 % messages (R stays up after a burst), both protocols alike. A rise still takes two
-  epochs: a final answer wider than δ is what R is for. Not solved: the runs' answers still differ (adaptive's
-  finals' excess was heavier with loss: dev 1014, 99th percentile 8.6 against 7.9), so one run's R can rise where
-  the other's does not (with the simulator's paired draws, held-out 2001 with skew alone +142), and R keeps a state:
-  it moves only by more than STEP·δ from where it is, so where it is depends on the run's past. Dev 1011, skew
-  alone: one burst at t ≈ 100 s (excess 15 in adaptive's finals, 24 in deadband's) left deadband's R at 12.19 from
-  248 s on, every later measure (11.25-14.06) within its ±δ/32, and adaptive's at 11.25 from 370 s, from which the
-  same measures moved it six times between 11.25 and 14.06: +716 messages; adaptive replaying deadband's moves: −21
-  (test_reserve_drops), so a shared R is all the promise needs (with the finals' quantile both learn 11.25: −21). A rule without that state (R the larger of the two-
-  and the DROPS-epoch measure, on a δ/32 lattice) made 1011 −1 but chattered between lattice levels at different
-  times in each run (dev 1006 with the faults −6 → +199) and let a rise feed on itself (a higher R narrows the
-  widths, more walks step past half their width each reading and the overshoots they sum grow: 1018 adaptive 15 → 28
-  of δ = 60, +453 at 900 s): not kept. An R both runs share needs an excess measured on something both share: the
-  deadband shadow's would-be answers (each metered device knows its shadow's overshoot at each would-be report, but
-  not which other sources' windows overlap it).
+  moved differently, 8 of them first in the finals; adaptive − deadband up to +189 messages on seed 1018 against a
+  loan of 20, held-out +95, while adaptive's own ledger against its metered deadband shadow, same R, stayed within
+  it). A drop measured over DROPS epochs (~2 min of finals) stops most of that sawtooth: both runs' reserves moved
+  alike on 28 of the 31 seeds (the 3 others: adaptive −180 to −2,488), adaptive − deadband ≤ +18 on all 31, for
+  +1.6-1.7 % messages (R stays up after a burst), both protocols alike. A rise still takes two epochs: a final
+  answer wider than δ is what R is for. Not solved: the runs' answers still differ (adaptive's finals' excess was
+  heavier with loss: dev 1014, 99th percentile 8.6 against 7.9), so one run's R can rise where the other's does not
+  (with the simulator's paired draws, held-out 2001 with skew alone +142), and R keeps a state: it moves only by
+  more than STEP·δ from where it is, so where it is depends on the run's past. Dev 1011, skew alone: one burst at
+  t ≈ 100 s (excess 15 in adaptive's finals, 24 in deadband's) left deadband's R at 12.19 from 248 s on, every later
+  measure (11.25-14.06) within its ±δ/32, and adaptive's at 11.25 from 370 s, from which the same measures moved it
+  six times between 11.25 and 14.06: +716 messages; adaptive replaying deadband's moves: −21 (test_reserve_drops),
+  so a shared R is all the promise needs (with the finals' quantile both learn 11.25: −21). A rule without that
+  state (R the larger of the two- and the DROPS-epoch measure, on a δ/32 lattice) made 1011 −1 but chattered between
+  lattice levels at different times in each run (dev 1006 with the faults −6 → +199) and let a rise feed on itself
+  (a higher R narrows the widths, more walks step past half their width each reading and the overshoots they sum
+  grow: 1018 adaptive 15 → 28 of δ = 60, +453 at 900 s): not kept. An R both runs share needs an excess measured on
+  something both share: the deadband shadow's would-be answers (each metered device knows its shadow's overshoot at
+  each would-be report, but not which other sources' windows overlap it).
 - **At most CAP·δ.** The excess is what sources move within their reports' uncertain windows, which narrower
   widths do not shrink: they add reports, so more windows overlap. Where the clocks are known worse than the
   signals need (the live demo's QEMU micro:bits behind a serial gateway on a loaded 2-core machine: their AVG's
